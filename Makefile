@@ -1,0 +1,34 @@
+# Two set-up commands for a fresh machine: `make run` and `make test`.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install --constraint constraints.txt
+
+.PHONY: run test install install-dev schemas clean
+
+$(VENV)/bin/activate:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip setuptools wheel
+
+$(VENV)/.installed: $(VENV)/bin/activate pyproject.toml constraints.txt
+	$(PIP) -e '.[engine]'
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/bin/activate pyproject.toml constraints.txt
+	$(PIP) -e '.[dev]'
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+run: install
+	$(VENV)/bin/tidal up
+
+test: install-dev
+	$(PY) -m pytest -q
+
+schemas: install
+	$(VENV)/bin/tidal schemas
+
+clean:
+	rm -rf $(VENV) .tidal
