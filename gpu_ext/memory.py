@@ -1,0 +1,126 @@
+"""Device memory backing for the KV region: reserve big, back only what is used.
+
+The engine reserves the KV region for the pool's MAX possible number of blocks once, so
+block ids and the region's base address never change; physical memory is attached only
+to the blocks in use. When weights are dropped, the pool's freed bytes simply allow more
+block ids to be handed out — no copy of live KV, no new tensor.
+
+- CPU (`CpuReservedRegion`): a private anonymous `mmap` with MAP_NORESERVE. The kernel
+  backs a page on first touch; `release()` gives pages back with MADV_DONTNEED.
+- CUDA (`CudaEagerRegion`): placeholder that allocates the whole region eagerly with
+  `torch.empty`. The real implementation maps physical chunks into a reserved virtual
+  range with the driver's VMM API (cuMemAddressReserve / cuMemCreate / cuMemMap via
+  cuda-python), implementing the same `ReservedRegion` interface — not built yet.
+"""
+from __future__ import annotations
+
+import mmap
+from typing import Protocol
+
+import torch
+
+PAGE = mmap.PAGESIZE
+
+
+class ReservedRegion(Protocol):
+    nbytes: int
+    device: torch.device
+
+    def as_tensor(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """A tensor view over the whole region (`prod(shape) * itemsize <= nbytes`)."""
+        ...
+
+    def ensure_backed(self, offset: int, nbytes: int) -> None:
+        """Attach physical memory to [offset, offset+nbytes) before first use."""
+        ...
+
+    def release(self, offset: int, nbytes: int) -> None:
+        """Return the physical memory of [offset, offset+nbytes); contents are lost."""
+        ...
+
+    def resident_bytes(self) -> int:
+        """Physical bytes currently attached (best effort; for tests and stats)."""
+        ...
+
+
+class CpuReservedRegion:
+    """Lazily backed host memory: reserving costs address space, not RAM."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = max(PAGE, -(-nbytes // PAGE) * PAGE)
+        self.device = torch.device("cpu")
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
+        self._map = mmap.mmap(-1, self.nbytes, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
+
+    def as_tensor(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        count = 1
+        for n in shape:
+            count *= n
+        if count * itemsize > self.nbytes:
+            raise ValueError(f"view of {count * itemsize} bytes exceeds the region ({self.nbytes})")
+        return self._bytes[: count * itemsize].view(dtype).view(shape)
+
+    def ensure_backed(self, offset: int, nbytes: int) -> None:
+        return None  # the OS backs pages on first write
+
+    def release(self, offset: int, nbytes: int) -> None:
+        start = -(-offset // PAGE) * PAGE  # only whole pages inside the range
+        end = (offset + nbytes) // PAGE * PAGE
+        if end > start:
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+    def resident_bytes(self) -> int:
+        return _resident_bytes_of(self._bytes.data_ptr(), self.nbytes)
+
+
+class CudaEagerRegion:
+    """Stand-in for the CUDA VMM region: allocates everything up front (see module doc)."""
+
+    def __init__(self, nbytes: int, device: torch.device) -> None:
+        self.nbytes = nbytes
+        self.device = device
+        self._bytes = torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def as_tensor(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        count = 1
+        for n in shape:
+            count *= n
+        return self._bytes[: count * itemsize].view(dtype).view(shape)
+
+    def ensure_backed(self, offset: int, nbytes: int) -> None:
+        return None
+
+    def release(self, offset: int, nbytes: int) -> None:
+        return None
+
+    def resident_bytes(self) -> int:
+        return self.nbytes
+
+
+def reserve_region(nbytes: int, device: torch.device | str = "cpu") -> ReservedRegion:
+    device = torch.device(device)
+    if device.type == "cpu":
+        return CpuReservedRegion(nbytes)
+    if device.type == "cuda":
+        return CudaEagerRegion(nbytes, device)
+    raise ValueError(f"no memory backend for device {device}")
+
+
+def _resident_bytes_of(address: int, nbytes: int) -> int:
+    """Resident bytes of a mapping, from /proc/self/smaps (Linux)."""
+    try:
+        with open("/proc/self/smaps") as smaps:
+            inside = False
+            for line in smaps:
+                head = line.split(" ", 1)[0]
+                if "-" in head and ":" not in head:
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    inside = lo <= address < hi
+                elif inside and line.startswith("Rss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return -1

@@ -1,0 +1,22 @@
+"""One entry point: a generator's parameters in, a `Trace` out (seeded, deterministic)."""
+from __future__ import annotations
+
+from loadgen.traces.azure import generate_azure
+from loadgen.traces.burstgpt import generate_burstgpt
+from loadgen.traces.maf import generate_maf
+from loadgen.traces.poisson import generate_poisson
+from loadgen.traces.schema import AzureParams, BurstGPTParams, MAFParams, PoissonParams, Trace
+
+
+def generate(params: BurstGPTParams | AzureParams | MAFParams | PoissonParams) -> Trace:
+    if params.duration_s <= 0:
+        raise ValueError(f"duration must be > 0, got {params.duration_s}")
+    if isinstance(params, BurstGPTParams):
+        return generate_burstgpt(params)
+    if isinstance(params, AzureParams):
+        return generate_azure(params)
+    if isinstance(params, MAFParams):
+        return generate_maf(params)
+    if isinstance(params, PoissonParams):
+        return generate_poisson(params)
+    raise TypeError(f"no generator for {type(params).__name__}")

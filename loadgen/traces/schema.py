@@ -1,0 +1,117 @@
+"""The trace file format: JSONL, one header line then one `TraceRecord` per line.
+
+Line 1 is a `TraceHeader` (it has the key `tidal_trace`, the format version) with the
+generator's parameters, so a trace file says how it was made. Every further line is a
+`TraceRecord`, in arrival order. Times are seconds from the start of the trace.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+TRACE_FORMAT_VERSION = 1
+LengthDataset = Literal["burstgpt", "azureconv", "agieval-cot", "azurecode"]
+
+
+class TraceRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One request: when it arrives, what it asks for, how long it is."""
+
+    arrival_s: float  # seconds from the start of the trace
+    model: str
+    prompt_tokens: int
+    output_tokens: int  # tokens the request generates (sent as max_tokens, ignore_eos)
+    adapter: str | None = None  # LoRA adapter name, None for the base model
+    request_id: str | None = None
+    session: str | None = None  # conversation id, where the source has one
+
+
+class AdapterInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """An adapter a trace uses: its base model and LoRA rank."""
+
+    name: str
+    model: str
+    rank: int
+
+
+# --- generator parameters (the header's `params`, tagged by `generator`) --------------
+class Burst(msgspec.Struct, frozen=True, kw_only=True):
+    start_s: float
+    duration_s: float
+    magnitude: float  # the rate during the burst is `magnitude` x the base rate
+    ramp_s: float = 2.0  # linear rise (and fall) time: bursts arrive "within seconds"
+
+
+class BurstGPTParams(msgspec.Struct, frozen=True, kw_only=True, tag_field="generator", tag="burstgpt"):
+    seed: int = 0
+    duration_s: float = 600.0
+    rate: float = 2.0  # base requests per second
+    bursts: list[Burst] = []
+    cv: float = 1.0  # coefficient of variation of inter-arrival gaps (1 = Poisson, >1 burstier, gamma)
+    dataset: LengthDataset = "burstgpt"
+    model: str = "model-0"
+
+
+class AzureParams(msgspec.Struct, frozen=True, kw_only=True, tag_field="generator", tag="azure"):
+    seed: int = 0
+    duration_s: float = 86_400.0
+    rate: float = 1.0  # mean requests per second over all models (over a whole week)
+    models: list[str] = msgspec.field(default_factory=lambda: ["model-0", "model-1", "model-2", "model-3"])
+    alpha: float = 0.5  # model i (1-based) gets a share proportional to i ** -alpha
+    kinds: list[Literal["conv", "code"]] = msgspec.field(default_factory=lambda: ["conv"])  # workload per model, cycled over the models
+    daily_amplitude: float = 0.6  # rate(t) ~ 1 + A cos(2 pi (t - peak) / day)
+    peak_hour: float = 14.0  # hour of the daily peak (trace starts at 00:00 on a Monday)
+    weekend_factor: float = 0.6  # Saturday and Sunday rates relative to weekdays
+    phase_jitter_h: float = 1.5  # per-model shift of the daily peak, uniform in +-this
+    cv: float = 1.0  # short-term burstiness of inter-arrival gaps (gamma), 1 = Poisson
+
+
+class MAFParams(msgspec.Struct, frozen=True, kw_only=True, tag_field="generator", tag="maf"):
+    seed: int = 0
+    duration_s: float = 300.0
+    rate: float = 6.0  # aggregate requests per second (Poisson)
+    adapters: int = 2000
+    zipf_s: float = 1.0  # invocation probability of the adapter at popularity rank k ~ k ** -zipf_s
+    models: list[str] = msgspec.field(default_factory=lambda: ["model-0"])  # adapters are spread over the base models at random
+    ranks: list[int] = msgspec.field(default_factory=lambda: [8, 16, 32, 64])  # adapter ranks, drawn uniformly
+    base_fraction: float = 0.0  # share of requests that use no adapter
+    dataset: LengthDataset = "burstgpt"
+
+
+class PoissonParams(msgspec.Struct, frozen=True, kw_only=True, tag_field="generator", tag="poisson"):
+    seed: int = 0
+    duration_s: float = 60.0
+    rate: float = 1.0
+    model: str = "model-0"
+    dataset: LengthDataset = "burstgpt"
+    prompt_tokens: int | None = None  # fixed lengths instead of the dataset's distribution
+    output_tokens: int | None = None
+
+
+class CsvImportParams(msgspec.Struct, frozen=True, kw_only=True, tag_field="generator", tag="csv"):
+    source: str  # path of the CSV as given
+    format: Literal["burstgpt", "azure"]
+    rows_read: int
+    rows_kept: int
+    start_s: float = 0.0  # window of the source that was kept (seconds from its first row)
+    duration_s: float | None = None
+
+
+GeneratorParams = BurstGPTParams | AzureParams | MAFParams | PoissonParams | CsvImportParams
+
+
+class TraceHeader(msgspec.Struct, frozen=True, kw_only=True):
+    tidal_trace: int = TRACE_FORMAT_VERSION
+    params: GeneratorParams
+    num_records: int
+    duration_s: float
+    time_scale: float = 1.0  # arrival times were divided by this after generation
+    adapters: list[AdapterInfo] = []
+
+
+class Trace(msgspec.Struct, kw_only=True):
+    header: TraceHeader
+    records: list[TraceRecord]
+
+    def models(self) -> list[str]:
+        return sorted({r.model for r in self.records})

@@ -1,0 +1,96 @@
+"""Paged attention in torch over `PagedKVCache`.
+
+`PagedAttention` is a `LayerAttention`: given one layer's q and new k/v for the step, it
+writes k/v into the cache slots, gathers each sequence's keys by its block table and runs
+causal SDPA with each query at its true position (chunked prefill and decode alike).
+
+The same class serves the model's own layers and remote attention: an object holding
+only some layers' KV (its own cache and block tables) is prepared with its own view of
+the step and called with the q/k/v another worker computed.
+
+GQA without copying KV per head: query heads sharing a kv head are folded into the
+query-length axis for decode ([B, kv_heads, group, d] against [B, kv_heads, S, d]); prefill
+uses SDPA's enable_gqa.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .attention_metadata import StepLayout, build_step_layout
+from .batch import ScheduledChunk
+from .kv_cache import PagedKVCache
+
+
+class PagedAttention:
+    def __init__(self, cache: PagedKVCache, layers: Sequence[int], sliding_window: int | None = None) -> None:
+        self.cache = cache
+        self.layers = list(layers)  # layers whose KV lives in `cache`
+        self.sliding_window = sliding_window
+        self.layout: StepLayout | None = None
+
+    def prepare(self, chunks: Sequence[ScheduledChunk]) -> StepLayout:
+        """Build this step's layout from the chunks (their block tables for our layers)."""
+        self.layout = build_step_layout(
+            chunks, self.layers, self.cache.block_size, self.cache.blocks.device, self.sliding_window
+        )
+        return self.layout
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        lay = self.layout
+        if lay is None:
+            raise RuntimeError("PagedAttention.prepare() was not called for this step")
+        if q.shape[0] != lay.num_tokens:
+            raise ValueError(f"attention got {q.shape[0]} tokens, the step has {lay.num_tokens}")
+        row = lay.layer_row(layer)
+        assert lay.slots is not None
+        self.cache.write(lay.slots[row], k, v)
+        if lay.all_decode:
+            return self._decode(row, q, lay)
+        out = torch.empty_like(q)
+        if lay.decode_rows is not None:
+            out[lay.decode_rows] = self._decode(row, q[lay.decode_rows], lay)
+        for p, tables in zip(lay.prefills, lay.prefill_tables):
+            rows = slice(p.row_start, p.row_start + p.q_len)
+            out[rows] = self._prefill(q[rows], k[rows], v[rows], tables[row], p.start_pos)
+        return out
+
+    def _decode(self, row: int, q: torch.Tensor, lay: StepLayout) -> torch.Tensor:
+        assert lay.decode_tables is not None and lay.decode_key_mask is not None
+        batch, heads, d = q.shape
+        kv_heads = self.cache.cfg.num_kv_heads
+        keys, values = self.cache.gather(lay.decode_tables[row])  # [B, S, kv_heads, d]
+        qg = q.view(batch, kv_heads, heads // kv_heads, d)
+        out = F.scaled_dot_product_attention(
+            qg, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=lay.decode_key_mask
+        )
+        return out.view(batch, heads, d)
+
+    def _prefill(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, start: int
+    ) -> torch.Tensor:
+        q_len = q.shape[0]
+        ctx = start + q_len
+        if start == 0 and self.sliding_window is None:
+            # whole prompt in this chunk: the new k/v are all the keys there are
+            keys, values, mask, causal = k, v, None, True
+        else:
+            keys, values = self.cache.gather(table)
+            keys, values = keys[:ctx], values[:ctx]
+            q_pos = torch.arange(start, ctx, device=q.device)[:, None]
+            k_pos = torch.arange(ctx, device=q.device)[None, :]
+            mask = k_pos <= q_pos
+            if self.sliding_window is not None:
+                mask &= k_pos > q_pos - self.sliding_window
+            causal = False
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),
+            keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0),
+            attn_mask=mask,
+            is_causal=causal,
+            enable_gqa=True,
+        )
+        return out.squeeze(0).transpose(0, 1)

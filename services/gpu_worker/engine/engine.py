@@ -1,0 +1,247 @@
+"""LLMEngine: requests in, per-step output deltas out. The step is schedule → execute →
+sample → postprocess; everything else (blocks, batching, KV, LoRA) lives in its own part.
+
+One owner drives an engine (the gpu_worker's actor, or `generate` offline): add_request,
+abort and step are called from that owner only, between steps.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.gpu_worker.engine.batch import SchedulerOutput
+from services.gpu_worker.engine.block_manager import BlockManager
+from services.gpu_worker.engine.detokenizer import IncrementalDetokenizer
+from services.gpu_worker.engine.memory_pool import MemoryKind, MemoryPool
+from services.gpu_worker.engine.model_runner import ModelRunner
+from services.gpu_worker.engine.outputs import CompletionResult, RequestOutput
+from services.gpu_worker.engine.sampler import SampleResult, Sampler
+from services.gpu_worker.engine.sampling_params import SamplingParams
+from services.gpu_worker.engine.scheduler import Scheduler, SchedulerConfig
+from services.gpu_worker.engine.sequence import FinishReason, Sequence
+from services.gpu_worker.engine.tokenizer import EngineTokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model_dir: str
+    pool_bytes: int | None = None  # CPU: a setting (default 1 GiB); CUDA: 90% of the free HBM
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    max_prefill_chunk: int = 0
+    dtype: str | None = None  # default: the checkpoint's
+    device: str = "cpu"
+    lora_mode: str = "segmented"  # or "padded"
+    max_loras: int | None = None
+    num_threads: int | None = None
+    workspace_bytes: int | None = None  # default: estimated from the step's largest shapes
+    kv_blocks: int | None = None  # cap on KV blocks (tests, reproducible pressure); default: all the pool gives
+
+
+@dataclass(slots=True)
+class _Request:
+    seq: Sequence
+    detok: IncrementalDetokenizer | None
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.pool = MemoryPool(_pool_bytes(config), config.device)
+        model_dir = Path(config.model_dir)
+        self.tokenizer = EngineTokenizer.from_dir(model_dir) if (model_dir / "tokenizer.json").is_file() else None
+        self.runner = ModelRunner(
+            model_dir, self.pool, block_size=config.block_size, dtype=config.dtype, device=config.device,
+            lora_mode=config.lora_mode, max_loras=config.max_loras, num_threads=config.num_threads,
+        )
+        cfg = self.runner.cfg
+        self.max_model_len = min(config.max_model_len or cfg.max_position, cfg.max_position)
+        self.pool.charge(MemoryKind.WORKSPACE, f"{cfg.name}:activations", config.workspace_bytes or self._workspace_estimate())
+        self.blocks = BlockManager(
+            self.pool, block_size=config.block_size, block_bytes=self.runner.kv_block_bytes,
+            layers=self.runner.kv_layers, owner=f"{cfg.name}:kv",
+            max_blocks=min(self.runner.max_kv_blocks, config.kv_blocks or self.runner.max_kv_blocks),
+        )
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len, config.max_prefill_chunk),
+            self.blocks,
+        )
+        self.sampler = Sampler()
+        eos = set(cfg.eos_token_ids) | (set(self.tokenizer.eos_token_ids) if self.tokenizer else set())
+        self.eos_token_ids = frozenset(eos)
+        self._requests: dict[str, _Request] = {}
+        self._pending: list[RequestOutput] = []  # aborts, reported by the next step
+        self._order = itertools.count()
+        self._sampled_ids: list[str] = []  # row order of the last step's sampled logits
+
+    # --- requests --------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        adapter: str | None = None,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in the engine")
+        params = params or SamplingParams()
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"{self.config.model_dir} has no tokenizer.json: pass prompt token ids")
+            token_ids = self.tokenizer.encode(prompt)
+        else:
+            token_ids = list(prompt)
+        vocab = self.runner.cfg.vocab_size
+        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"request {request_id}: token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        if adapter is not None and adapter not in self.runner.lora.host:
+            raise ValueError(f"request {request_id}: unknown LoRA adapter {adapter!r}; add it with add_lora first")
+        seq = Sequence(
+            seq_id=request_id, prompt_token_ids=token_ids, params=params,
+            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+            arrival_order=next(self._order), priority=priority, adapter=adapter, eos_token_ids=self.eos_token_ids,
+        )
+        self.scheduler.add(seq)  # validates the length
+        detok = IncrementalDetokenizer(self.tokenizer, token_ids, params) if self.tokenizer else None
+        self._requests[request_id] = _Request(seq, detok)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now: its KV blocks are free before the next step."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return False
+        self.scheduler.abort(request_id)
+        self.sampler.forget(request_id)
+        self._pending.append(self._output(req, [], "", None))
+        return True
+
+    def add_lora(self, name: str, path: str | Path) -> None:
+        self.runner.lora.register(name, path)
+
+    def remove_lora(self, name: str) -> None:
+        self.runner.lora.unregister(name)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self._requests) or bool(self._pending)
+
+    # --- the step --------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        sampled = self._execute(out)
+        changed = self.scheduler.update(out, sampled.token_ids)
+        return self._postprocess(changed, sampled)
+
+    def _execute(self, out: SchedulerOutput) -> SampleResult:
+        for seq_id in out.finished:
+            self.sampler.forget(seq_id)
+        self._sampled_ids: list[str] = []
+        if out.is_empty:
+            return SampleResult([])
+        result = self.runner.execute(out)
+        if result.logits is None:
+            return SampleResult([])
+        self._sampled_ids = result.sampled_seq_ids
+        params = [self._requests[s].seq.params for s in result.sampled_seq_ids]
+        return self.sampler.sample(result.logits, result.sampled_seq_ids, params)
+
+    def _postprocess(self, changed: list[Sequence], sampled: SampleResult) -> list[RequestOutput]:
+        outputs, self._pending = self._pending, []
+        row = {seq_id: i for i, seq_id in enumerate(self._sampled_ids)} if any(lp is not None for lp in sampled.logprobs) else {}
+        for seq in changed:
+            req = self._requests.get(seq.seq_id)
+            if req is None:
+                continue
+            new_ids = [seq.output_token_ids[-1]] if seq.finish_reason is not FinishReason.ERROR else []
+            text = ""
+            if req.detok is not None and new_ids:
+                stopped_by_token = seq.finish_reason is FinishReason.STOP  # stop strings come below
+                if not (stopped_by_token and not seq.params.include_stop_str_in_output):
+                    text = req.detok.add(new_ids[0])
+                if req.detok.stop_string is not None and not seq.is_finished:
+                    self.scheduler.finish(seq.seq_id, FinishReason.STOP, req.detok.stop_string)
+                if seq.is_finished and req.detok.stop_string is None:
+                    text += req.detok.flush()
+            i = row.get(seq.seq_id)
+            outputs.append(self._output(req, new_ids, text, i, sampled))
+            if seq.is_finished:
+                del self._requests[seq.seq_id]
+                self.sampler.forget(seq.seq_id)
+        return outputs
+
+    def _output(self, req: _Request, new_ids: list[int], text: str, row: int | None, sampled: SampleResult | None = None) -> RequestOutput:
+        seq = req.seq
+        finished = seq.is_finished or seq.seq_id not in self._requests
+        out = RequestOutput(
+            request_id=seq.seq_id, new_token_ids=new_ids, new_text=text, finished=finished,
+            finish_reason=(seq.finish_reason.value if seq.finish_reason else "abort") if finished else None,
+            stop_reason=seq.stop_reason, prompt_tokens=seq.num_prompt_tokens,
+            completion_tokens=seq.num_output_tokens, num_preemptions=seq.num_preemptions, error=seq.error,
+        )
+        if row is not None and sampled is not None and sampled.logprobs[row] is not None:
+            out.logprobs = [sampled.logprobs[row]]
+            top = sampled.top_logprobs[row]
+            out.top_logprobs = [top] if top is not None else None
+        return out
+
+    # --- offline ---------------------------------------------------------------------
+    def generate(
+        self, prompts: list[str] | list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
+        *, adapters: list[str | None] | None = None,
+    ) -> list[CompletionResult]:
+        """Run prompts to completion; results in prompt order."""
+        plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        results: dict[str, CompletionResult] = {}
+        for i, prompt in enumerate(prompts):
+            rid = f"generate-{next(self._order)}"
+            self.add_request(rid, prompt, plist[i], adapter=adapters[i] if adapters else None)
+            results[rid] = CompletionResult(rid, list(self._requests[rid].seq.prompt_token_ids))
+        while self.has_unfinished:
+            for delta in self.step():
+                if delta.request_id in results:
+                    results[delta.request_id].add(delta)
+        return list(results.values())
+
+    # --- residency and stats ----------------------------------------------------------
+    def drop_layers(self, start: int, end: int) -> int:
+        """Free layers' weights; the bytes are KV blocks from the next step on."""
+        return self.runner.drop_layers(start, end)
+
+    def restore_layers(self, start: int, end: int, *, preempt: bool = False) -> None:
+        """Load layers back. Only free KV blocks can give their bytes; with `preempt`, running
+        sequences (lowest priority first) are preempted until the weights fit."""
+        while True:
+            try:
+                return self.runner.restore_layers(start, end)
+            except MemoryError:  # PoolExhausted: live KV holds the bytes
+                if not preempt or self.scheduler.preempt_lowest() is None:
+                    raise
+
+    def stats(self) -> dict[str, object]:
+        return {"memory": self.pool.breakdown(), **self.scheduler.stats()}
+
+    def _workspace_estimate(self) -> int:
+        cfg, c = self.runner.cfg, self.config
+        item = 4 if cfg.dtype.itemsize >= 4 else 2
+        per_token = (4 * cfg.hidden_size + 3 * cfg.intermediate_size + cfg.q_size + 2 * cfg.kv_size) * item
+        logits = c.max_num_seqs * cfg.vocab_size * 4 * 3  # logits, probabilities, sampling noise
+        return c.max_num_batched_tokens * per_token + logits
+
+
+def _pool_bytes(config: EngineConfig) -> int:
+    if config.pool_bytes is not None:
+        return config.pool_bytes
+    if config.device.startswith("cuda"):
+        import torch
+
+        free, _total = torch.cuda.mem_get_info(torch.device(config.device))
+        return int(free * 0.9)
+    return 1 << 30

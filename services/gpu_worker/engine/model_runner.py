@@ -1,0 +1,225 @@
+"""The model runner: weights of a layer range, the paged KV cache, LoRA — and one step.
+
+`execute(SchedulerOutput)` turns the scheduler's chunks into one batched forward: every
+token of the step goes through each projection in a single matmul; attention batches
+all decode sequences in one SDPA. A runner may hold any contiguous layer range
+(pipeline stage: the first holds the embedding, the last norm + lm_head) and may route
+chosen layers' attention to another object that holds that layer's KV (remote
+attention, `set_attention`).
+
+Residency: `drop_layers` releases a layer range's weight charges to the pool (the block
+manager turns the bytes into KV blocks in the same step; the KV region is reserved for
+the pool's maximum so nothing is copied) keeping a host copy or re-reading from the
+checkpoint on `restore_layers`.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .attention import PagedAttention
+from .batch import SchedulerOutput
+from .kv_cache import PagedKVCache, kv_block_bytes
+from .loader import CheckpointReader
+from .lora import LoRAManager
+from .model_config import ModelConfig, load_model_config
+from .models.llama import LayerAttention, LayerWeights, LlamaModel
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """`logits` [n, vocab] (float32) for chunks with sample=True, in chunk order, on the
+    last stage; `hidden` [T, hidden] for the next stage otherwise."""
+
+    logits: torch.Tensor | None
+    hidden: torch.Tensor | None
+    sampled_seq_ids: list[str]
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        pool: Any,
+        *,
+        layers: range | None = None,
+        kv_layers: Iterable[int] | None = None,
+        block_size: int = 16,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device = "cpu",
+        lora_mode: str = "segmented",
+        max_loras: int | None = None,
+        keep_host_copy: bool = True,
+        num_threads: int | None = None,
+    ) -> None:
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.cfg: ModelConfig = load_model_config(model_dir, dtype)
+        cfg = self.cfg
+        self.layers = layers if layers is not None else range(cfg.num_layers)
+        if self.layers.step != 1 or not 0 <= self.layers.start <= self.layers.stop <= cfg.num_layers:
+            raise ValueError(f"layer range {self.layers} is not a contiguous range within 0..{cfg.num_layers}")
+        self.kv_layers = sorted(kv_layers) if kv_layers is not None else list(self.layers)
+        self.device = torch.device(device)
+        self.pool = pool
+        self.keep_host_copy = keep_host_copy
+        self.reader = CheckpointReader(model_dir, cfg)
+        self.model = LlamaModel(cfg, self.device)
+        self._charges: dict[str, Any] = {}
+        self._host_layers: dict[int, LayerWeights] = {}
+        self._load_stage_ends()
+        for i in self.layers:
+            self._load_layer(i)
+
+        self.block_size = block_size
+        self.kv_block_bytes = kv_block_bytes(cfg, block_size)
+        # Reserve for every block the pool could ever hold (address space only, see gpu_ext).
+        self.max_kv_blocks = max(1, pool.capacity_bytes // self.kv_block_bytes)
+        self.kv_cache = PagedKVCache(cfg, self.max_kv_blocks, block_size, self.device)
+        self.attention = PagedAttention(self.kv_cache, self.kv_layers, cfg.sliding_window)
+        self._attention_override: dict[int, LayerAttention] = {}
+        self.lora = LoRAManager(cfg, self.layers, pool, self.device, lora_mode, max_loras)
+
+    # --- loading and residency ------------------------------------------------------
+    def _charge(self, owner: str, nbytes: int) -> None:
+        self._charges[owner] = self.pool.charge("weights", f"{self.cfg.name}:{owner}", nbytes)
+
+    def _release(self, owner: str) -> int:
+        handle = self._charges.pop(owner, None)
+        return int(self.pool.release(handle) or 0) if handle is not None else 0
+
+    def _load_stage_ends(self) -> None:
+        m, r = self.model, self.reader
+        if self.layers.start == 0:
+            m.embed = r.read_embedding().to(self.device)
+            self._charge("embed", _nbytes(m.embed))
+        if self.layers.stop == self.cfg.num_layers:
+            m.final_norm = r.read_final_norm().to(self.device)
+            if self.cfg.tie_word_embeddings and m.embed is not None:
+                m.lm_head = m.embed  # tied and on this stage already: no second copy
+            else:
+                m.lm_head = r.read_lm_head().to(self.device)
+            extra = 0 if m.lm_head is m.embed else _nbytes(m.lm_head)
+            self._charge("lm_head", _nbytes(m.final_norm) + extra)
+
+    def _load_layer(self, i: int) -> None:
+        host = self._host_layers.pop(i, None)
+        weights = host.to(self.device) if host is not None else LayerWeights.from_hf(self.reader.read_layer(i), self.device)
+        self._charge(f"layer{i}", weights.nbytes)  # raises (pool exhausted) before the layer is used
+        self.model.layers[i] = weights
+
+    def resident_layers(self) -> list[int]:
+        return sorted(self.model.layers)
+
+    @property
+    def stage(self) -> range:
+        """The layers `execute` runs: the resident ones, which must be contiguous."""
+        held = self.resident_layers()
+        if not held:
+            return range(self.layers.start, self.layers.start)
+        if held[-1] - held[0] + 1 != len(held):
+            raise RuntimeError(f"resident layers {held} are not contiguous: restore or drop to a range first")
+        return range(held[0], held[-1] + 1)
+
+    @property
+    def is_first(self) -> bool:
+        return self.model.embed is not None and self.stage.start == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.model.lm_head is not None and self.stage.stop == self.cfg.num_layers
+
+    def set_kv_layers(self, layers: Iterable[int]) -> None:
+        """The layers whose KV this runner stores from now on (mirror of the block manager's
+        held layers); other layers' attention must be routed elsewhere (`set_attention`)."""
+        self.kv_layers = sorted(layers)
+        self.attention.layers = list(self.kv_layers)
+
+    def drop_layers(self, start: int, end: int) -> int:
+        """Free the weights of layers [start, end); returns the bytes released to the pool."""
+        released = 0
+        for i in range(start, end):
+            weights = self.model.layers.pop(i, None)
+            if weights is None:
+                continue
+            if self.keep_host_copy:
+                self._host_layers[i] = weights.to("cpu")
+            released += self._release(f"layer{i}")
+        return released
+
+    def restore_layers(self, start: int, end: int) -> None:
+        """Load layers [start, end) back (host copy, else the checkpoint); charges the pool,
+        which first reclaims free KV blocks — it refuses if live KV holds the bytes."""
+        for i in range(start, end):
+            if i not in self.layers:
+                raise ValueError(f"layer {i} is outside this runner's range {self.layers}")
+            if i not in self.model.layers:
+                self._load_layer(i)
+
+    # --- attention routing ----------------------------------------------------------
+    def set_attention(self, layer: int, attention: LayerAttention | None) -> None:
+        """Run `layer`'s attention on `attention` (remote KV holder); None: back to local."""
+        if attention is None:
+            self._attention_override.pop(layer, None)
+        else:
+            self._attention_override[layer] = attention
+
+    def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self._attention_override.get(layer, self.attention)(layer, q, k, v)
+
+    # --- one step ---------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput, hidden: torch.Tensor | None = None) -> StepOutput:
+        chunks = out.chunks
+        if not chunks:
+            return StepOutput(None, None, [])
+        layout = self.attention.prepare(chunks)
+        q_lens = [len(c.token_ids) for c in chunks]
+        if self.is_first:
+            ids = [t for c in chunks for t in c.token_ids]
+            hidden = self.model.embed_tokens(torch.tensor(ids, dtype=torch.long, device=self.device))
+        elif hidden is None or hidden.shape[0] != layout.num_tokens:
+            raise ValueError(f"stage {self.stage} needs hidden states for {layout.num_tokens} tokens")
+        adapters = [c.adapter for c in chunks]
+        lora = self.lora.prepare_batch(adapters, q_lens) if any(a is not None for a in adapters) else None
+        stage = self.stage
+        hidden = self.model.run_layers(stage.start, stage.stop, hidden, layout.positions, self._attend, lora)
+        if not self.is_last:
+            return StepOutput(None, hidden, [])
+        rows, seq_ids, end = [], [], 0
+        for c, n in zip(chunks, q_lens):
+            end += n
+            if c.sample:
+                rows.append(end - 1)
+                seq_ids.append(c.seq_id)
+        if not rows:
+            return StepOutput(None, None, [])
+        last = hidden if len(rows) == hidden.shape[0] else hidden[torch.tensor(rows, device=self.device)]
+        return StepOutput(self.model.compute_logits(last).float(), None, seq_ids)
+
+    # --- KV export / import (the data plane moves the tensors) -------------------------
+    def export_kv(self, block_tables: dict[int, list[int]], num_tokens: int) -> dict[int, torch.Tensor]:
+        """One request's KV for the given layers → layer: [2, num_tokens, kv_heads, d] (host)."""
+        return {layer: self.kv_cache.export_tokens(t, num_tokens).cpu() for layer, t in block_tables.items()}
+
+    def import_kv(self, block_tables: dict[int, list[int]], data: dict[int, torch.Tensor]) -> None:
+        missing = set(block_tables) - set(data)
+        if missing:
+            raise ValueError(f"KV import lacks layers {sorted(missing)}")
+        for layer, table in block_tables.items():
+            self.kv_cache.import_tokens(table, data[layer])
+
+    def close(self) -> None:
+        """Release every charge this runner holds (weights and LoRA)."""
+        for owner in list(self._charges):
+            self._release(owner)
+        for name in list(self.lora.resident):
+            self.lora._evict(name)

@@ -1,0 +1,186 @@
+"""The Llama family (Llama 2/3, Qwen2, Mistral) as plain tensors and functions.
+
+gpt-fast style: no nn.Module tree, weights are fused tensors per layer (q|k|v in one
+matrix, gate|up in one), and the forward is written out. It is decomposed for Tidal:
+
+- any contiguous layer range runs on given hidden states (`run_layers`); the embedding
+  lives on the first stage, norm + lm_head on the last;
+- each layer is split into `pre_attention` (norm, qkv, rope) → attention → `post_attention`
+  (o_proj, residual, MLP), and the attention is an object handed in from outside, so a
+  layer's attention can run wherever that layer's KV lives (remote attention).
+
+All token tensors are flat over the step's tokens: hidden [T, H], q [T, heads, head_dim].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from ..model_config import ModelConfig
+
+
+class LayerAttention(Protocol):
+    """Attention of one layer over the step's tokens: q [T, heads, d], k/v [T, kv_heads, d]
+    (new tokens only) → [T, heads, d]. It stores k/v in its own KV cache."""
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+class LoRAHook(Protocol):
+    """Adds the step's per-token LoRA deltas in place: out += scale * x @ A^T @ B^T."""
+
+    def add(self, layer: int, target: str, x: torch.Tensor, out: torch.Tensor) -> None: ...
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    input_norm: torch.Tensor
+    wqkv: torch.Tensor  # [q + 2 kv, hidden]
+    bqkv: torch.Tensor | None
+    wo: torch.Tensor
+    post_norm: torch.Tensor
+    w13: torch.Tensor  # gate rows then up rows: [2 intermediate, hidden]
+    w2: torch.Tensor
+
+    @classmethod
+    def from_hf(cls, t: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> LayerWeights:
+        bias = None
+        if "self_attn.q_proj.bias" in t:
+            bias = torch.cat([t[f"self_attn.{p}_proj.bias"] for p in "qkv"]).to(device)
+        return cls(
+            input_norm=t["input_layernorm.weight"].to(device),
+            wqkv=torch.cat([t[f"self_attn.{p}_proj.weight"] for p in "qkv"]).to(device),
+            bqkv=bias,
+            wo=t["self_attn.o_proj.weight"].to(device),
+            post_norm=t["post_attention_layernorm.weight"].to(device),
+            w13=torch.cat([t["mlp.gate_proj.weight"], t["mlp.up_proj.weight"]]).to(device),
+            w2=t["mlp.down_proj.weight"].to(device),
+        )
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for f in fields(self) if (t := getattr(self, f.name)) is not None]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def to(self, device: torch.device | str) -> LayerWeights:
+        moved = {f.name: (t.to(device) if (t := getattr(self, f.name)) is not None else None) for f in fields(self)}
+        return LayerWeights(**moved)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Same op order as transformers' LlamaRMSNorm (normalise in fp32, scale in model dtype).
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class RotaryTable:
+    """cos/sin for every position up to the model's context, computed once in fp32."""
+
+    def __init__(self, cfg: ModelConfig, device: torch.device | str) -> None:
+        inv_freq = cfg.rope.inv_freq(cfg.head_dim)
+        pos = torch.arange(cfg.max_position, dtype=torch.float32)
+        freqs = pos[:, None] * inv_freq[None, :]
+        self.cos = freqs.cos().to(device=device, dtype=cfg.dtype)
+        self.sin = freqs.sin().to(device=device, dtype=cfg.dtype)
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T] positions → cos, sin shaped [T, 1, head_dim/2] to broadcast over heads."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # Non-interleaved halves (HF "rotate_half" convention).
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class LlamaModel:
+    """Weights of a layer range plus (optionally) embedding and head; the forward pieces."""
+
+    def __init__(self, cfg: ModelConfig, device: torch.device | str = "cpu") -> None:
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.layers: dict[int, LayerWeights] = {}
+        self.embed: torch.Tensor | None = None  # first stage only
+        self.final_norm: torch.Tensor | None = None  # last stage only
+        self.lm_head: torch.Tensor | None = None
+        self.rope = RotaryTable(cfg, self.device)
+
+    # --- pieces -------------------------------------------------------------------
+    def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed is None:
+            raise RuntimeError("this stage holds no embedding (not the first pipeline stage)")
+        return F.embedding(token_ids, self.embed)
+
+    def pre_attention(
+        self, i: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lora: LoRAHook | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """norm → fused qkv (+LoRA) → rope. Returns q [T, heads, d], k and v [T, kv_heads, d]."""
+        cfg, w = self.cfg, self._layer(i)
+        x = rms_norm(hidden, w.input_norm, cfg.rms_norm_eps)
+        qkv = F.linear(x, w.wqkv, w.bqkv)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        if lora is not None:
+            lora.add(i, "q_proj", x, q)
+            lora.add(i, "k_proj", x, k)
+            lora.add(i, "v_proj", x, v)
+        t = hidden.shape[0]
+        q = apply_rope(q.view(t, cfg.num_heads, cfg.head_dim), cos, sin)
+        k = apply_rope(k.view(t, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+        return q, k, v.view(t, cfg.num_kv_heads, cfg.head_dim)
+
+    def post_attention(
+        self, i: int, attn: torch.Tensor, residual: torch.Tensor, lora: LoRAHook | None
+    ) -> torch.Tensor:
+        """o_proj (+LoRA) → residual → norm → SwiGLU MLP (+LoRA) → residual."""
+        cfg, w = self.cfg, self._layer(i)
+        attn = attn.reshape(attn.shape[0], cfg.q_size)
+        o = F.linear(attn, w.wo)
+        if lora is not None:
+            lora.add(i, "o_proj", attn, o)
+        hidden = residual + o
+        x = rms_norm(hidden, w.post_norm, cfg.rms_norm_eps)
+        gate_up = F.linear(x, w.w13)
+        gate, up = gate_up.split(cfg.intermediate_size, dim=-1)
+        if lora is not None:
+            lora.add(i, "gate_proj", x, gate)
+            lora.add(i, "up_proj", x, up)
+        act = F.silu(gate) * up
+        down = F.linear(act, w.w2)
+        if lora is not None:
+            lora.add(i, "down_proj", act, down)
+        return hidden + down
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is None or self.final_norm is None:
+            raise RuntimeError("this stage holds no lm_head (not the last pipeline stage)")
+        return F.linear(rms_norm(hidden, self.final_norm, self.cfg.rms_norm_eps), self.lm_head)
+
+    # --- a layer range ------------------------------------------------------------
+    def run_layers(
+        self,
+        start: int,
+        end: int,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        attention: LayerAttention,
+        lora: LoRAHook | None = None,
+    ) -> torch.Tensor:
+        """Layers [start, end) on hidden [T, H] at `positions` [T]."""
+        cos, sin = self.rope.lookup(positions)
+        for i in range(start, end):
+            q, k, v = self.pre_attention(i, hidden, cos, sin, lora)
+            hidden = self.post_attention(i, attention(i, q, k, v), hidden, lora)
+        return hidden
+
+    def _layer(self, i: int) -> LayerWeights:
+        w = self.layers.get(i)
+        if w is None:
+            raise RuntimeError(f"layer {i} weights are not resident here (held: {sorted(self.layers)})")
+        return w

@@ -1,0 +1,242 @@
+"""Continuous batching with chunked prefill, a token budget and a batch cap. No torch.
+
+Each step: running sequences that decode go first (one token each), then running
+sequences still prefilling take chunks, then waiting sequences are admitted in
+(priority, arrival) order while the token budget, the batch cap (KunServe §4.3) and the
+KV blocks allow. When a running sequence needs a block and none is free, the
+lowest-priority, latest-arrived running sequence is preempted (its KV is freed and it is
+recomputed later). The runner's contract is `batch.SchedulerOutput`.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from services.gpu_worker.engine.batch import ScheduledChunk, SchedulerOutput
+from services.gpu_worker.engine.block_manager import BlockManager
+from services.gpu_worker.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64  # the maximum batch: running sequences at once
+    max_num_batched_tokens: int = 1024  # per-step token budget (decode tokens + prefill chunks)
+    max_model_len: int = 2048  # context length: prompt + outputs
+    max_prefill_chunk: int = 0  # cap on one sequence's prefill chunk; 0 = the remaining budget
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}) so every running sequence can decode each step"
+            )
+        if self.max_model_len < 1 or self.max_prefill_chunk < 0:
+            raise ValueError(f"bad max_model_len/max_prefill_chunk: {self.max_model_len}/{self.max_prefill_chunk}")
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.blocks = block_manager
+        self.waiting: list[Sequence] = []  # sorted by Sequence.sort_key
+        self.running: list[Sequence] = []
+        self._seqs: dict[str, Sequence] = {}
+        self._finished_ids: list[str] = []  # reported in the next SchedulerOutput
+        self._errored: list[Sequence] = []  # could never fit; returned by the next update()
+        self._between_steps = SchedulerOutput()  # preemptions outside schedule(), reported next
+        self.num_preemptions = 0
+
+    # --- requests in and out ---------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        if seq.seq_id in self._seqs:
+            raise ValueError(f"request id {seq.seq_id!r} is already in the engine")
+        if seq.num_prompt_tokens > self.config.max_model_len:
+            raise ValueError(
+                f"request {seq.seq_id}: prompt has {seq.num_prompt_tokens} tokens, "
+                f"more than the context length {self.config.max_model_len}"
+            )
+        seq.status = SequenceStatus.WAITING
+        self._seqs[seq.seq_id] = seq
+        bisect.insort(self.waiting, seq, key=_key)
+
+    def get(self, seq_id: str) -> Sequence | None:
+        return self._seqs.get(seq_id)
+
+    def abort(self, seq_id: str) -> Sequence | None:
+        """Finish a request now: its blocks are free before the next step."""
+        seq = self._seqs.get(seq_id)
+        if seq is not None:
+            self._finish(seq, FinishReason.ABORT)
+        return seq
+
+    def finish(self, seq_id: str, reason: FinishReason, stop_reason: int | str | None = None) -> Sequence | None:
+        """Finish from outside the scheduler (e.g. the detokenizer saw a stop string)."""
+        seq = self._seqs.get(seq_id)
+        if seq is not None:
+            self._finish(seq, reason, stop_reason)
+        return seq
+
+    def _finish(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None, error: str | None = None) -> None:
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.finish(reason, stop_reason if stop_reason is not None else seq.stop_reason, error)
+        self.blocks.free(seq.seq_id)
+        del self._seqs[seq.seq_id]
+        self._finished_ids.append(seq.seq_id)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # --- one step --------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        self.blocks.sync_with_pool()  # bytes released since the last step become blocks now
+        out = SchedulerOutput(preempted=self._between_steps.preempted, finished=self._finished_ids)
+        self._finished_ids = []
+        self._between_steps = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        scheduled: dict[str, ScheduledChunk] = {}
+
+        self.running.sort(key=_key)
+        decoding = [s for s in self.running if s.num_uncomputed_tokens == 1]
+        prefilling = [s for s in self.running if s.num_uncomputed_tokens > 1]
+        preempted_any = False
+        for seq in decoding + prefilling:
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = self._chunk_len(seq, budget)
+            while not self.blocks.allocate(seq.seq_id, seq.num_computed_tokens + n):
+                victim = max(self.running, key=_key)  # lowest priority, latest arrival
+                if victim is seq and not self._fits_at_all(seq, seq.num_computed_tokens + n):
+                    self._never_fits(seq, seq.num_computed_tokens + n)
+                    break
+                budget += self._preempt(victim, scheduled, out)
+                preempted_any = True
+                if victim is seq:
+                    break
+            else:
+                scheduled[seq.seq_id] = self._chunk(seq, n)
+                budget -= n
+
+        # Admit waiting sequences unless this step had to preempt (they would thrash).
+        while self.waiting and budget > 0 and not preempted_any and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            n = self._chunk_len(seq, budget)
+            if not self.blocks.allocate(seq.seq_id, seq.num_computed_tokens + n):
+                if not self._fits_at_all(seq, seq.num_computed_tokens + n):
+                    self._never_fits(seq, seq.num_computed_tokens + n)
+                    continue
+                break  # FCFS: later arrivals do not overtake (no starvation of long prompts)
+            self.waiting.pop(0)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled[seq.seq_id] = self._chunk(seq, n)
+            budget -= n
+
+        out.chunks = list(scheduled.values())
+        out.finished.extend(s.seq_id for s in self._errored)
+        return out
+
+    def _chunk_len(self, seq: Sequence, budget: int) -> int:
+        n = min(seq.num_uncomputed_tokens, budget)
+        if self.config.max_prefill_chunk and n > 1:
+            n = min(n, self.config.max_prefill_chunk)
+        return n
+
+    def _chunk(self, seq: Sequence, n: int) -> ScheduledChunk:
+        start = seq.num_computed_tokens
+        return ScheduledChunk(
+            seq_id=seq.seq_id,
+            token_ids=seq.token_ids(start, start + n),
+            start_pos=start,
+            block_tables=self.blocks.block_tables(seq.seq_id),
+            adapter=seq.adapter,
+            sample=start + n == seq.num_tokens,
+        )
+
+    def _preempt(self, seq: Sequence, scheduled: dict[str, ScheduledChunk], out: SchedulerOutput) -> int:
+        """Free a running sequence's KV and queue it for recompute; returns budget given back."""
+        self.running.remove(seq)
+        self.blocks.free(seq.seq_id)
+        seq.reset_for_recompute()
+        bisect.insort(self.waiting, seq, key=_key)
+        out.preempted.append(seq.seq_id)
+        self.num_preemptions += 1
+        chunk = scheduled.pop(seq.seq_id, None)
+        return len(chunk.token_ids) if chunk else 0
+
+    def preempt_lowest(self) -> Sequence | None:
+        """Preempt the lowest-priority running sequence now (to free KV for something else)."""
+        if not self.running:
+            return None
+        victim = max(self.running, key=_key)
+        self._preempt(victim, {}, self._between_steps)
+        return victim
+
+    def _fits_at_all(self, seq: Sequence, num_tokens: int) -> bool:
+        """Could this sequence hold `num_tokens` if it had every block of the engine?"""
+        need = self.blocks.blocks_needed(seq.seq_id, num_tokens) + self.blocks.num_blocks_of(seq.seq_id)
+        return need <= self.blocks.num_blocks
+
+    def _never_fits(self, seq: Sequence, num_tokens: int) -> None:
+        need = self.blocks.blocks_needed(seq.seq_id, num_tokens) + self.blocks.num_blocks_of(seq.seq_id)
+        self._finish(
+            seq,
+            FinishReason.ERROR,
+            error=f"request {seq.seq_id} needs {need} KV blocks for {num_tokens} tokens; "
+            f"this engine holds {self.blocks.num_blocks}",
+        )
+        self._finished_ids.pop()  # reported in this step's output instead
+        self._errored.append(seq)
+
+    # --- after the step ----------------------------------------------------------------
+    def update(self, output: SchedulerOutput, sampled: list[int]) -> list[Sequence]:
+        """Advance counters, append sampled tokens (one per chunk with sample=True, in order),
+        apply stop conditions and free finished sequences. Returns the sequences that got a
+        token this step (finished ones included), plus those that errored while scheduling."""
+        n_sample = sum(1 for c in output.chunks if c.sample)
+        if len(sampled) != n_sample:
+            raise ValueError(f"update: {len(sampled)} sampled tokens for {n_sample} chunks that sample")
+        changed: list[Sequence] = self._errored
+        self._errored = []
+        tokens = iter(sampled)
+        for chunk in output.chunks:
+            token = next(tokens) if chunk.sample else None
+            seq = self._seqs.get(chunk.seq_id)
+            if seq is None or seq.status is not SequenceStatus.RUNNING:
+                continue  # aborted between schedule and update
+            seq.num_computed_tokens = chunk.start_pos + len(chunk.token_ids)
+            if token is None:
+                continue
+            reason = seq.append_token(token, self.config.max_model_len)
+            changed.append(seq)
+            if reason is not None:
+                self._finish(seq, reason)
+        return changed
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting),
+            "num_preemptions": self.num_preemptions,
+            "kv_usage": self.blocks.usage,
+            **self.blocks.stats(),
+        }
+
+
+def _key(seq: Sequence) -> tuple[int, float, int]:
+    return seq.sort_key

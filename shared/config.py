@@ -1,0 +1,297 @@
+"""The cluster config: one TOML file, decoded with msgspec into typed, frozen Structs.
+
+    cfg = load_config("cluster.toml")          # or load_config() for the embedded default
+    cfg.gateway.port, cfg.registry.dead_after, cfg.workers[0].memory   # 8000, 3.0 (s), bytes
+
+Environment variables `TIDAL__SECTION__KEY=value` override the file (nested keys and list
+indexes too: `TIDAL__GATEWAY__LIMITS__MAX_TOKENS=512`, `TIDAL__WORKERS__1__MEMORY=4GiB`);
+values go through the same typed decoder. A bad file or override is refused with a
+`ConfigError` naming the key path and what was expected, e.g.
+`config error: workers[1].memory: expected a size like "8GiB" ..., got "lots"`.
+Unknown keys are refused too. Relative paths are resolved against the config file's
+directory (the current directory for the embedded default). Reference: shared/default_cluster.toml.
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from shared.config_units import ByteSize, Duration, SloTarget
+from shared.events.base import ID_PATTERN, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, NAME_PATTERN
+
+DEFAULT_CONFIG_PATH = Path(__file__).with_name("default_cluster.toml")
+
+
+class ConfigError(ValueError):
+    """A config file or override was refused: `key_path` (e.g. "workers[1].memory") and what was wrong."""
+
+    def __init__(self, key_path: str, detail: str, *, source: str = "") -> None:
+        self.key_path = key_path
+        self.detail = detail
+        self.source = source
+        where = f"{key_path}: " if key_path else ""
+        origin = f" (in {source})" if source else ""
+        super().__init__(f"config error: {where}{detail}{origin}")
+
+Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
+Ident = Annotated[str, Meta(pattern=ID_PATTERN)]
+Port = Annotated[int, Meta(ge=1, le=65535)]
+Fraction = Annotated[float, Meta(ge=0, le=1)]
+PositiveInt = Annotated[int, Meta(ge=1, le=2**31 - 1)]
+Dtype = Literal["float32", "bfloat16", "float16"]
+DEVICE_PATTERN = r"^(cpu|cuda:[0-9]{1,3})$"
+Device = Annotated[str, Meta(pattern=DEVICE_PATTERN)]
+
+
+class Section(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Every config table: unknown keys are refused; unit-typed defaults get their unit type."""
+
+    def __post_init__(self) -> None:
+        for name, unit in _unit_fields(type(self)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, unit):
+                msgspec.structs.force_setattr(self, name, unit.parse(value))
+
+
+def _unit_fields(cls: type) -> list[tuple[str, type]]:
+    cached = _UNIT_FIELDS.get(cls)
+    if cached is None:
+        cached = []
+        for field in msgspec.structs.fields(cls):
+            for unit in (ByteSize, Duration, SloTarget):
+                if field.type is unit or unit in getattr(field.type, "__args__", ()):
+                    cached.append((field.name, unit))
+        _UNIT_FIELDS[cls] = cached
+    return cached
+
+
+_UNIT_FIELDS: dict[type, list[tuple[str, type]]] = {}
+
+
+class ClusterSection(Section, kw_only=True):
+    name: Ident = "tidal"
+    nats_url: str = "embedded"  # "embedded": `tidal up` starts nats-server; else nats://[user:pass@]host:port
+    data_dir: str = ".tidal"  # generated models, NATS store, logs
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.nats_url != "embedded":
+            for url in self.nats_url.split(","):
+                if not re.match(r"^(nats|tls|ws|wss)://[^\s/]+$", url.strip()):
+                    raise ValueError(f'nats_url: expected "embedded" or nats://[user:pass@]host:port, got {url!r}')
+
+    @property
+    def embedded_nats(self) -> bool:
+        return self.nats_url == "embedded"
+
+
+class GatewayLimits(Section, kw_only=True):
+    max_body_bytes: ByteSize = 1 << 20
+    max_prompt_tokens: Annotated[int, Meta(ge=1, le=MAX_PROMPT_TOKENS)] = 8192
+    max_tokens: Annotated[int, Meta(ge=1, le=MAX_OUTPUT_TOKENS)] = 4096
+    max_n: Annotated[int, Meta(ge=1, le=128)] = 8
+    max_adapters_per_request: Annotated[int, Meta(ge=0, le=16)] = 1
+    max_stop_sequences: Annotated[int, Meta(ge=0, le=16)] = 4
+    request_timeout: Duration = 600.0
+
+
+class RateLimit(Section, kw_only=True):
+    """Per API key, token bucket; 0 disables."""
+
+    requests_per_s: Annotated[float, Meta(ge=0)] = 0.0
+    burst: Annotated[int, Meta(ge=0)] = 0  # 0: max(1, ceil(requests_per_s))
+
+
+class GatewaySection(Section, kw_only=True):
+    host: str = "127.0.0.1"
+    port: Port = 8000
+    api_keys: Annotated[list[Annotated[str, Meta(min_length=8, max_length=256)]], Meta(max_length=1024)] = []
+    limits: GatewayLimits = msgspec.field(default_factory=GatewayLimits)
+    rate_limit: RateLimit = msgspec.field(default_factory=RateLimit)
+    drain_timeout: Duration = 30.0
+
+
+class DispatcherSection(Section, kw_only=True):
+    queue_bound: PositiveInt = 256  # per model
+    max_redispatches: Annotated[int, Meta(ge=0, le=100)] = 2
+    # later issues add: "rank_aware" (CaraServe), "memory_aware", "kunserve", "mell", "warmserve"
+    routing_policy: Literal["least_load"] = "least_load"
+    assign_timeout: Duration = 2.0
+    stats_interval: Duration = 1.0
+
+
+class PlannerSection(Section, kw_only=True):
+    enabled: bool = True
+    interval: Duration = 1.0
+    kv_high_watermark: Fraction = 0.9  # above: buy memory (the memory economy)
+    kv_low_watermark: Fraction = 0.5  # below: give it back (restore layers, scale down)
+    max_migrations_per_op: Annotated[int, Meta(ge=0, le=1000)] = 10  # MELL's bound
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.kv_low_watermark >= self.kv_high_watermark:
+            raise ValueError("kv_low_watermark must be below kv_high_watermark")
+
+
+class PredictorSection(Section, kw_only=True):
+    window: Duration = 60.0
+    season: Duration = 86400.0  # the periodicity the seasonal predictor looks back by
+    history_windows: PositiveInt = 10080
+
+
+class RegistrySection(Section, kw_only=True):
+    heartbeat_interval: Duration = 1.0  # how often workers and services send heartbeats
+    dead_after: Duration = 3.0  # no heartbeat for this long: marked dead
+    kv_history: Annotated[int, Meta(ge=1, le=64)] = 5
+    replicas: Annotated[int, Meta(ge=1, le=5)] = 1  # JetStream replicas of the KV buckets
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.dead_after <= self.heartbeat_interval:
+            raise ValueError("dead_after must be longer than heartbeat_interval")
+
+
+class DemoModel(Section, kw_only=True):
+    """A small random-weight checkpoint `tidal make-model` generates (cached under data_dir)."""
+
+    arch: Literal["llama", "qwen2"]
+    layers: Annotated[int, Meta(ge=1, le=64)] = 4
+    hidden: Annotated[int, Meta(ge=8, le=8192)] = 128
+    heads: Annotated[int, Meta(ge=1, le=128)] = 4
+    kv_heads: Annotated[int, Meta(ge=1, le=128)] = 2
+    intermediate: Annotated[int, Meta(ge=8, le=32768)] = 352
+    vocab: Annotated[int, Meta(ge=256, le=262144)] = 2048
+    seed: Annotated[int, Meta(ge=0)] = 0
+
+
+class ModelSpec(Section, kw_only=True):
+    name: Name
+    path: str | None = None  # a local Hugging Face directory; generated here when `demo` is set
+    demo: DemoModel | None = None
+    dtype: Dtype = "float32"
+    max_context: Annotated[int, Meta(ge=16, le=2**24)] = 2048
+
+
+class DemoAdapter(Section, kw_only=True):
+    seed: Annotated[int, Meta(ge=0)] = 0
+
+
+class AdapterSpec(Section, kw_only=True):
+    name: Name
+    base: Name
+    path: str | None = None  # a PEFT directory; generated here when `demo` is set
+    demo: DemoAdapter | None = None
+    rank: Annotated[int, Meta(ge=1, le=1024)] = 8
+    targets: Annotated[list[Annotated[str, Meta(pattern=r"^[A-Za-z0-9_]{1,32}$")]], Meta(min_length=1)] = msgspec.field(
+        default_factory=lambda: ["q_proj", "v_proj"]
+    )
+
+
+class WorkerSpec(Section, kw_only=True):
+    id: Ident
+    device: Device = "cpu"
+    memory: ByteSize  # the pool's capacity (on CUDA: at most the free HBM)
+    models: list[Name] = []  # instances to load at start
+    adapters: list[Name] = []  # adapters to make resident at start
+
+
+class PoliciesSection(Section, kw_only=True):
+    max_batch_size: Annotated[int, Meta(ge=1, le=4096)] = 64
+    step_token_budget: Annotated[int, Meta(ge=16, le=1 << 20)] = 2048  # chunked prefill
+    kv_block_tokens: Annotated[int, Meta(ge=1, le=1024)] = 16
+    lora_kernel: Literal["padded", "segmented"] = "segmented"
+    cpu_lora_assist: bool = True  # CaraServe: cold adapters prefill on CPU while loading
+    buddy_groups: bool = True  # KunServe: drop layers under KV pressure
+    prewarm: bool = True  # WarmServe
+    migration: Literal["auto", "kv", "tokens", "off"] = "auto"  # MELL
+
+
+class SloSection(Section, kw_only=True):
+    ttft: SloTarget = "5x"  # type: ignore[assignment]  # parsed by Section.__post_init__
+    tpot: SloTarget = "5x"  # type: ignore[assignment]
+    attainment: Fraction = 0.9
+
+
+class ObservabilitySection(Section, kw_only=True):
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "console"] = "json"
+    tracing: Literal["off", "console", "otlp"] = "off"
+    otlp_endpoint: str = "http://127.0.0.1:4317"
+    metrics_host: str = "127.0.0.1"
+    # 0: every process serves /metrics on a free port (reported in its health and registry record);
+    # N: gateway N, dispatcher N+1, planner N+2, predictor N+3, registry N+4, worker i N+10+i.
+    metrics_port_base: Annotated[int, Meta(ge=0, le=65000)] = 0
+
+    def metrics_port(self, service: str, index: int = 0) -> int:
+        if self.metrics_port_base == 0:
+            return 0
+        order = ("gateway", "dispatcher", "planner", "predictor", "registry")
+        offset = 10 + index if service == "gpu_worker" else order.index(service)
+        return self.metrics_port_base + offset
+
+
+class ClusterConfig(Section, kw_only=True):
+    cluster: ClusterSection = msgspec.field(default_factory=ClusterSection)
+    gateway: GatewaySection = msgspec.field(default_factory=GatewaySection)
+    dispatcher: DispatcherSection = msgspec.field(default_factory=DispatcherSection)
+    planner: PlannerSection = msgspec.field(default_factory=PlannerSection)
+    predictor: PredictorSection = msgspec.field(default_factory=PredictorSection)
+    registry: RegistrySection = msgspec.field(default_factory=RegistrySection)
+    models: list[ModelSpec] = []
+    adapters: list[AdapterSpec] = []
+    workers: list[WorkerSpec] = []
+    policies: PoliciesSection = msgspec.field(default_factory=PoliciesSection)
+    slo: SloSection = msgspec.field(default_factory=SloSection)
+    observability: ObservabilitySection = msgspec.field(default_factory=ObservabilitySection)
+
+    def model(self, name: str) -> ModelSpec:
+        for spec in self.models:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    def adapter(self, name: str) -> AdapterSpec:
+        for spec in self.adapters:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    def worker(self, worker_id: str) -> WorkerSpec:
+        for spec in self.workers:
+            if spec.id == worker_id:
+                return spec
+        raise KeyError(worker_id)
+
+
+def load_config(path: str | os.PathLike[str] | None = None, *, env: Mapping[str, str] | None = None) -> ClusterConfig:
+    """Load `path` (None: the embedded default) with `env` overrides (None: os.environ)."""
+    from shared.config_loader import load
+
+    return load(Path(path) if path is not None else None, os.environ if env is None else env)
+
+
+def parse_config(text: str, *, source: str = "<string>", base_dir: Path | None = None,
+                 env: Mapping[str, str] | None = None) -> ClusterConfig:
+    """Parse TOML text (no environment overrides unless `env` is given)."""
+    from shared.config_loader import parse
+
+    return parse(text, source=source, base_dir=base_dir or Path.cwd(), env=env or {})
+
+
+def config_to_builtins(cfg: ClusterConfig) -> dict[str, Any]:
+    """The config as plain dicts/lists/numbers (for printing as JSON or TOML)."""
+    from shared.config_units import enc_hook
+
+    return msgspec.to_builtins(cfg, enc_hook=enc_hook)
+
+
+__all__ = [
+    "AdapterSpec", "ClusterConfig", "ConfigError", "DEFAULT_CONFIG_PATH", "ModelSpec", "WorkerSpec",
+    "config_to_builtins", "load_config", "parse_config",
+]

@@ -1,0 +1,167 @@
+"""Family `worker`: assignments to a worker, its stats and its heartbeats.
+
+Subjects: `tidal.v1.worker.<worker_id>.assign` (request/reply), `tidal.v1.evt.worker.stats`
+and `tidal.v1.evt.worker.heartbeat` (pub/sub). Control commands (`...<worker_id>.ctl`) are
+in `shared.events.ctl`.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Literal
+
+from msgspec import Meta
+
+from shared.events.base import (
+    MAX_LIST, AdapterName, ByteCount, Count, Device, GroupId, IdempotencyKey, InstanceId, Message, ModelName,
+    Rate, Reason, RequestId, Seconds, Seq, Timestamp, TokenId, Value, WorkerId,
+)
+from shared.events.common import LayerRange, SamplingParams
+from shared.events.dispatch import Priority, PromptTokens
+
+
+class WorkerState(enum.StrEnum):
+    STARTING = "starting"  # loading its models; takes no assignments yet
+    READY = "ready"
+    DRAINING = "draining"  # finishing admitted requests; takes no new ones
+    DEAD = "dead"  # set by the registry when heartbeats stop (never by the worker)
+
+
+class Assignment(Message, kw_only=True):
+    """The dispatcher hands one request to one instance on this worker.
+
+    On a re-dispatch (the first worker died) `resume_token_ids` holds the tokens the client
+    already received: the worker re-prefills prompt + those tokens, does not emit them again,
+    and numbers its first chunk `next_seq`, so the client's stream has no gap and no duplicate.
+    """
+
+    idempotency_key: IdempotencyKey  # e.g. "<request_id>:<attempt>"
+    request_id: RequestId
+    instance_id: InstanceId
+    model: ModelName
+    adapter: AdapterName | None = None
+    prompt_token_ids: PromptTokens
+    sampling: SamplingParams = SamplingParams()
+    priority: Priority = 0
+    arrival_ts: Timestamp
+    deadline_ts: Timestamp | None = None
+    attempt: Annotated[int, Meta(ge=0, le=100)] = 0  # 0 on the first dispatch, +1 per re-dispatch
+    resume_token_ids: Annotated[list[TokenId], Meta(max_length=262_144)] = []
+    next_seq: Seq = 0
+
+
+class AssignAccepted(Message, kw_only=True):
+    request_id: RequestId
+    worker_id: WorkerId
+    instance_id: InstanceId
+    replayed: bool = False  # the same idempotency key was already accepted; nothing was done twice
+
+
+AssignRejectReason = Literal[
+    "no_capacity",  # the instance's waiting queue or KV is full
+    "model_not_loaded",  # this worker holds no such instance
+    "adapter_unavailable",  # the adapter is unknown to this worker or cannot be loaded
+    "draining",
+]
+
+
+class AssignRejected(Message, kw_only=True):
+    request_id: RequestId
+    worker_id: WorkerId
+    reason: AssignRejectReason
+    message: Reason
+    retry_after_s: Seconds | None = None
+
+
+AssignReply = AssignAccepted | AssignRejected
+
+
+class MemoryKind(enum.StrEnum):
+    """What a byte of the device pool is used for (DESIGN §1, the memory economy)."""
+
+    WEIGHTS = "weights"  # layers of models this worker serves
+    PREWARM = "prewarm"  # layers of other models, loaded ahead of a scale-up
+    ADAPTER = "adapter"  # LoRA adapters resident on the device
+    KV = "kv"  # KV cache blocks
+    WORKSPACE = "workspace"  # activations, sampler and kernel scratch
+
+
+class MemoryHolding(Value, kw_only=True):
+    """One attributable use of the pool: which kind, for whom, which layers, how many bytes."""
+
+    kind: MemoryKind
+    owner: Annotated[str, Meta(max_length=128)] = ""  # model, adapter or instance id; "" for shared
+    layers: LayerRange | None = None
+    bytes: ByteCount
+
+
+class PoolBreakdown(Value, kw_only=True):
+    """The device pool by kind; the kinds and free sum to capacity."""
+
+    capacity_bytes: ByteCount
+    weights_bytes: ByteCount = 0
+    prewarm_bytes: ByteCount = 0
+    adapter_bytes: ByteCount = 0
+    kv_bytes: ByteCount = 0  # reserved for KV blocks (used or not; see InstanceStats for use)
+    workspace_bytes: ByteCount = 0
+    free_bytes: ByteCount = 0
+    holdings: Annotated[list[MemoryHolding], Meta(max_length=MAX_LIST)] = []
+
+
+class InstanceStats(Value, kw_only=True):
+    """Load of one model instance on this worker."""
+
+    instance_id: InstanceId
+    model: ModelName
+    layers: LayerRange  # the layers whose weights this worker holds
+    group_id: GroupId | None = None
+    running: Count = 0  # sequences in the batch
+    waiting: Count = 0  # admitted, not yet scheduled
+    queued_prompt_tokens: Count = 0  # prompt tokens not yet prefilled
+    kv_blocks_total: Count = 0
+    kv_blocks_used: Count = 0
+    kv_block_bytes: ByteCount = 0
+    kv_growth_blocks_per_s: Annotated[float, Meta(ge=-1e9, le=1e9)] = 0.0
+    tokens_per_s: Rate = 0.0  # generated, over the last stats interval
+
+
+class WorkerStats(Message, kw_only=True):
+    """Published by each worker every stats interval (250 ms by default)."""
+
+    worker_id: WorkerId
+    seq: Seq
+    ts: Timestamp
+    device: Device
+    state: WorkerState
+    pool: PoolBreakdown
+    instances: Annotated[list[InstanceStats], Meta(max_length=MAX_LIST)] = []
+    resident_adapters: Annotated[list[AdapterName], Meta(max_length=MAX_LIST)] = []
+
+
+class WorkerHeartbeat(Message, kw_only=True):
+    """Liveness. The registry marks a worker dead `registry.dead_after` after its last heartbeat.
+
+    `incarnation` changes every time the worker process starts, so a restarted worker with
+    the same id is told apart from the old one (whose in-flight requests were lost).
+    """
+
+    worker_id: WorkerId
+    incarnation: Annotated[str, Meta(min_length=1, max_length=64)]
+    seq: Seq
+    ts: Timestamp
+    state: WorkerState
+
+
+__all__ = [
+    "AssignAccepted",
+    "AssignRejectReason",
+    "AssignRejected",
+    "AssignReply",
+    "Assignment",
+    "InstanceStats",
+    "MemoryHolding",
+    "MemoryKind",
+    "PoolBreakdown",
+    "WorkerHeartbeat",
+    "WorkerState",
+    "WorkerStats",
+]

@@ -1,0 +1,167 @@
+"""`tidal up` / `tidal status` / `tidal down` as a user runs them: real processes, real NATS."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from service_procs import ROOT, write_config
+from tidal.run_state import RunState, read_state
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def tidal(*args: str, cwd: Path, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tidal", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def start_up(config: Path, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tidal", "up", "--config", str(config)], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def wait_ready(up: subprocess.Popen[str], data_dir: Path, timeout: float = 120) -> RunState:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if up.poll() is not None:
+            raise AssertionError(f"tidal up exited with {up.returncode}:\n{up.stdout.read()}")  # type: ignore[union-attr]
+        state = read_state(data_dir)
+        if state is not None and state.ready:
+            return state
+        time.sleep(0.2)
+    up.kill()
+    raise AssertionError("tidal up did not become ready")
+
+
+def alive(pid: int, created: float) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and abs(proc.create_time() - created) < 0.5
+    except psutil.NoSuchProcess:
+        return False
+
+
+def processes_mentioning(text: str) -> list[psutil.Process]:
+    """Any live process whose command line mentions `text` (our config or NATS store path)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and any(text in arg for arg in proc.info["cmdline"] or []):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def assert_nothing_left(state: RunState, config: Path) -> None:
+    assert state.processes and all(p.pid > 0 for p in state.processes)
+    left = [(p.name, p.pid) for p in state.processes if alive(p.pid, p.create_time)]
+    assert left == [], f"still running: {left}"
+    assert not alive(state.launcher_pid, state.launcher_create_time)
+    assert processes_mentioning(str(config)) == []  # no service process of this cluster
+    assert processes_mentioning(str(Path(state.data_dir) / "nats")) == []  # no nats-server on our store
+
+
+def test_up_status_down_leaves_no_process(tmp_path):
+    config = write_config(tmp_path)
+    data_dir = tmp_path / "data"
+    up = start_up(config, tmp_path)
+    try:
+        state = wait_ready(up, data_dir)
+        names = sorted(p.name for p in state.services())
+        assert names == ["dispatcher", "gateway", "gpu_worker", "gpu_worker", "planner", "predictor", "registry"]
+        nats = state.nats()
+        assert nats is not None and state.embedded_nats and state.nats_url.startswith("nats://127.0.0.1:")
+        assert all(alive(p.pid, p.create_time) for p in state.processes)
+
+        status = tidal("status", "--config", str(config), "--json", cwd=tmp_path)
+        assert status.returncode == 0, status.stderr
+        report = json.loads(status.stdout)
+        assert report["registry_reachable"] is True
+        by_instance = {row["instance"]: row for row in report["services"]}
+        for proc in state.services():  # every process registered itself and answers health
+            assert by_instance[proc.instance]["health"] == "ok", by_instance.get(proc.instance)
+            assert by_instance[proc.instance]["pid"] == proc.pid
+        workers = {w["worker_id"]: w for w in report["workers"]}
+        assert set(workers) == {"w0", "w1"}
+        assert all(w["liveness"] == "alive" and w["last_heartbeat_age_s"] < 1.0 for w in workers.values())
+        assert (workers["w0"]["memory_capacity_bytes"], workers["w1"]["device"]) == (64 << 20, "cpu")
+
+        table = tidal("status", "--config", str(config), cwd=tmp_path)
+        assert table.returncode == 0 and "gpu_worker" in table.stdout and "alive" in table.stdout
+
+        down = tidal("down", "--config", str(config), cwd=tmp_path)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert "no process left" in down.stdout
+        assert up.wait(30) == 0
+        out = up.stdout.read()  # type: ignore[union-attr]
+        assert "http://127.0.0.1:8000" in out and "stopped; no process left" in out
+        assert_nothing_left(state, config)
+        assert read_state(data_dir) is None
+        assert (data_dir / "logs" / "registry.log").exists() and (data_dir / "logs" / "gpu_worker-w0.log").exists()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            tidal("down", "--config", str(config), cwd=tmp_path)
+
+
+def test_crashed_child_is_restarted_and_ctrl_c_stops_everything(tmp_path):
+    config = write_config(tmp_path)
+    data_dir = tmp_path / "data"
+    up = start_up(config, tmp_path)
+    try:
+        state = wait_ready(up, data_dir)
+        dispatcher = next(p for p in state.services() if p.name == "dispatcher")
+        os.kill(dispatcher.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        restarted = None
+        while time.monotonic() < deadline and restarted is None:
+            latest = read_state(data_dir)
+            now = next(p for p in latest.services() if p.name == "dispatcher") if latest else None
+            if now is not None and now.restarts == 1 and now.pid != dispatcher.pid:
+                restarted = now
+            time.sleep(0.2)
+        assert restarted is not None and restarted.instance.endswith("-r1")
+        for _ in range(100):  # the restarted process registers and answers health
+            report = json.loads(tidal("status", "--config", str(config), "--json", cwd=tmp_path).stdout)
+            rows = {r["instance"]: r for r in report["services"]}
+            if rows.get(restarted.instance, {}).get("health") == "ok":
+                break
+            time.sleep(0.3)
+        else:
+            raise AssertionError(f"restarted dispatcher never healthy: {rows}")
+        final = read_state(data_dir)
+        up.send_signal(signal.SIGINT)  # Ctrl-C
+        assert up.wait(60) == 0
+        out = up.stdout.read()  # type: ignore[union-attr]
+        assert "dispatcher exited with code -9; restarting" in out and "SIGINT received" in out
+        assert_nothing_left(final, config)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            tidal("down", "--config", str(config), cwd=tmp_path)
+
+
+def test_bad_config_starts_nothing_and_names_the_key(tmp_path):
+    config = write_config(tmp_path, '[cluster]\ndata_dir = "data"\n[[workers]]\nid = "w0"\nmemory = "lots"\n')
+    result = tidal("up", "--config", str(config), cwd=tmp_path, timeout=30)
+    assert result.returncode == 2
+    assert "workers[0].memory" in result.stderr and "lots" in result.stderr
+    assert not (tmp_path / "data").exists()  # nothing started, nothing written
+
+
+def test_down_and_status_with_nothing_running_say_so(tmp_path):
+    config = write_config(tmp_path)
+    down = tidal("down", "--config", str(config), cwd=tmp_path, timeout=30)
+    assert down.returncode == 1 and "no Tidal cluster is running" in down.stderr
+    status = tidal("status", "--config", str(config), cwd=tmp_path, timeout=30)
+    assert status.returncode == 1 and "no Tidal cluster is running" in status.stderr
