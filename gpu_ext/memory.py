@@ -14,6 +14,7 @@ block ids to be handed out — no copy of live KV, no new tensor.
 """
 from __future__ import annotations
 
+import ctypes
 import mmap
 from typing import Protocol
 
@@ -110,17 +111,14 @@ def reserve_region(nbytes: int, device: torch.device | str = "cpu") -> ReservedR
 
 
 def _resident_bytes_of(address: int, nbytes: int) -> int:
-    """Resident bytes of a mapping, from /proc/self/smaps (Linux)."""
+    """Resident bytes of [address, address+nbytes), by mincore(2) (Linux; -1 if unavailable).
+    Per-range, unlike /proc/self/smaps whose entries merge neighbouring mappings."""
     try:
-        with open("/proc/self/smaps") as smaps:
-            inside = False
-            for line in smaps:
-                head = line.split(" ", 1)[0]
-                if "-" in head and ":" not in head:
-                    lo, hi = (int(x, 16) for x in head.split("-"))
-                    inside = lo <= address < hi
-                elif inside and line.startswith("Rss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return -1
+        libc = ctypes.CDLL(None, use_errno=True)
+        pages = -(-nbytes // PAGE)
+        vec = (ctypes.c_ubyte * pages)()
+        if libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), vec) != 0:
+            return -1
+    except (OSError, AttributeError):
+        return -1
+    return (pages - bytes(vec).count(0)) * PAGE

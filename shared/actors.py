@@ -137,10 +137,11 @@ class Actor:
         return self._bus
 
     async def bind(
-        self, subject: str, msg_type: Any, handler: Handler, *, queue: str | None = None, label: str | None = None
+        self, subject: str, msg_type: Any, handler: Handler, *, queue: str | None = None, label: str | None = None,
+        flush: bool = True,
     ) -> Subscription:
-        """Subscribe `handler` through this actor's mailbox (typed, see `Bus.subscribe`)."""
-        sub = await self.bus.subscribe(subject, msg_type, handler, queue=queue, label=label, mailbox=self)
+        """Subscribe `handler` through this actor's mailbox (typed; options as in `Bus.subscribe`)."""
+        sub = await self.bus.subscribe(subject, msg_type, handler, queue=queue, label=label, mailbox=self, flush=flush)
         self._subs.append(sub)
         return sub
 
@@ -161,7 +162,11 @@ class Actor:
 
     @contextlib.asynccontextmanager
     async def turn(self) -> AsyncIterator[None]:
-        """Take one mailbox slot (exclusive with handlers when concurrency is 1)."""
+        """Take one mailbox slot (exclusive with handlers when concurrency is 1).
+
+        For background tasks only: a handler already holds a slot, so with concurrency 1 a
+        handler that waits for a turn waits for itself.
+        """
         await self._slots.acquire()
         try:
             yield

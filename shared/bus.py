@@ -66,6 +66,7 @@ class BusSettings(msgspec.Struct, kw_only=True, frozen=True):
     request_timeout_s: float = 5.0  # default deadline of every request
     connect_timeout_s: float = 2.0  # one TCP connect attempt
     initial_connect_s: float = 30.0  # keep retrying the first connect this long (NATS may start later)
+    initial_retry_s: float = 0.25  # pause between first-connect attempts
     reconnect_wait_s: float = 0.1  # first reconnect backoff; doubles per failed attempt, with jitter
     reconnect_wait_max_s: float = 5.0
     max_reconnect_attempts: int = -1  # -1: reconnect forever
@@ -123,6 +124,7 @@ class Bus:
         self._js: JetStreamContext | None = None
         self._replies = ReplyMux(nc)
         self._closing = False
+        self._last_error: tuple[str, float] = ("", 0.0)
         self._request_latency: dict[str, Any] = {}  # subject -> histogram child (label lookup is not free)
 
     # --- connection ---------------------------------------------------------------------
@@ -140,7 +142,7 @@ class Bus:
                 nc.connect(
                     settings.url, name=name or service, error_cb=bus._on_error, disconnected_cb=bus._on_disconnected,
                     reconnected_cb=bus._on_reconnected, closed_cb=bus._on_closed,
-                    connect_timeout=settings.connect_timeout_s, reconnect_time_wait=settings.reconnect_wait_s,
+                    connect_timeout=settings.connect_timeout_s, reconnect_time_wait=settings.initial_retry_s,
                     max_reconnect_attempts=settings.max_reconnect_attempts, ping_interval=settings.ping_interval_s,
                     reconnect_to_server_handler=bus._pick_server, drain_timeout=settings.drain_timeout_s,
                 ),
@@ -161,7 +163,12 @@ class Bus:
 
     async def _on_error(self, exc: Exception) -> None:
         metrics.BUS_EVENTS.labels(self.service, "error").inc()
-        log.warning("bus error", error=repr(exc))
+        text, now = repr(exc), time.monotonic()
+        last_text, last_at = self._last_error
+        if text == last_text and now - last_at < 10.0:
+            return  # the same error again (e.g. every retry while NATS is down): logged once per 10 s
+        self._last_error = (text, now)
+        log.warning("bus error", error=text)
 
     async def _on_disconnected(self) -> None:
         if self._closing:

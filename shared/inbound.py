@@ -16,6 +16,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 import msgspec
+import nats.errors
 from nats.aio.msg import Msg
 
 from shared import metrics
@@ -23,7 +24,7 @@ from shared.logging import get_logger, request_id_var, traceparent_var
 from shared.tracing import CONSUMER, SERVER, extract
 from shared.wire import (
     BAD_REQUEST, DEADLINE_EXCEEDED, HDR_DEADLINE, HDR_IDEMPOTENCY_KEY, HDR_REQUEST_ID, HDR_TRACEPARENT, INTERNAL,
-    ErrorReply, TidalError, error_for_decode_failure, tag_fields,
+    ErrorReply, TidalError, encode, error_for_decode_failure, tag_fields,
 )
 
 if TYPE_CHECKING:
@@ -72,15 +73,6 @@ class Mailbox(Protocol):
     async def deliver(self, process: Callable[[Msg], Awaitable[None]], raw: Msg) -> None: ...
 
 
-Handler = Callable[[Any, Delivery], Awaitable[msgspec.Struct | None]]
-
-
-class Mailbox(Protocol):
-    """Where a subscription's messages are processed (the actor runtime provides one)."""
-
-    async def deliver(self, process: Callable[[Msg], Awaitable[None]], raw: Msg) -> None: ...
-
-
 class Inbound:
     """Decode → check deadline → handle → reply, for one subscription. Never raises."""
 
@@ -101,7 +93,8 @@ class Inbound:
                 try:
                     deadline = int(text) / 1000.0
                 except ValueError:
-                    await self.reject(raw, ErrorReply(code=BAD_REQUEST, message=f"bad {HDR_DEADLINE} header {text!r}: expected epoch milliseconds", field=HDR_DEADLINE))
+                    problem = f"bad {HDR_DEADLINE} header {text!r}: expected epoch milliseconds"
+                    await self.reject(raw, ErrorReply(code=BAD_REQUEST, message=problem, field=HDR_DEADLINE))
                     return
                 if time.time() >= deadline:  # the caller already gave up: skip the work
                     await self.reject(raw, ErrorReply(code=DEADLINE_EXCEEDED, message="deadline passed before handling"))
@@ -112,32 +105,37 @@ class Inbound:
             await self.reject(raw, error_for_decode_failure(exc, self.tags))
             return
         ctx = Delivery(raw.subject, raw.reply, headers, deadline)
-        if not headers and self.bus.tracing is None:
+        tracing = self.bus.tracing
+        if not headers and tracing is None:
             await self.invoke(msg, ctx)  # fast path: nothing to bind
             return
-        tokens = (
-            request_id_var.set(headers.get(HDR_REQUEST_ID)) if headers else None,
-            deadline_var.set(deadline),
-        )
+        # Bind only what the message carries: the subscription task starts from an empty context
+        # and every binding is undone after the message, so an unset variable is already None.
+        deadline_token = deadline_var.set(deadline) if deadline is not None else None
+        request_id = headers.get(HDR_REQUEST_ID) if headers else None
+        request_token = request_id_var.set(request_id) if request_id is not None else None
         try:
-            if self.bus.tracing is None:
-                parent_token = traceparent_var.set(headers.get(HDR_TRACEPARENT)) if headers else None
-                try:
+            if tracing is None:
+                parent = headers.get(HDR_TRACEPARENT)  # type: ignore[union-attr]  # headers is set here
+                if parent is None:
                     await self.invoke(msg, ctx)
-                finally:
-                    if parent_token is not None:
+                else:
+                    parent_token = traceparent_var.set(parent)  # forwarded as-is on outgoing messages
+                    try:
+                        await self.invoke(msg, ctx)
+                    finally:
                         traceparent_var.reset(parent_token)
             else:
-                kind = SERVER if raw.reply else CONSUMER
-                with self.bus.tracing.tracer.start_as_current_span(
-                    f"{self.label} process", context=extract(headers), kind=kind,
+                with tracing.tracer.start_as_current_span(
+                    f"{self.label} process", context=extract(headers), kind=SERVER if raw.reply else CONSUMER,
                     attributes={"messaging.system": "nats", "messaging.destination.name": raw.subject},
                 ):
                     await self.invoke(msg, ctx)
         finally:
-            if tokens[0] is not None:
-                request_id_var.reset(tokens[0])
-            deadline_var.reset(tokens[1])
+            if request_token is not None:
+                request_id_var.reset(request_token)
+            if deadline_token is not None:
+                deadline_var.reset(deadline_token)
 
     async def invoke(self, msg: Any, ctx: Delivery) -> None:
         started = time.perf_counter()
@@ -154,7 +152,10 @@ class Inbound:
         else:
             self.seconds.observe(time.perf_counter() - started)
             if result is not None and ctx.reply:
-                await self.bus.respond(ctx, result)
+                try:  # Bus.respond, inlined: this is the hot path
+                    await self.bus.nc.publish(ctx.reply, encode(result))
+                except nats.errors.Error as exc:
+                    log.warning("reply not sent", subject=ctx.subject, error=repr(exc))
             return
         metrics.MESSAGE_ERRORS.labels(self.bus.service, self.label, error.code).inc()
         if ctx.reply:

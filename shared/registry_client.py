@@ -21,7 +21,7 @@ from typing import Any, Callable
 from shared.bus import Bus, Delivery, Subscription
 from shared.events.registry import (
     Bucket, CatalogChanged, CatalogEntry, DeleteReply, GetReply, PutReply, Record, RegistryConflict, RegistryDelete,
-    RegistryDeleted, RegistryGet, RegistryList, RegistryListing, RegistryNotFound, RegistryPut, record_bucket,
+    RegistryDeleted, RegistryGet, RegistryList, RegistryListing, RegistryPut, record_bucket,
     record_key,
 )
 from shared.subjects import registry_changed, registry_op
@@ -163,4 +163,4 @@ class CatalogWatch:
             return event
 
 
-__all__ = ["CatalogWatch", "RegistryClient", "RegistryNotFound"]
+__all__ = ["CatalogWatch", "RegistryClient"]

@@ -71,15 +71,21 @@ def build_arg_parser(service: str, parser: argparse.ArgumentParser | None = None
     """The common options (each defaults from its environment variable)."""
     env = os.environ.get
     parser = parser or argparse.ArgumentParser(prog=f"python -m services.{service}")
-    parser.add_argument("--nats", default=env("TIDAL_NATS_URL", "nats://127.0.0.1:4222"), help="NATS URL [TIDAL_NATS_URL]")
-    parser.add_argument("--instance", default=env("TIDAL_INSTANCE_ID"), help="instance id [TIDAL_INSTANCE_ID; default service-host-pid]")
-    parser.add_argument("--metrics-host", default=env("TIDAL_METRICS_HOST", "127.0.0.1"), help="[TIDAL_METRICS_HOST]")
-    parser.add_argument("--metrics-port", type=int, default=int(env("TIDAL_METRICS_PORT", "0")), help="0: free port, -1: off [TIDAL_METRICS_PORT]")
-    parser.add_argument("--log-level", default=env("TIDAL_LOG_LEVEL", "info"), help="[TIDAL_LOG_LEVEL]")
-    parser.add_argument("--drain-timeout", type=float, default=float(env("TIDAL_DRAIN_TIMEOUT_S", "10")), help="seconds [TIDAL_DRAIN_TIMEOUT_S]")
-    parser.add_argument("--request-timeout", type=float, default=float(env("TIDAL_REQUEST_TIMEOUT_S", "5")), help="default request deadline, seconds [TIDAL_REQUEST_TIMEOUT_S]")
-    parser.add_argument("--tracing", default=env("TIDAL_TRACING"), choices=["off", "console", "otlp"], help="[TIDAL_TRACING]")
-    parser.add_argument("--config", default=env("TIDAL_CONFIG"), help="cluster TOML file [TIDAL_CONFIG]")
+    options: list[tuple[str, str, type, str | None, str]] = [
+        ("--nats", "TIDAL_NATS_URL", str, "nats://127.0.0.1:4222", "NATS URL"),
+        ("--instance", "TIDAL_INSTANCE_ID", str, None, "instance id (default: service-host-pid)"),
+        ("--metrics-host", "TIDAL_METRICS_HOST", str, "127.0.0.1", "address of /metrics"),
+        ("--metrics-port", "TIDAL_METRICS_PORT", int, "0", "port of /metrics; 0: a free port, -1: off"),
+        ("--log-level", "TIDAL_LOG_LEVEL", str, "info", "debug, info, warning, error"),
+        ("--drain-timeout", "TIDAL_DRAIN_TIMEOUT_S", float, "10", "seconds to finish in-flight work on SIGTERM"),
+        ("--request-timeout", "TIDAL_REQUEST_TIMEOUT_S", float, "5", "default request deadline, seconds"),
+        ("--config", "TIDAL_CONFIG", str, None, "the cluster TOML file"),
+    ]
+    for flag, var, kind, default, text in options:
+        value = env(var, default)
+        parser.add_argument(flag, type=kind, default=None if value is None else kind(value), help=f"{text} [{var}]")
+    parser.add_argument("--tracing", default=env("TIDAL_TRACING"), choices=["off", "console", "otlp"],
+                        help="span exporter (default off) [TIDAL_TRACING]")
     return parser
 
 
@@ -159,8 +165,17 @@ class Service:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_signal, sig)
         bus_settings = BusSettings.from_env(url=s.nats_url, request_timeout_s=s.request_timeout_s)
+        connect = asyncio.ensure_future(Bus.connect(bus_settings, service=s.service, tracing=self.tracing, name=s.instance))
+        stop = asyncio.ensure_future(self._stop_requested.wait())
+        await asyncio.wait({connect, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not connect.done():  # stopped while NATS was still unreachable
+            connect.cancel()
+            await asyncio.gather(connect, return_exceptions=True)
+            log.info("service stopped before it connected")
+            return self.exit_code
         try:
-            self._bus = await Bus.connect(bus_settings, service=s.service, tracing=self.tracing, name=s.instance)
+            self._bus = connect.result()
         except Unavailable as exc:
             log.error("service cannot start", error=str(exc))
             return 1
@@ -175,12 +190,16 @@ class Service:
                 self.state = "ready"
                 log.info("service ready", health=health_subject(self.name), metrics_port=self.metrics_port, version=self.version)
             await self._stop_requested.wait()
+        except Exception:
+            log.exception("service failed; shutting down")
+            self.exit_code = 1
         finally:
             await self._shutdown()
         return self.exit_code
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        log.info("signal received; draining" if not self._stop_requested.is_set() else "second signal; cutting drain short", signal=sig.name)
+        first = not self._stop_requested.is_set()
+        log.info("signal received; draining" if first else "second signal; cutting the drain short", signal=sig.name)
         self.request_stop()
 
     async def _run_hooks(self, which: str, hooks: list[Hook], *, stop_on_error: bool = False) -> None:

@@ -190,7 +190,8 @@ def error_for_decode_failure(exc: msgspec.MsgspecError, tags: frozenset[str]) ->
     `unknown_message`. `tags` is `tag_fields(expected type)`.
     """
     text = str(exc)
-    if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):  # ValidationError subclasses DecodeError
+    # ValidationError subclasses DecodeError: only a plain DecodeError means the bytes are not msgpack
+    if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
         return ErrorReply(code=BAD_REQUEST, message=f"undecodable payload: {text}")
     path = _AT_PATH.search(text) or _MISSING.search(text)
     field = path.group(1) if path else None

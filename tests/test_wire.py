@@ -85,7 +85,9 @@ def test_exceptions_carry_codes_and_names() -> None:
     assert "absent" in str(RevisionConflict("models", "llama", 3, None))
     exists = KeyExists("models", "llama", 7)
     assert isinstance(exists, RevisionConflict) and "already exists" in str(exists)
-    assert NotFound("no such model", field="name").to_reply() == ErrorReply(code="not_found", message="no such model", field="name")
+    expected = ErrorReply(code="not_found", message="no such model", field="name")
+    assert NotFound("no such model", field="name").to_reply() == expected
     remote = RemoteError("tidal.v1.x", ErrorReply(code="not_found", message="gone", field="name"))
     assert (remote.code, remote.message, remote.field) == ("not_found", "gone", "name")
-    assert {"bad_request", "unknown_message", "deadline_exceeded", "conflict", "not_found", "unavailable", "internal"} == ERROR_CODES
+    codes = {"bad_request", "unknown_message", "deadline_exceeded", "conflict", "not_found", "unavailable", "internal"}
+    assert codes == ERROR_CODES

@@ -20,6 +20,8 @@ COMMANDS: list[str] = [
     "make_model",
     "make_lora",
     "generate",
+    "trace",
+    "sim",
 ]
 
 

@@ -142,10 +142,13 @@ class Launcher:
             return f"tidal: {exc}"
         if old is None:
             return None
-        alive = [p for p in old.processes if recorded_alive(p)]
-        if pid_alive(old.launcher_pid, old.launcher_create_time) or alive:
+        if pid_alive(old.launcher_pid, old.launcher_create_time):
             return (f"tidal: a cluster is already running from {self.data_dir} (launcher pid {old.launcher_pid}, "
                     f"NATS {old.nats_url}); stop it with `tidal down` first")
+        alive = [p for p in old.processes if recorded_alive(p)]
+        if alive:
+            return (f"tidal: {len(alive)} process(es) of an earlier `tidal up` from {self.data_dir} still run "
+                    f"(its launcher is gone); stop them with `tidal down` first")
         remove_state(self.data_dir)  # stale: its processes are all gone
         return None
 

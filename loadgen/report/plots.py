@@ -11,6 +11,7 @@ from loadgen.report.metrics import Columns, SloSpec
 from loadgen.report.records import MemorySample, PlanMarker
 
 MAX_SCATTER = 20_000  # points drawn on the timeline; percentiles per window cover the rest
+MAX_WORKER_LINES = 8  # per-worker memory lines beyond this would hide the stacked kinds
 
 
 def _figure(width: float, height: float):
@@ -45,18 +46,26 @@ def plot_cdfs(cols: Columns, path: Path, slo: SloSpec | None = None) -> Path:
     return path
 
 
-def _memory_by_kind(samples: list[MemorySample], grid: np.ndarray) -> dict[str, np.ndarray]:
-    """Each (worker, kind) series held as a step function, summed over workers per kind."""
+def _memory_series(samples: list[MemorySample], grid: np.ndarray) -> dict[tuple[str, str], np.ndarray]:
+    """Each (worker, kind) series held as a step function, on the grid."""
     series: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)
     for s in samples:
         series[(s.worker, s.kind)].append((s.t_s, s.bytes))
-    totals: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(len(grid)))
-    for (_, kind), points in series.items():
+    out: dict[tuple[str, str], np.ndarray] = {}
+    for key, points in series.items():
         points.sort()
         t = np.array([p[0] for p in points])
         b = np.array([p[1] for p in points], dtype=np.float64)
         idx = np.searchsorted(t, grid, side="right") - 1
-        totals[kind] = totals[kind] + np.where(idx >= 0, b[np.clip(idx, 0, None)], 0.0)
+        out[key] = np.where(idx >= 0, b[np.clip(idx, 0, None)], 0.0)
+    return out
+
+
+def _memory_by_kind(samples: list[MemorySample], grid: np.ndarray) -> dict[str, np.ndarray]:
+    """Memory of each kind summed over workers."""
+    totals: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(len(grid)))
+    for (_, kind), values in _memory_series(samples, grid).items():
+        totals[kind] = totals[kind] + values
     return dict(totals)
 
 
@@ -98,6 +107,12 @@ def plot_timeline(cols: Columns, path: Path, memory: list[MemorySample] | None =
         kinds = sorted(by_kind)
         mem_ax.stackplot(grid, [by_kind[k] / 2**30 for k in kinds], labels=kinds, alpha=0.8)
         mem_ax.set_ylabel("memory, all workers (GiB)")
+        per_worker: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(len(grid)))
+        for (worker, _), values in _memory_series(memory, grid).items():
+            per_worker[worker] = per_worker[worker] + values
+        if len(per_worker) <= MAX_WORKER_LINES:  # each worker's total, so imbalance shows
+            for worker in sorted(per_worker):
+                mem_ax.plot(grid, per_worker[worker] / 2**30, lw=0.8, ls="--", label=f"{worker} total")
         mem_ax.legend(loc="upper left", fontsize=8)
         mem_ax.grid(alpha=0.3)
     for p in plans or []:
@@ -106,7 +121,7 @@ def plot_timeline(cols: Columns, path: Path, memory: list[MemorySample] | None =
         ax.annotate(p.label, (p.t_s, 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
                     va="top", ha="right", color="purple")
     ax.legend(loc="upper right", fontsize=8)
-    axes[-1].set_xlabel("arrival time (s)")
+    axes[-1].set_xlabel("time (s); TTFT plotted at arrival")
     fig.tight_layout()
     fig.savefig(path)
     return path

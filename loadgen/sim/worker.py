@@ -33,6 +33,7 @@ class SimWorker:
         self.spec = spec
         self.cost = cost
         self.max_run_s = max_run_s
+        self.c_over, self.c_seq, self.c_ctx = cost.overhead_s, cost.decode_per_seq_s, cost.decode_per_ctx_token_s
         self.bs = spec.block_size
         self.total = spec.kv_blocks
         self.used = 0
@@ -143,7 +144,7 @@ class SimWorker:
         max_chunk = spec.max_prefill_chunk or budget
         chunks: list[tuple[SimRequest, int, int]] = []  # (request, tokens, blocks reserved)
         extra_s = 0.0
-        for req in list(self.prefilling):
+        for req in list(self.prefilling) if self.prefilling else ():
             if budget <= 0:
                 break
             if req not in self.prefilling:
@@ -188,7 +189,6 @@ class SimWorker:
                 free -= nb
                 chunks.append((req, n, nb))
                 budget -= n
-        cost = self.cost
         if chunks:
             ptok = attn = 0
             for req, n, _ in chunks:
@@ -198,21 +198,26 @@ class SimWorker:
             self.run_blocks = need
             self.run_k = 1
             self.run_chunks = [(req, n) for req, n, _ in chunks]
-            dt = cost.step_s(self.decoding, self.ctx_sum, ptok, attn) + extra_s
+            dt = self.cost.step_s(self.decoding, self.ctx_sum, ptok, attn) + extra_s
         elif self.decoding:
             heap = self.heap
             while heap[0][2] != heap[0][3].epoch:
                 heappop(heap)
-            base = cost.overhead_s + cost.decode_per_seq_s * self.decoding + cost.decode_per_ctx_token_s * self.ctx_sum
-            limit = min(heap[0][0] - self.step, max(1, int(self.max_run_s / base)))
+            base = self.c_over + self.c_seq * self.decoding + self.c_ctx * self.ctx_sum
+            limit = heap[0][0] - self.step
+            cap = self.max_run_s / base
+            if cap < limit:
+                limit = max(1, int(cap))
+            if preempted and self.waiting:
+                limit = 1  # admission was skipped only for this step; the next one may admit
             k = self._steps_fitting(self.total - self.used, limit)
             self.run_base = base
-            self.run_slope = cost.decode_per_ctx_token_s * self.decoding
-            self.run_blocks = self._crossings(self.step, k)
-            self.used += self.run_blocks
+            self.run_slope = slope = self.c_ctx * self.decoding
+            self.run_blocks = blocks = self._crossings(self.step, k)
+            self.used += blocks
             self.run_k = k
             self.run_chunks = None
-            dt = self._run_time(k)
+            dt = k * base + slope * k * (k - 1) / 2
         else:
             self.busy = False
             return None
@@ -333,5 +338,6 @@ class SimWorker:
         assert sum(ctxs) == self.ctx_sum, (sum(ctxs), self.ctx_sum)
         assert blocks == self.used, (blocks, self.used)
         assert 0 <= self.used <= self.total, (self.used, self.total)
+        assert self.decoding + len(self.prefilling) <= self.spec.max_batch
         pending = sum(r.to_prefill - r.computed for r in self.prefilling) + sum(r.to_prefill for r in self.waiting)
         assert pending == self.queued_tokens, (pending, self.queued_tokens)

@@ -15,6 +15,7 @@ fails (NATS away) stays pending and is retried on the next tick.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ import msgspec
 
 from shared.actors import Actor
 from shared.bus import Delivery
+from shared.events.base import ID_PATTERN
 from shared.events.registry import Bucket, CatalogEntry, RegistryList, RegistryWritten, ServiceHeartbeat
 from shared.events.worker import WorkerHeartbeat, WorkerState
 from shared.logging import get_logger
@@ -32,6 +34,7 @@ from services.registry.store import CatalogStore
 
 log = get_logger("tidal.registry.liveness")
 
+_SERVICE_ID = re.compile(ID_PATTERN)
 MAX_TICK_S = 0.25  # upper bound on the timer's sleep (new peers, pending retries)
 
 
@@ -50,7 +53,9 @@ class LivenessActor(Actor):
         super().__init__("registry-liveness")
         self.store = store
         self.dead_after = dead_after
-        self.touch_every = heartbeat_interval / 2  # so every heartbeat refreshes the stored time
+        # A worker's record gets every heartbeat's time (`tidal status` shows its age); a service
+        # process's only every dead_after (its health reply is what status shows).
+        self.touch_every = {str(Bucket.WORKERS): heartbeat_interval / 2, str(Bucket.SERVICES): dead_after}
         self.workers = LivenessTracker(dead_after)
         self.services = LivenessTracker(dead_after, forget_after=forget_after or max(30.0, 10 * dead_after))
         self._seen: dict[PeerKey, CatalogEntry] = {}  # last entry read or written, for compare-and-set
@@ -87,9 +92,10 @@ class LivenessActor(Actor):
         change = self.workers.heard(key, now, hb.incarnation)
         await self._heard(key, change, str(hb.state), wall)
         # the worker process's own ServiceRecord (service id == incarnation, by convention)
-        proc = (str(Bucket.SERVICES), hb.incarnation)
-        proc_change = self.services.heard(proc, now, hb.incarnation)
-        await self._heard(proc, proc_change, str(hb.state), wall)
+        if _SERVICE_ID.fullmatch(hb.incarnation):
+            proc = (str(Bucket.SERVICES), hb.incarnation)
+            proc_change = self.services.heard(proc, now, hb.incarnation)
+            await self._heard(proc, proc_change, str(hb.state), wall)
 
     async def on_service_heartbeat(self, hb: ServiceHeartbeat, _ctx: Delivery) -> None:
         key = (str(Bucket.SERVICES), hb.service_id)
@@ -104,7 +110,7 @@ class LivenessActor(Actor):
                 return  # not registered (yet): nothing to update
         record = entry.record
         stored_state = str(record.state)  # type: ignore[union-attr]
-        if change is None and not needs_write(stored_state, record.last_heartbeat_ts, state, wall, self.touch_every):  # type: ignore[union-attr]
+        if change is None and not needs_write(stored_state, record.last_heartbeat_ts, state, wall, self.touch_every[key[0]]):  # type: ignore[union-attr]
             return
         if change is not None and change.alive and stored_state in ("dead", str(WorkerState.DEAD)):
             log.info("peer alive again", bucket=key[0], key=key[1], restarted=change.restarted)
@@ -150,6 +156,8 @@ class LivenessActor(Actor):
                     break  # deregistered: nothing to mark
                 record = entry.record
                 state = WorkerState(desired.state) if key[0] == Bucket.WORKERS else desired.state
+                if desired.heartbeat_ts is None and record.state == state:  # type: ignore[union-attr]
+                    break  # already says so (another registry instance wrote it)
                 changes: dict[str, object] = {"state": state}
                 if desired.heartbeat_ts is not None:
                     changes["last_heartbeat_ts"] = desired.heartbeat_ts

@@ -17,6 +17,17 @@ from services.gpu_worker.engine.memory_pool import MemoryPool
 from services.gpu_worker.engine.model_config import load_model_config
 from services.gpu_worker.engine.model_runner import ModelRunner
 
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    # Tiny models gain nothing from threads, and on a shared 2-core box OpenMP threads
+    # that spin-wait against other processes make these tests ~8x slower.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 LAYERS = 4
 PROMPT_LENS = [3, 18, 35]
 NEW_TOKENS = 24
@@ -30,7 +41,7 @@ def model_dir(tmp_path_factory) -> Path:
     return base
 
 
-def fill(driver: GreedyDriver, vocab: int, lora: Path) -> None:
+def fill(driver: GreedyDriver, vocab: int) -> None:
     g = torch.Generator().manual_seed(2)
     for i, n in enumerate(PROMPT_LENS):
         driver.add(f"s{i}", torch.randint(0, vocab, (n,), generator=g).tolist(), "ad" if i == 1 else None)
@@ -59,7 +70,7 @@ def monolithic(model_dir):
     lora = model_dir.parent / "lora"
     runner, blocks = stage(model_dir, range(LAYERS), set(), lora)
     driver = GreedyDriver([(runner, blocks)])
-    fill(driver, runner.cfg.vocab_size, lora)
+    fill(driver, runner.cfg.vocab_size)
     driver.generate(NEW_TOKENS)
     return driver.seqs
 
@@ -74,7 +85,7 @@ def test_two_stage_pipeline_with_remote_attention_matches_monolithic(model_dir, 
     assert first[0].resident_layers() == list(range(split)) and first[0].model.lm_head is None
     assert second[0].resident_layers() == list(range(split, LAYERS)) and second[0].model.embed is None
     driver = GreedyDriver([first, second], remote=holders)
-    fill(driver, first[0].cfg.vocab_size, lora)
+    fill(driver, first[0].cfg.vocab_size)
     driver.generate(NEW_TOKENS)
     for seq_id, ref in monolithic.items():
         got = driver.seqs[seq_id]

@@ -14,6 +14,17 @@ from services.gpu_worker.engine.greedy_driver import GreedyDriver
 from services.gpu_worker.engine.memory_pool import MemoryPool
 from services.gpu_worker.engine.model_runner import ModelRunner
 
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    # Tiny models gain nothing from threads, and on a shared 2-core box OpenMP threads
+    # that spin-wait against other processes make these tests ~8x slower.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 PROMPT_LENS = [1, 5, 16, 17, 40]  # includes a one-token prompt and block boundaries
 DECODE_STEPS = 64
 
@@ -35,7 +46,18 @@ def prompts(vocab: int, seed: int = 0) -> dict[str, list[int]]:
     return {f"seq{i}": torch.randint(0, vocab, (n,), generator=g).tolist() for i, n in enumerate(PROMPT_LENS)}
 
 
-def run_ours(model_dir: Path, block_size: int = 16, chunk: int | None = None, lora_mode: str = "segmented"):
+_RUNS: dict[tuple, dict] = {}
+
+
+def run_ours(model_dir: Path, block_size: int = 16, chunk: int | None = None):
+    """Greedy outputs and logits of our runner (memoised: several tests compare one run)."""
+    key = (model_dir, block_size, chunk)
+    if key not in _RUNS:
+        _RUNS[key] = _run(model_dir, block_size, chunk)
+    return _RUNS[key]
+
+
+def _run(model_dir: Path, block_size: int, chunk: int | None):
     pool = MemoryPool(32 << 20)
     runner = ModelRunner(model_dir, pool, block_size=block_size)
     blocks = BlockManager(pool, block_size=block_size, block_bytes=runner.kv_block_bytes, layers=runner.layers)
@@ -60,7 +82,7 @@ def variant(request, tmp_path_factory) -> tuple[str, Path]:
 
 def test_logits_and_greedy_tokens_match_transformers(variant):
     name, model_dir = variant
-    seqs = run_ours(model_dir, block_size=4 if name == "llama" else 16)
+    seqs = run_ours(model_dir, block_size=4 if name == "llama" else 16)  # small blocks: many per sequence
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     assert type(hf).__name__ == {"qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}.get(
         VARIANTS[name]["arch"], "LlamaForCausalLM")

@@ -40,6 +40,16 @@ class StepOutput:
     sampled_seq_ids: list[str]
 
 
+def _as_layers(layers: Iterable[int]) -> range | list[int]:
+    """A range when contiguous (what the block manager takes), else the sorted list."""
+    if isinstance(layers, range):
+        return layers
+    held = sorted(layers)
+    if held and held == list(range(held[0], held[-1] + 1)):
+        return range(held[0], held[-1] + 1)
+    return held
+
+
 def _nbytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -67,7 +77,7 @@ class ModelRunner:
         self.layers = layers if layers is not None else range(cfg.num_layers)
         if self.layers.step != 1 or not 0 <= self.layers.start <= self.layers.stop <= cfg.num_layers:
             raise ValueError(f"layer range {self.layers} is not a contiguous range within 0..{cfg.num_layers}")
-        self.kv_layers = sorted(kv_layers) if kv_layers is not None else list(self.layers)
+        self.kv_layers = _as_layers(kv_layers) if kv_layers is not None else self.layers
         self.device = torch.device(device)
         self.pool = pool
         self.keep_host_copy = keep_host_copy
@@ -84,7 +94,7 @@ class ModelRunner:
         # Reserve for every block the pool could ever hold (address space only, see gpu_ext).
         self.max_kv_blocks = max(1, pool.capacity_bytes // self.kv_block_bytes)
         self.kv_cache = PagedKVCache(cfg, self.max_kv_blocks, block_size, self.device)
-        self.attention = PagedAttention(self.kv_cache, self.kv_layers, cfg.sliding_window)
+        self.attention = PagedAttention(self.kv_cache, list(self.kv_layers), cfg.sliding_window)
         self._attention_override: dict[int, LayerAttention] = {}
         self.lora = LoRAManager(cfg, self.layers, pool, self.device, lora_mode, max_loras)
 
@@ -140,7 +150,7 @@ class ModelRunner:
     def set_kv_layers(self, layers: Iterable[int]) -> None:
         """The layers whose KV this runner stores from now on (mirror of the block manager's
         held layers); other layers' attention must be routed elsewhere (`set_attention`)."""
-        self.kv_layers = sorted(layers)
+        self.kv_layers = _as_layers(layers)
         self.attention.layers = list(self.kv_layers)
 
     def drop_layers(self, start: int, end: int) -> int:

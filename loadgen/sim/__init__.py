@@ -1,0 +1,1 @@
+"""Discrete-event simulation of Tidal workers driven by the live routing policies."""

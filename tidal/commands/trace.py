@@ -1,0 +1,221 @@
+"""`tidal trace burstgpt|azure|maf|poisson [options] --out FILE` and `tidal trace info FILE`.
+
+Writes a seeded trace as JSONL (docs/loadgen.md). `burstgpt --csv` and `azure --csv`
+import the public trace files instead of generating.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(s|m|h|d|w)?\s*$")
+_UNITS = {None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
+
+
+def duration(text: str) -> float:
+    """Seconds from '90', '90s', '15m', '1h', '7d' or '1w'."""
+    match = _DURATION.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: use e.g. 600, 90s, 15m, 1h, 7d")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+    return names
+
+
+def _models(args: argparse.Namespace) -> list[str]:
+    return args.model_names or [f"model-{i}" for i in range(args.models)]
+
+
+def _burst(text: str):
+    from loadgen.traces.schema import Burst
+
+    try:
+        start, dur, mag = text.split(":")
+        return Burst(start_s=duration(start), duration_s=duration(dur), magnitude=float(mag))
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"bad burst {text!r}: use START:DURATION:MAGNITUDE, e.g. 120:30:14") from None
+
+
+def _common(p: argparse.ArgumentParser, *, rate: float, dur: str) -> None:
+    p.add_argument("--out", required=True, help="trace file to write (JSONL)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--duration", type=duration, default=None,
+                   help=f"trace length (default {dur}; for --csv: the window's length, default all of it)")
+    p.set_defaults(default_duration=duration(dur))
+    p.add_argument("--rate", type=float, default=rate, help=f"requests per second (default {rate})")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="divide arrival times by this after generating (2 = twice the rate, half the time)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from loadgen.traces.lengths import DATASETS
+
+    parser = sub.add_parser("trace", help="generate a request trace (JSONL) or import a public one")
+    kinds = parser.add_subparsers(dest="trace_kind", metavar="KIND")
+    datasets = sorted(DATASETS)
+
+    p = kinds.add_parser("burstgpt", help="base rate with sudden bursts; lengths from KunServe Table 2")
+    _common(p, rate=2.0, dur="10m")
+    p.add_argument("--bursts", type=int, default=2, help="bursts placed at seeded random times (default 2)")
+    p.add_argument("--burst-duration", type=duration, default=30.0)
+    p.add_argument("--burst-magnitude", type=float, default=14.0, help="rate multiplier in a burst (default 14)")
+    p.add_argument("--burst-ramp", type=duration, default=2.0, help="rise/fall time of a burst (default 2s)")
+    p.add_argument("--burst", type=_burst, action="append", default=None, metavar="START:DUR:MAG",
+                   help="an explicit burst (repeatable); replaces --bursts")
+    p.add_argument("--cv", type=float, default=1.0, help="coefficient of variation of gaps (1 = Poisson)")
+    p.add_argument("--dataset", choices=datasets, default="burstgpt")
+    p.add_argument("--model", default=None, help="model name (default model-0; for --csv: keep the CSV's)")
+    p.add_argument("--csv", help="import a BurstGPT CSV instead of generating")
+    p.add_argument("--model-map", type=_names, default=None, help="CSV model renames, e.g. ChatGPT=llama,GPT-4=qwen")
+    p.add_argument("--log-type", default=None, help="keep only this Log Type (CSV)")
+    p.add_argument("--keep-failed", action="store_true", help="keep CSV rows with 0 response tokens")
+    p.add_argument("--start", type=duration, default=None, help="CSV window start (seconds from its first row)")
+    p.set_defaults(func=run_burstgpt)
+
+    p = kinds.add_parser("azure", help="multi-model conversation/code load, daily and weekly periodicity")
+    _common(p, rate=1.0, dur="1d")
+    p.add_argument("--models", type=int, default=4, help="number of models (named model-0..)")
+    p.add_argument("--model-names", type=_names, default=None, help="comma-separated model names (overrides --models)")
+    p.add_argument("--alpha", type=float, default=0.5, help="power-law exponent of per-model rates")
+    p.add_argument("--kinds", type=_names, default=["conv"], help="conv, code or conv,code (cycled over models)")
+    p.add_argument("--daily-amplitude", type=float, default=0.6)
+    p.add_argument("--peak-hour", type=float, default=14.0)
+    p.add_argument("--weekend-factor", type=float, default=0.6)
+    p.add_argument("--phase-jitter-h", type=float, default=1.5)
+    p.add_argument("--cv", type=float, default=1.0)
+    p.add_argument("--csv", help="import an Azure LLM inference trace CSV instead of generating")
+    p.add_argument("--model", default="model-0", help="model name for CSV requests")
+    p.add_argument("--start", type=duration, default=None, help="CSV window start (seconds from its first row)")
+    p.set_defaults(func=run_azure)
+
+    p = kinds.add_parser("maf", help="many LoRA adapters with Zipf popularity, Poisson arrivals")
+    _common(p, rate=6.0, dur="5m")
+    p.add_argument("--adapters", type=int, default=2000)
+    p.add_argument("--zipf-s", type=float, default=1.0, help="popularity exponent")
+    p.add_argument("--models", type=int, default=1)
+    p.add_argument("--model-names", type=_names, default=None)
+    p.add_argument("--ranks", type=_names, default=["8", "16", "32", "64"])
+    p.add_argument("--base-fraction", type=float, default=0.0, help="share of requests without an adapter")
+    p.add_argument("--dataset", choices=datasets, default="burstgpt")
+    p.set_defaults(func=run_maf)
+
+    p = kinds.add_parser("poisson", help="plain Poisson arrivals at --rate")
+    _common(p, rate=1.0, dur="1m")
+    p.add_argument("--model", default="model-0")
+    p.add_argument("--dataset", choices=datasets, default="burstgpt")
+    p.add_argument("--prompt-tokens", type=int, default=None, help="fixed prompt length")
+    p.add_argument("--output-tokens", type=int, default=None, help="fixed output length")
+    p.set_defaults(func=run_poisson)
+
+    p = kinds.add_parser("info", help="summarize a trace file")
+    p.add_argument("file")
+    p.set_defaults(func=run_info)
+    parser.set_defaults(func=lambda args: parser.print_help() or 2)
+
+
+def _write(args: argparse.Namespace, make) -> int:
+    from loadgen.traces.io import scale_time, write_trace
+    from loadgen.traces.loaders import TraceCsvError
+    from loadgen.traces.summary import format_summary, summarize
+
+    try:
+        trace = make()
+        if args.time_scale != 1.0:
+            trace = scale_time(trace, args.time_scale)
+    except (ValueError, TraceCsvError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    path = write_trace(args.out, trace)
+    print(f"wrote {path}")
+    print(format_summary(summarize(trace)))
+    return 0
+
+
+def _window(args: argparse.Namespace) -> dict[str, float | None]:
+    return {"start_s": args.start or 0.0, "duration_s": args.duration}
+
+
+def _duration(args: argparse.Namespace) -> float:
+    return args.duration or args.default_duration
+
+
+def run_burstgpt(args: argparse.Namespace) -> int:
+    from loadgen.traces.burstgpt import place_bursts
+    from loadgen.traces.generate import generate
+    from loadgen.traces.loaders import load_burstgpt_csv
+    from loadgen.traces.schema import BurstGPTParams
+
+    def make():
+        if args.csv:
+            mapping = dict(pair.split("=", 1) for pair in args.model_map or [] if "=" in pair)
+            return load_burstgpt_csv(args.csv, model=args.model,
+                                     model_map=mapping, log_type=args.log_type, keep_failed=args.keep_failed,
+                                     **_window(args))
+        dur = _duration(args)
+        bursts = args.burst if args.burst else place_bursts(args.seed, dur, args.bursts, args.burst_duration,
+                                                            args.burst_magnitude, args.burst_ramp)
+        return generate(BurstGPTParams(seed=args.seed, duration_s=dur, rate=args.rate, bursts=bursts,
+                                       cv=args.cv, dataset=args.dataset, model=args.model or "model-0"))
+    return _write(args, make)
+
+
+def run_azure(args: argparse.Namespace) -> int:
+    from loadgen.traces.generate import generate
+    from loadgen.traces.loaders import load_azure_csv
+    from loadgen.traces.schema import AzureParams
+
+    def make():
+        if args.csv:
+            return load_azure_csv(args.csv, model=args.model, **_window(args))
+        bad = [k for k in args.kinds if k not in ("conv", "code")]
+        if bad:
+            raise ValueError(f"unknown kind(s) {bad}: use conv and/or code")
+        return generate(AzureParams(
+            seed=args.seed, duration_s=_duration(args), rate=args.rate, models=_models(args), alpha=args.alpha,
+            kinds=args.kinds, daily_amplitude=args.daily_amplitude, peak_hour=args.peak_hour,
+            weekend_factor=args.weekend_factor, phase_jitter_h=args.phase_jitter_h, cv=args.cv))
+    return _write(args, make)
+
+
+def run_maf(args: argparse.Namespace) -> int:
+    from loadgen.traces.generate import generate
+    from loadgen.traces.schema import MAFParams
+
+    def make():
+        try:
+            ranks = [int(r) for r in args.ranks]
+        except ValueError:
+            raise ValueError(f"--ranks must be integers, got {args.ranks}") from None
+        return generate(MAFParams(seed=args.seed, duration_s=_duration(args), rate=args.rate, adapters=args.adapters,
+                                  zipf_s=args.zipf_s, models=_models(args), ranks=ranks,
+                                  base_fraction=args.base_fraction, dataset=args.dataset))
+    return _write(args, make)
+
+
+def run_poisson(args: argparse.Namespace) -> int:
+    from loadgen.traces.generate import generate
+    from loadgen.traces.schema import PoissonParams
+
+    return _write(args, lambda: generate(PoissonParams(
+        seed=args.seed, duration_s=_duration(args), rate=args.rate, model=args.model, dataset=args.dataset,
+        prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens)))
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from loadgen.traces.io import TraceFormatError, read_trace
+    from loadgen.traces.summary import format_summary, summarize
+
+    try:
+        trace = read_trace(args.file)
+    except TraceFormatError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"generator     {type(trace.header.params).__name__}")
+    print(format_summary(summarize(trace)))
+    return 0
