@@ -30,6 +30,7 @@ from shared.bus import Bus, BusSettings
 from shared.config import ClusterConfig
 from shared.nats_server import NatsServer
 from shared.wire import TidalError
+from tidal import demo
 from tidal.health_probe import gather_health
 from tidal.launch_plan import ChildSpec, plan_children
 from tidal.process_control import create_time, pid_alive, recorded_alive, stop_recorded
@@ -120,7 +121,11 @@ class Launcher:
         try:
             if await self._start_up():
                 self._banner()
-                await self._supervise()
+                usage = asyncio.ensure_future(self._show_usage())  # alongside supervision, not before it
+                try:
+                    await self._supervise()
+                finally:
+                    usage.cancel()
             else:
                 code = 1 if not self._stop.is_set() else 130
         finally:
@@ -155,6 +160,8 @@ class Launcher:
     # --- start-up -------------------------------------------------------------------------
     async def _start_up(self) -> bool:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
+        if self.services is None or "gpu_worker" in self.services:  # demo checkpoints, once, before any worker
+            await asyncio.to_thread(demo.prepare_assets, self.cfg, self.out)
         if self.external_nats is None:
             self.nats = NatsServer(store_dir=self.data_dir / "nats", log_file=self.logs_dir / "nats.log")
             await asyncio.to_thread(self.nats.start)
@@ -223,11 +230,21 @@ class Launcher:
         assert self.state is not None
         self.out(
             f"tidal: cluster up: {len(self.children)} service processes on {self.state.nats_url}\n"
-            f"  gateway:  {self.gateway_url} (OpenAI API; served once the gateway is built)\n"
+            f"  gateway:  {self.gateway_url} (OpenAI API)\n"
             f"  logs:     {self.logs_dir}/\n"
             f"  status:   tidal status{self._config_flag()}\n"
             f"  stop:     Ctrl-C here, or `tidal down{self._config_flag()}` from another shell"
         )
+
+    async def _show_usage(self) -> None:
+        """Once the gateway serves (a worker is ready behind it): how to call it."""
+        if self.services is not None and "gateway" not in self.services:
+            return
+        if await demo.wait_until_serving(self.gateway_url, self.wait_s, self._stop):
+            self.out(f"tidal: ready: {self.gateway_url} serves\n{demo.usage_banner(self.cfg, self.gateway_url)}")
+        elif not self._stop.is_set():
+            self.out(f"tidal: {self.gateway_url}/ready did not answer 200 within {self.wait_s:.0f}s; "
+                     f"see {self.logs_dir}/gateway.log and the gpu_worker logs")
 
     def _config_flag(self) -> str:
         return f" --config {self.config_path}" if self.config_path else ""

@@ -6,8 +6,8 @@ from pathlib import Path
 import msgspec
 
 from loadgen.report.markdown import render_markdown
-from loadgen.report.plots import plot_cdfs, plot_timeline
 from loadgen.report.metrics import Columns, ReportSummary, SloSpec, summarize_records
+from loadgen.report.plots import plot_cdfs, plot_timeline
 from loadgen.report.records import MemorySample, PlanMarker, RequestRecord, write_records
 
 

@@ -109,22 +109,22 @@ class SimWorker:
             total += cnt[-(s + j) % bs]
         return total
 
-    def _steps_fitting(self, free: int, limit: int) -> int:
-        """The most steps (<= limit) whose new blocks fit in `free`."""
+    def _decode_run(self, free: int, limit: int) -> tuple[int, int]:
+        """The most decode steps k <= limit whose new blocks fit in `free`, and those blocks."""
         bs, b = self.bs, self.decoding
-        q = free // b
-        k = q * bs
-        if k >= limit:
-            return limit
-        rem = free - q * b
+        q = free // b  # whole cycles of bs steps (each needs b blocks) that surely fit
+        if q * bs >= limit:
+            return limit, self._crossings(self.step, limit)
+        k, blocks, rem = q * bs, q * b, free - q * b
         cnt, s = self.phase_count, self.step
-        for j in range(bs):
+        for j in range(min(bs, limit - k)):
             c = cnt[-(s + j) % bs]
             if c > rem:
                 break
             rem -= c
+            blocks += c
             k += 1
-        return min(k, limit)
+        return k, blocks
 
     def _blocks(self, tokens: int) -> int:
         return -(-tokens // self.bs)
@@ -171,15 +171,15 @@ class SimWorker:
         if not preempted:
             while self.waiting and budget > 0 and self.decoding + len(self.prefilling) < spec.max_batch:
                 req = self.waiting[0]
+                if self._blocks(req.to_prefill + 1) > self.total:  # could never fit, even alone
+                    self.waiting.popleft()
+                    self.queued_tokens -= req.to_prefill
+                    self._fail(req, now, f"needs {self._blocks(req.to_prefill + 1)} KV blocks; "
+                                         f"the worker holds {self.total}")
+                    continue
                 n = min(req.to_prefill, budget, max_chunk)
                 nb = self._blocks(n)
                 if nb > free:
-                    if self._blocks(req.to_prefill + 1) > self.total:
-                        self.waiting.popleft()
-                        self.queued_tokens -= req.to_prefill
-                        self._fail(req, now, f"needs {self._blocks(req.to_prefill + 1)} KV blocks; "
-                                             f"the worker holds {self.total}")
-                        continue
                     break  # FCFS: later arrivals do not overtake
                 self.waiting.popleft()
                 self.prefilling.append(req)
@@ -210,16 +210,18 @@ class SimWorker:
                 limit = max(1, int(cap))
             if preempted and self.waiting:
                 limit = 1  # admission was skipped only for this step; the next one may admit
-            k = self._steps_fitting(self.total - self.used, limit)
+            k, blocks = self._decode_run(self.total - self.used, limit)
             self.run_base = base
             self.run_slope = slope = self.c_ctx * self.decoding
-            self.run_blocks = blocks = self._crossings(self.step, k)
+            self.run_blocks = blocks
             self.used += blocks
             self.run_k = k
             self.run_chunks = None
             dt = k * base + slope * k * (k - 1) / 2
         else:
             self.busy = False
+            if preempted and self.waiting:
+                return self.plan(now)  # everything was preempted: admit afresh (admission skipped above)
             return None
         self.busy = True
         self.run_start = now

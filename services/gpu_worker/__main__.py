@@ -1,22 +1,37 @@
 """`python -m services.gpu_worker --worker-id ID`: one worker per device.
 
-Here it registers its WorkerRecord (device, memory capacity from the cluster config) and
-sends heartbeats, so liveness is real; the engine, assignments and control commands come in
-later issues.
+Start-up: announce the WorkerRecord and send heartbeats (state `starting`), bind the
+assignment/abort/control subjects, then load the models the config assigns to this worker
+(off the event loop; demo checkpoints are generated first if missing), start one engine
+thread per instance, register models/adapters/instances in the registry (retried until
+one answers) and become `ready`. SIGTERM drains (see services.gpu_worker.worker).
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 
+from services.gpu_worker.catalog import CatalogWriter
+from services.gpu_worker.demo_assets import ensure_demo_assets
+from services.gpu_worker.loading import LoadError, default_threads, load_instances
+from services.gpu_worker.worker import GpuWorker
 from shared.bootstrap import bootstrap, fail
-from shared.service import run
+from shared.logging import get_logger
+from shared.registry_client import RegistryClient
+from shared.service import Service, run
+
+log = get_logger("tidal.gpu_worker")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m services.gpu_worker")
     parser.add_argument("--worker-id", default=os.environ.get("TIDAL_WORKER_ID"),
                         help="which [[workers]] entry of the cluster config this process is [TIDAL_WORKER_ID]")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads for the engines (default: the host's cores / CPU workers in the config) "
+                             "[TIDAL_WORKER_THREADS]")
+    parser.add_argument("--stats-interval", type=float, default=0.25, help="seconds between WorkerStats")
     boot = bootstrap("gpu_worker", parser=parser)
     worker_id = boot.args.worker_id
     known = [w.id for w in boot.config.workers]
@@ -24,7 +39,29 @@ def main() -> None:
         fail(f"--worker-id is required (workers in the config: {', '.join(known) or 'none'})")
     if worker_id not in known:
         fail(f"unknown worker id {worker_id!r} (workers in the config: {', '.join(known) or 'none'})")
-    boot.announce(worker=boot.config.worker(worker_id))
+    spec = boot.config.worker(worker_id)
+    cfg = boot.config
+    threads = boot.args.threads or default_threads(cfg, spec)
+    worker = GpuWorker(boot.service, worker_id, spec.device, stats_interval=boot.args.stats_interval,
+                       max_waiting=4 * cfg.policies.max_batch_size)
+    boot.announce(worker=spec)
+    boot.service.add_actor(worker)
+
+    async def load_and_serve(service: Service) -> None:
+        def load() -> list:
+            ensure_demo_assets(cfg, models=spec.models)
+            return load_instances(cfg, spec, threads=threads)
+
+        try:
+            instances = await asyncio.to_thread(load)
+        except LoadError as exc:
+            log.error("cannot load this worker's models", error=str(exc))
+            raise
+        catalog = CatalogWriter(RegistryClient(service.bus, timeout=2.0), cfg, worker_id, instances)
+        await worker.activate(instances, cfg_catalog=catalog)
+
+    boot.service.on_start.append(load_and_serve)
+    boot.service.on_drain.append(worker.drain)
     run(boot.service)
 
 

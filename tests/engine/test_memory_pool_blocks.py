@@ -106,3 +106,22 @@ def test_give_back_retires_highest_free_ids() -> None:
     assert bm.give_back(300) == 300
     assert bm.num_blocks == 7 and bm.block_id_limit == 7
     assert pool.free_bytes == 300
+
+
+def contiguous(table: list[int]) -> bool:
+    return table == list(range(table[0], table[0] + len(table)))
+
+
+def test_chains_stay_contiguous_while_there_is_room_and_degrade_gracefully() -> None:
+    pool, bm = make(capacity=400 * BLOCK, layers=range(2), block_size=4)
+    for step in range(1, 41):  # 4 sequences growing in lockstep, each expecting 160 tokens
+        for s in "abcd":
+            assert bm.allocate(s, step * 4, expected_tokens=160)
+    for s in "abcd":
+        assert all(len(t) == 40 and contiguous(t) for t in bm.block_tables(s).values())
+    # Under pressure reservations give way: every free block is still usable.
+    free = bm.num_free_blocks
+    assert bm.allocate("big", free // 2 * 4, expected_tokens=free // 2 * 4)
+    assert bm.num_free_blocks == free % 2
+    assert bm.free("a") == 80 and bm.allocate("e", 8 * 4, expected_tokens=400)
+    assert all(contiguous(t) for t in bm.block_tables("e").values())  # reuses a's runs

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import msgspec
-import numpy as np
 import pytest
 
 from loadgen.report.metrics import summarize_records
@@ -151,3 +150,25 @@ def test_requests_beyond_the_context_fail_clearly() -> None:
     first, second = result.records
     assert first.status == "error" and "exceeds the context length 8192" in first.error
     assert second.status == "ok" and second.output_tokens == 192  # capped at the context length
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_tight_configurations_finish_every_request(seed: int) -> None:
+    """Tiny KV, batch, budget and chunk caps in random combinations: invariants hold after
+    every step and every request ends exactly once, ok or with an error."""
+    import random
+
+    rnd = random.Random(seed)
+    trace = generate(MAFParams(seed=seed, duration_s=20.0, rate=rnd.choice([0.5, 2.0, 5.0]), adapters=30,
+                               dataset=rnd.choice(["burstgpt", "agieval-cot", "azureconv"])))
+    prof = profile(kv_blocks=rnd.choice([20, 60, 150, 400]), max_batch=rnd.choice([1, 2, 4, 16]),
+                   max_batched_tokens=rnd.choice([16, 64, 300]), max_prefill_chunk=rnd.choice([0, 8, 100]),
+                   max_resident_adapters=rnd.choice([1, 4]), max_model_len=rnd.choice([512, 8192]))
+    result = Simulator(trace, prof, rnd.choice([1, 2, 3]), make_policy(rnd.choice(["least-load", "random"]), seed),
+                       check_invariants=True, max_run_s=rnd.choice([1e-9, 0.5, 10.0])).run()
+    assert result.stats.finishes == result.stats.requests == len(result.records)
+    for rec in result.records:
+        assert rec.finish_s is not None and rec.finish_s >= rec.arrival_s
+        assert rec.status in ("ok", "error", "rejected")
+        if rec.status == "ok":
+            assert rec.first_token_s is not None and rec.output_tokens >= 1

@@ -43,3 +43,11 @@ def test_mean_out_of_reach_raises_or_moves_the_tail() -> None:
         QuantileLengths(LengthQuantiles(mean=10, p50=40, p80=30, p95=60, p99=70))
     with pytest.raises(ValueError, match="unknown length dataset"):
         dataset_lengths("sharegpt")
+
+
+def test_schema_names_every_dataset() -> None:
+    from typing import get_args
+
+    from loadgen.traces.schema import LengthDataset
+
+    assert sorted(get_args(LengthDataset)) == sorted(DATASETS)

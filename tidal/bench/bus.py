@@ -5,13 +5,14 @@ decodes a typed request and answers a typed reply through `shared.bus`, and a ra
 callback that echoes the bytes (the floor). The requester (this process, another connection)
 measures, for a small and a ~1 KiB payload:
 
-* sequential latency: one request at a time — median, p99, and messages/s;
-* concurrent throughput: `--concurrency` requests in flight — messages/s;
-* CPU per request of requester + responder (not nats-server), in the sequential mode.
+* sequential latency: one request at a time — median, p99, and messages/s (the layers take
+  turns request by request, in a shuffled order, so machine noise lands on all alike);
+* concurrent throughput: `--concurrency` requests in flight — messages/s, in alternating rounds;
+* CPU per request of requester + responder (not nats-server), in the concurrent mode.
 
 A third row, `raw+hdr`, is raw nats-py carrying the same `tidal-deadline` header the bus puts
 on every request: the part of the overhead that is nats-py's header handling, not our code.
-The layers alternate in rounds so machine noise hits them alike. The last line is the ratio.
+The last line is the ratio.
 Goal (issue 2): median overhead of the bus ≤ 20% over raw nats-py, p99 < 1 ms on loopback.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -144,20 +146,29 @@ async def _run(args: argparse.Namespace, url: str, responder_pid: int) -> list[s
             cpu: dict[str, float] = {layer: 0.0 for layer in layers}
             for call in layers.values():
                 await _sequential(call, args.warmup)
+            # Sequential latency: the layers take turns request by request, so a burst of
+            # machine noise lands on all of them alike.
+            perf = time.perf_counter
+            order = list(layers.items())
+            for _ in range(args.requests):
+                random.shuffle(order)
+                for layer, call in order:
+                    start = perf()
+                    await call()
+                    lat[layer].append(perf() - start)
+            # Concurrent throughput (and CPU per request) in alternating rounds.
             per_round = max(1, args.requests // args.rounds)
-            for _ in range(args.rounds):  # alternate, so noise hits every layer alike
+            for _ in range(args.rounds):
                 for layer, call in layers.items():
                     before = time.process_time() + _process_cpu_s(responder_pid)
-                    lat[layer] += await _sequential(call, per_round)
-                    cpu[layer] += time.process_time() + _process_cpu_s(responder_pid) - before
-                for layer, call in layers.items():
                     rate[layer].append(await _concurrent(call, per_round, args.concurrency))
+                    cpu[layer] += time.process_time() + _process_cpu_s(responder_pid) - before
             for layer in layers:
                 samples = lat[layer]
                 lines.append(
                     f"{name:8} {layer:8} {statistics.median(samples) * 1e6:10.1f} {_percentile(samples, 0.99) * 1e6:9.1f} "
                     f"{len(samples) / sum(samples):10.0f} {statistics.median(rate[layer]):11.0f} "
-                    f"{cpu[layer] / len(samples) * 1e6:11.1f}"
+                    f"{cpu[layer] / (per_round * args.rounds) * 1e6:11.1f}"
                 )
             ratios[name] = (
                 statistics.median(lat["tidal"]) / statistics.median(lat["raw"]),
@@ -225,7 +236,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=10000, help="requests per layer, payload and mode")
-    parser.add_argument("--rounds", type=int, default=10, help="alternating rounds (ours, raw, ours, ...)")
+    parser.add_argument("--rounds", type=int, default=20, help="alternating rounds of the concurrent mode")
     parser.add_argument("--concurrency", type=int, default=32, help="requests in flight in the throughput mode")
     parser.add_argument("--warmup", type=int, default=500)
     parser.add_argument("--nats", default=None, help="use this NATS instead of an embedded one")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2, help="GQA 4:1 like Llama 3")
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--max-position", type=int, default=2048, help="context of the generated model")
     p.add_argument("--num-requests", type=int, default=200)
@@ -139,10 +140,14 @@ def decode_curve(model_dir: str, args: argparse.Namespace, vocab: int) -> list[t
         while any(s.num_uncomputed_tokens > 1 for s in engine.scheduler.running + engine.scheduler.waiting):
             engine.step()  # prefill until every sequence decodes
         engine.step()
-        start = time.perf_counter()
+        times = []
         for _ in range(args.curve_steps):
-            engine.step()
-        points.append((b, (time.perf_counter() - start) / args.curve_steps))
+            start = time.perf_counter()
+            decoded = len(engine.step())
+            times.append(time.perf_counter() - start)
+            if decoded != b:
+                raise RuntimeError(f"decode curve: {decoded} sequences decoded in a step, expected {b}")
+        points.append((b, statistics.median(times)))  # the median resists noise from other processes
         for rid in ids:
             engine.abort(rid)
         engine.step()

@@ -54,11 +54,13 @@ def _common(p: argparse.ArgumentParser, *, rate: float, dur: str) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from loadgen.traces.lengths import DATASETS
+    from typing import get_args
+
+    from loadgen.traces.schema import LengthDataset  # no numpy at parser build time
 
     parser = sub.add_parser("trace", help="generate a request trace (JSONL) or import a public one")
     kinds = parser.add_subparsers(dest="trace_kind", metavar="KIND")
-    datasets = sorted(DATASETS)
+    datasets = sorted(get_args(LengthDataset))
 
     p = kinds.add_parser("burstgpt", help="base rate with sudden bursts; lengths from KunServe Table 2")
     _common(p, rate=2.0, dur="10m")

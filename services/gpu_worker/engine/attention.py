@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from .attention_metadata import StepLayout, build_step_layout
+from .attention_metadata import DecodeGroup, StepLayout, build_step_layout
 from .batch import ScheduledChunk
 from .kv_cache import PagedKVCache
 
@@ -30,11 +30,14 @@ class PagedAttention:
         self.layers = list(layers)  # layers whose KV lives in `cache`
         self.sliding_window = sliding_window
         self.layout: StepLayout | None = None
+        self._kbuf: torch.Tensor | None = None
+        self._vbuf: torch.Tensor | None = None
 
     def prepare(self, chunks: Sequence[ScheduledChunk]) -> StepLayout:
         """Build this step's layout from the chunks (their block tables for our layers)."""
         self.layout = build_step_layout(
-            chunks, self.layers, self.cache.block_size, self.cache.blocks.device, self.sliding_window
+            chunks, self.layers, self.cache.block_size, self.cache.blocks.device, self.sliding_window,
+            self.cache.block_bytes,
         )
         return self.layout
 
@@ -47,25 +50,32 @@ class PagedAttention:
         row = lay.layer_row(layer)
         assert lay.slots is not None
         self.cache.write(lay.slots[row], k, v)
-        if lay.all_decode:
-            return self._decode(row, q, lay)
+        groups = lay.decode_groups
         out = torch.empty_like(q)
-        if lay.decode_rows is not None:
-            out[lay.decode_rows] = self._decode(row, q[lay.decode_rows], lay)
+        for g in groups:
+            out[g.rows] = self._decode(row, q[g.rows], g)
         for p, tables in zip(lay.prefills, lay.prefill_tables):
             rows = slice(p.row_start, p.row_start + p.q_len)
             out[rows] = self._prefill(q[rows], k[rows], v[rows], tables[row], p.start_pos)
         return out
 
-    def _decode(self, row: int, q: torch.Tensor, lay: StepLayout) -> torch.Tensor:
-        assert lay.decode_tables is not None and lay.decode_key_mask is not None
+    def _buffers(self, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reused gather buffers (kept hot in cache, never re-faulted) for `blocks` blocks."""
+        per_block = self.cache.block_bytes // 2 // self.cache.blocks.element_size()
+        if self._kbuf is None or self._kbuf.numel() < blocks * per_block:
+            size = max(blocks, 64) * per_block
+            self._kbuf = torch.empty(size, dtype=self.cache.blocks.dtype, device=self.cache.blocks.device)
+            self._vbuf = torch.empty_like(self._kbuf)
+        assert self._vbuf is not None
+        return self._kbuf, self._vbuf
+
+    def _decode(self, row: int, q: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
         batch, heads, d = q.shape
         kv_heads = self.cache.cfg.num_kv_heads
-        keys, values = self.cache.gather(lay.decode_tables[row])  # [B, S, kv_heads, d]
+        table = group.tables[row]
+        keys, values = self.cache.gather(table, *self._buffers(table.numel()))  # [B, S, kv_heads, d]
         qg = q.view(batch, kv_heads, heads // kv_heads, d)
-        out = F.scaled_dot_product_attention(
-            qg, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=lay.decode_key_mask
-        )
+        out = F.scaled_dot_product_attention(qg, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=group.key_mask)
         return out.view(batch, heads, d)
 
     def _prefill(

@@ -7,12 +7,14 @@ claims free pool bytes as new blocks (after weights were dropped, say), and the 
 calls back `_reclaim` when another kind needs bytes, which gives up FREE blocks only.
 
 Block ids are stable for the life of a block; retired ids are reused first, so the
-runner sizes its KV storage by `block_id_limit`.
+runner sizes its KV storage by `block_id_limit`. Which free ids a chain gets is the
+allocator's business (`block_allocator`: contiguous chains when it can).
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from services.gpu_worker.engine.block_allocator import BlockAllocator
 from services.gpu_worker.engine.memory_pool import MemoryKind, MemoryPool
 
 
@@ -53,9 +55,7 @@ class BlockManager:
         self._layers = _layer_tuple(layers)
         self._charge = pool.charge(MemoryKind.KV, owner, 0)
         self._num_blocks = 0
-        self._limit = 0  # ids < _limit have existed
-        self._free: list[int] = []  # free block ids (stack)
-        self._retired: list[int] = []  # ids below _limit that are not blocks now
+        self._alloc = BlockAllocator()
         self._tables: dict[str, dict[int, list[int]]] = {}
         self._covered: dict[str, int] = {}  # min blocks per held layer, the fast path
         pool.register_reclaimer(MemoryKind.KV, self._reclaim)
@@ -68,11 +68,11 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return self._alloc.num_free
 
     @property
     def num_used_blocks(self) -> int:
-        return self._num_blocks - len(self._free)
+        return self._num_blocks - self._alloc.num_free
 
     @property
     def usage(self) -> float:
@@ -81,7 +81,7 @@ class BlockManager:
     @property
     def block_id_limit(self) -> int:
         """Every live block id is below this: the KV storage must have this many slots."""
-        return self._limit
+        return self._alloc.limit
 
     @property
     def token_capacity(self) -> int:
@@ -97,29 +97,17 @@ class BlockManager:
         if n <= 0:
             return 0
         self.pool.resize(self._charge, (self._num_blocks + n) * self.block_bytes, reclaim=False)
-        self._retired.sort(reverse=True)  # reuse low ids first
-        new_ids = [self._retired.pop() for _ in range(min(n, len(self._retired)))]
-        fresh = n - len(new_ids)
-        new_ids.extend(range(self._limit, self._limit + fresh))
-        self._limit += fresh
-        self._free.extend(reversed(new_ids))  # popped from the end: low ids first
+        self._alloc.add(n)
         self._num_blocks += n
         return n
 
     def give_back(self, nbytes: int) -> int:
         """Retire free blocks until `nbytes` are returned to the pool (or none are free); bytes given."""
-        n = min(len(self._free), cdiv(max(0, nbytes), self.block_bytes))
+        # the highest free ids go, so the storage can shrink at its end
+        n = self._alloc.retire(cdiv(max(0, nbytes), self.block_bytes))
         if n <= 0:
             return 0
-        self._free.sort()  # give up the highest ids so the storage can shrink at its end
-        given = self._free[-n:]
-        del self._free[-n:]
-        self._free.reverse()
-        self._retired.extend(given)
         self._num_blocks -= n
-        while self._limit and self._retired and max(self._retired) == self._limit - 1:
-            self._retired.remove(self._limit - 1)
-            self._limit -= 1
         self.pool.resize(self._charge, self._num_blocks * self.block_bytes)
         return n * self.block_bytes
 
@@ -136,9 +124,9 @@ class BlockManager:
         are freed (export them first); layers newly held start with empty tables, to be
         imported or recomputed."""
         layers = _layer_tuple(layers)
-        for tables in self._tables.values():
+        for seq_id, tables in self._tables.items():
             for layer in [l for l in tables if l not in layers]:
-                self._free.extend(reversed(tables.pop(layer)))
+                self._alloc.release((seq_id, layer), tables.pop(layer))
             for layer in layers:
                 tables.setdefault(layer, [])
         self._layers = layers
@@ -166,24 +154,26 @@ class BlockManager:
         return sum(max(0, need - len(tables[layer])) for layer in self._layers)
 
     def can_allocate(self, seq_id: str, num_tokens: int) -> bool:
-        return self.blocks_needed(seq_id, num_tokens) <= len(self._free)
+        return self.blocks_needed(seq_id, num_tokens) <= self._alloc.num_free
 
-    def allocate(self, seq_id: str, num_tokens: int) -> bool:
-        """Make every held layer's table cover `num_tokens` tokens: all or nothing."""
+    def allocate(self, seq_id: str, num_tokens: int, expected_tokens: int = 0) -> bool:
+        """Make every held layer's table cover `num_tokens` tokens: all or nothing.
+        `expected_tokens` (e.g. prompt + max_tokens) lets chains stay contiguous as they grow."""
         needed = self.blocks_needed(seq_id, num_tokens)
         if needed == 0:
             if seq_id not in self._tables:
                 self._new_seq(seq_id)
             return True
-        if needed > len(self._free):
+        if needed > self._alloc.num_free:
             return False
         tables = self._tables.get(seq_id) or self._new_seq(seq_id)
         need = cdiv(num_tokens, self.block_size)
-        free = self._free
+        expect = max(need, cdiv(expected_tokens, self.block_size))
+        take = self._alloc.take
         for layer in self._layers:
             table = tables[layer]
-            for _ in range(need - len(table)):
-                table.append(free.pop())
+            if len(table) < need:
+                table += take((seq_id, layer), need - len(table), table[-1] if table else None, expect - len(table))
         self._covered[seq_id] = need
         return True
 
@@ -194,8 +184,8 @@ class BlockManager:
         if not tables:
             return 0
         n = 0
-        for table in tables.values():
-            self._free.extend(reversed(table))
+        for layer, table in tables.items():
+            self._alloc.release((seq_id, layer), table)
             n += len(table)
         return n
 
@@ -223,9 +213,9 @@ class BlockManager:
         """Free one sequence's blocks for `layers` (after its KV there was exported)."""
         tables = self._tables[seq_id]
         n = 0
-        for l in layers:
+        for l in _layer_tuple(layers):
             table = tables.get(l, [])
-            self._free.extend(reversed(table))
+            self._alloc.release((seq_id, l), table)
             n += len(table)
             table.clear()
         self._refresh_covered(seq_id)
@@ -243,11 +233,11 @@ class BlockManager:
         current = {l: len(tables[l]) if tables else 0 for l in layers}
         if any(n for n in current.values()):
             raise BlockManagerError(f"sequence {seq_id}: layers already have blocks: {current}")
-        if need * len(layers) > len(self._free):
+        if need * len(layers) > self._alloc.num_free:
             return None
         tables = tables or self._new_seq(seq_id)
         for l in layers:
-            tables[l] = [self._free.pop() for _ in range(need)]
+            tables[l] = self._alloc.take((seq_id, l), need, None, need)
         self._refresh_covered(seq_id)
         return {l: tables[l] for l in layers}
 

@@ -88,7 +88,11 @@ class LLMEngine:
         adapter: str | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
+        resume_token_ids: list[int] | None = None,
     ) -> None:
+        """Queue a request. `resume_token_ids`: outputs another engine already produced (a
+        re-dispatch): they are prefilled with the prompt, count toward max_tokens, are not
+        returned again, and generation continues as if this engine had made them."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         params = params or SamplingParams()
@@ -99,7 +103,8 @@ class LLMEngine:
         else:
             token_ids = list(prompt)
         vocab = self.runner.cfg.vocab_size
-        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        resume = list(resume_token_ids or ())
+        bad = [t for t in token_ids + resume if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"request {request_id}: token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         if adapter is not None and adapter not in self.runner.lora.host:
@@ -109,8 +114,18 @@ class LLMEngine:
             arrival_time=time.monotonic() if arrival_time is None else arrival_time,
             arrival_order=next(self._order), priority=priority, adapter=adapter, eos_token_ids=self.eos_token_ids,
         )
+        if resume:
+            if len(resume) >= params.max_tokens or len(token_ids) + len(resume) >= self.max_model_len:
+                raise ValueError(
+                    f"request {request_id}: {len(resume)} resumed tokens leave nothing to generate "
+                    f"(max_tokens {params.max_tokens}, context {self.max_model_len})"
+                )
+            seq.output_token_ids.extend(resume)
         self.scheduler.add(seq)  # validates the length
         detok = IncrementalDetokenizer(self.tokenizer, token_ids, params) if self.tokenizer else None
+        if detok is not None:
+            for token in resume:  # same state as the engine that emitted them; their text is not repeated
+                detok.add(token)
         self._requests[request_id] = _Request(seq, detok)
 
     def abort(self, request_id: str) -> bool:
@@ -150,8 +165,10 @@ class LLMEngine:
         if result.logits is None:
             return SampleResult([])
         self._sampled_ids = result.sampled_seq_ids
-        params = [self._requests[s].seq.params for s in result.sampled_seq_ids]
-        return self.sampler.sample(result.logits, result.sampled_seq_ids, params)
+        seqs = [self._requests[s].seq for s in result.sampled_seq_ids]
+        # The index of the token being drawn: seeded noise depends on it, not on history.
+        indices = [seq.num_output_tokens for seq in seqs]
+        return self.sampler.sample(result.logits, result.sampled_seq_ids, [seq.params for seq in seqs], indices)
 
     def _postprocess(self, changed: list[Sequence], sampled: SampleResult) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
@@ -162,14 +179,14 @@ class LLMEngine:
                 continue
             new_ids = [seq.output_token_ids[-1]] if seq.finish_reason is not FinishReason.ERROR else []
             text = ""
-            if req.detok is not None and new_ids:
+            if req.detok is not None:
                 stopped_by_token = seq.finish_reason is FinishReason.STOP  # stop strings come below
-                if not (stopped_by_token and not seq.params.include_stop_str_in_output):
+                if new_ids and not (stopped_by_token and not seq.params.include_stop_str_in_output):
                     text = req.detok.add(new_ids[0])
                 if req.detok.stop_string is not None and not seq.is_finished:
                     self.scheduler.finish(seq.seq_id, FinishReason.STOP, req.detok.stop_string)
                 if seq.is_finished and req.detok.stop_string is None:
-                    text += req.detok.flush()
+                    text += req.detok.flush()  # held-back text is no stop string after all
             i = row.get(seq.seq_id)
             outputs.append(self._output(req, new_ids, text, i, sampled))
             if seq.is_finished:

@@ -55,12 +55,20 @@ class PagedKVCache:
         self.key_slots.index_copy_(0, slots, k)
         self.value_slots.index_copy_(0, slots, v)
 
-    def gather(self, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """[..., n_blocks] block ids → K, V [..., n_blocks * block_size, kv_heads, d]."""
+    def gather(
+        self, block_table: torch.Tensor, k_buf: torch.Tensor | None = None, v_buf: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[..., n_blocks] block ids → K, V [..., n_blocks * block_size, kv_heads, d], copied
+        into `k_buf`/`v_buf` (flat, large enough) when given."""
         shape = (*block_table.shape[:-1], block_table.shape[-1] * self.block_size, self.cfg.num_kv_heads,
                  self.cfg.head_dim)
         flat = block_table.reshape(-1)
-        return self._key_rows.index_select(0, flat).view(shape), self._value_rows.index_select(0, flat).view(shape)
+        if k_buf is None or v_buf is None:
+            return self._key_rows.index_select(0, flat).view(shape), self._value_rows.index_select(0, flat).view(shape)
+        rows = (flat.numel(), self._key_rows.shape[1])
+        k = torch.index_select(self._key_rows, 0, flat, out=k_buf[: rows[0] * rows[1]].view(rows))
+        v = torch.index_select(self._value_rows, 0, flat, out=v_buf[: rows[0] * rows[1]].view(rows))
+        return k.view(shape), v.view(shape)
 
     # --- moving a request's KV (the data plane carries the tensors) --------------
     def export_tokens(self, block_ids: list[int], num_tokens: int) -> torch.Tensor:

@@ -1,9 +1,11 @@
 """Choose the next token of each sampling sequence from its logits.
 
 Greedy rows take the argmax. Random rows are scaled by temperature, filtered by top-k
-and top-p (one sort for the whole batch), and drawn with the request's own
-`torch.Generator` (exponential-race sampling: argmax(p / E), E ~ Exp(1) from that
-generator), so a seeded request gets the same tokens whatever else is in the batch.
+and top-p (one sort for the whole batch), and drawn by exponential-race sampling
+(argmax(p / E), E ~ Exp(1)) with noise from a generator seeded by (the request's seed,
+the index of the output token being drawn). The noise is a function of those two numbers,
+not of a generator's history, so a seeded request gets the same tokens whatever else is
+in the batch, after a preemption, and when another worker resumes it mid-stream.
 Logprobs are of the model's distribution (before temperature and filters), as in vLLM.
 """
 from __future__ import annotations
@@ -23,26 +25,50 @@ class SampleResult:
     top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def noise_seed(seed: int, index: int) -> int:
+    """The generator seed for output token `index` of a request seeded `seed` (splitmix64 mix)."""
+    z = (seed * 0x9E3779B97F4A7C15 + (index + 1) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1  # 63 bits: manual_seed takes it on every device
+
+
 class Sampler:
     def __init__(self) -> None:
-        self._generators: dict[str, torch.Generator] = {}
+        self._seeds: dict[str, int] = {}  # unseeded requests: a random seed drawn once
+        self._drawn: dict[str, int] = {}  # draws so far, when the caller passes no indices
         self._unseeded = random.Random()
+        self._gens: dict[torch.device, torch.Generator] = {}
 
     def forget(self, seq_id: str) -> None:
-        """The request finished: drop its generator."""
-        self._generators.pop(seq_id, None)
+        """The request finished: drop what the sampler kept for it."""
+        self._seeds.pop(seq_id, None)
+        self._drawn.pop(seq_id, None)
 
-    def _generator(self, seq_id: str, params: SamplingParams, device: torch.device) -> torch.Generator:
-        gen = self._generators.get(seq_id)
+    def _seed(self, seq_id: str, params: SamplingParams) -> int:
+        if params.seed is not None:
+            return params.seed
+        seed = self._seeds.get(seq_id)
+        if seed is None:
+            seed = self._seeds[seq_id] = self._unseeded.getrandbits(63)
+        return seed
+
+    def _generator(self, seed: int, index: int, device: torch.device) -> torch.Generator:
+        gen = self._gens.get(device)
         if gen is None:
-            gen = torch.Generator(device=device)
-            gen.manual_seed(params.seed if params.seed is not None else self._unseeded.getrandbits(63))
-            self._generators[seq_id] = gen
+            gen = self._gens[device] = torch.Generator(device=device)
+        gen.manual_seed(noise_seed(seed, index))
         return gen
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, seq_ids: list[str], params: list[SamplingParams]) -> SampleResult:
-        """`logits[i]` belongs to `seq_ids[i]` with `params[i]`."""
+    def sample(
+        self, logits: torch.Tensor, seq_ids: list[str], params: list[SamplingParams], indices: list[int] | None = None,
+    ) -> SampleResult:
+        """`logits[i]` belongs to `seq_ids[i]` with `params[i]`; it draws that request's output token
+        number `indices[i]` (default: one more than the sampler drew for it before)."""
         if logits.dim() != 2 or logits.shape[0] != len(seq_ids) or len(seq_ids) != len(params):
             raise ValueError(f"sampler: logits {tuple(logits.shape)} for {len(seq_ids)} sequences / {len(params)} params")
         n, vocab = logits.shape
@@ -57,7 +83,13 @@ class Sampler:
             probs = torch.softmax(sub, dim=-1)
             noise = torch.empty_like(probs)
             for j, i in enumerate(random_rows):
-                noise[j].exponential_(generator=self._generator(seq_ids[i], params[i], logits.device))
+                seq_id = seq_ids[i]
+                if indices is not None:
+                    index = indices[i]
+                else:
+                    index = self._drawn.get(seq_id, 0)
+                    self._drawn[seq_id] = index + 1
+                noise[j].exponential_(generator=self._generator(self._seed(seq_id, params[i]), index, logits.device))
             chosen[rows] = (probs / noise).argmax(dim=-1)
         result = SampleResult(chosen.tolist())
         want = [p.logprobs for p in params]

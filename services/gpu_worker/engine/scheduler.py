@@ -119,7 +119,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             n = self._chunk_len(seq, budget)
-            while not self.blocks.allocate(seq.seq_id, seq.num_computed_tokens + n):
+            while not self.blocks.allocate(seq.seq_id, seq.num_computed_tokens + n, self._expected(seq)):
                 victim = max(self.running, key=_key)  # lowest priority, latest arrival
                 if victim is seq and not self._fits_at_all(seq, seq.num_computed_tokens + n):
                     self._never_fits(seq, seq.num_computed_tokens + n)
@@ -136,7 +136,7 @@ class Scheduler:
         while self.waiting and budget > 0 and not preempted_any and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             n = self._chunk_len(seq, budget)
-            if not self.blocks.allocate(seq.seq_id, seq.num_computed_tokens + n):
+            if not self.blocks.allocate(seq.seq_id, seq.num_computed_tokens + n, self._expected(seq)):
                 if not self._fits_at_all(seq, seq.num_computed_tokens + n):
                     self._never_fits(seq, seq.num_computed_tokens + n)
                     continue
@@ -150,6 +150,10 @@ class Scheduler:
         out.chunks = list(scheduled.values())
         out.finished.extend(s.seq_id for s in self._errored)
         return out
+
+    def _expected(self, seq: Sequence) -> int:
+        """Tokens the sequence may reach: lets the block allocator keep its chains contiguous."""
+        return min(seq.num_prompt_tokens + seq.params.max_tokens, self.config.max_model_len)
 
     def _chunk_len(self, seq: Sequence, budget: int) -> int:
         n = min(seq.num_uncomputed_tokens, budget)

@@ -1,0 +1,59 @@
+"""What the pure dispatcher core asks its actor to do, and what the actor reports back.
+
+The core (`services.dispatcher.core`) never touches the bus: it returns effects, the actor
+performs them and feeds the outcome of each Assignment back in. Keeping I/O out of the core
+is what lets its decisions be tested without NATS and replayed exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from shared.events import AssignAccepted, AssignRejected, Assignment, StreamError
+
+
+@dataclass(frozen=True, slots=True)
+class SendAssignment:
+    """Request/reply `Assignment` on `tidal.v1.worker.<worker_id>.assign`."""
+
+    worker_id: str
+    assignment: Assignment
+
+
+@dataclass(frozen=True, slots=True)
+class PublishStreamError:
+    """End a request's stream in failure on `tidal.v1.req.<request_id>.out`."""
+
+    error: StreamError
+
+
+Effect = SendAssignment | PublishStreamError
+
+
+@dataclass(frozen=True, slots=True)
+class AssignFailed:
+    """No typed reply: `timeout` (the worker may still have taken it), `no_responders` (nobody
+    listens on its subject: it did not), or `error` (it answered an ErrorReply: it did not)."""
+
+    kind: Literal["timeout", "no_responders", "error"]
+    message: str = ""
+
+
+AssignOutcome = AssignAccepted | AssignRejected | AssignFailed
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentRecord:
+    """One Assignment sent (the dispatcher keeps the latest ones in memory)."""
+
+    ts: float
+    request_id: str
+    attempt: int
+    idempotency_key: str
+    worker_id: str
+    instance_id: str
+    resumed_tokens: int  # tokens re-prefilled (0 on a first dispatch)
+    owner: str  # the dispatcher that admitted the request
+
+
+__all__ = ["AssignFailed", "AssignOutcome", "AssignmentRecord", "Effect", "PublishStreamError", "SendAssignment"]

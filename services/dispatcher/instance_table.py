@@ -1,0 +1,176 @@
+"""The dispatcher's live view of workers and their model instances (pure; time passed in).
+
+Fed by `WorkerStats` (every 250 ms: instances, batch, queue, KV), `WorkerHeartbeat`s and the
+registry's worker records. Between two stats the view adds what this dispatcher assigned
+since the last one and subtracts what finished, so a burst of submits does not pile onto
+the instance that looked idle 250 ms ago.
+
+A worker is lost when it falls silent for `dead_after` (no heartbeat and no stats), when the
+registry marks it dead, or when it restarts (a new incarnation: the old process's requests
+are gone). Lost workers' instances take no assignments until the worker is heard from again.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.events import InstanceStats, WorkerHeartbeat, WorkerRecord, WorkerState, WorkerStats
+from shared.policy.routing import InstanceView
+
+
+@dataclass(slots=True)
+class InstanceLoad:
+    """What this dispatcher knows about an instance beyond its last stats."""
+
+    own: set[str] = field(default_factory=set)  # our requests assigned here and not finished
+    since: dict[str, int] = field(default_factory=dict)  # ours assigned after the last stats -> tokens
+    finished_since: int = 0  # ours that finished after the last stats (which still counted them)
+
+
+@dataclass(slots=True)
+class WorkerView:
+    worker_id: str
+    state: WorkerState = WorkerState.STARTING
+    incarnation: str | None = None
+    last_heard: float | None = None  # None: never heard from (only named by the registry)
+    stats_at: float | None = None
+    instances: dict[str, InstanceStats] = field(default_factory=dict)
+    resident_adapters: frozenset[str] = frozenset()
+    lost: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLost:
+    worker_id: str
+    incarnation: str | None  # the incarnation that was lost (None: any)
+    why: str
+
+
+class InstanceTable:
+    def __init__(self, *, dead_after: float, block_size: int, max_batch: int) -> None:
+        self.dead_after = dead_after
+        self.block_size = block_size
+        self.max_batch = max_batch
+        self.workers: dict[str, WorkerView] = {}
+        self.loads: dict[str, InstanceLoad] = {}
+        self._instance_worker: dict[str, str] = {}
+
+    def _worker(self, worker_id: str) -> WorkerView:
+        view = self.workers.get(worker_id)
+        if view is None:
+            view = self.workers[worker_id] = WorkerView(worker_id)
+        return view
+
+    # --- inputs ---------------------------------------------------------------------------
+    def stats(self, msg: WorkerStats, now: float) -> list[str]:
+        """Take a worker's stats; returns the models it serves (their queues may move now)."""
+        w = self._worker(msg.worker_id)
+        w.last_heard, w.stats_at, w.state, w.lost = now, now, msg.state, False
+        w.instances = {inst.instance_id: inst for inst in msg.instances}
+        w.resident_adapters = frozenset(msg.resident_adapters)
+        for iid in w.instances:
+            self._instance_worker[iid] = msg.worker_id
+            load = self.loads.get(iid)
+            if load is not None:
+                load.since.clear()
+                load.finished_since = 0
+        return sorted({inst.model for inst in msg.instances})
+
+    def heartbeat(self, msg: WorkerHeartbeat, now: float) -> WorkerLost | None:
+        w = self._worker(msg.worker_id)
+        restarted = w.incarnation is not None and msg.incarnation != w.incarnation
+        lost = WorkerLost(msg.worker_id, w.incarnation, "restarted") if restarted else None
+        w.incarnation, w.last_heard, w.state, w.lost = msg.incarnation, now, msg.state, False
+        if restarted:
+            w.instances = {}  # the new process reports its own instances
+        return lost
+
+    def record(self, rec: WorkerRecord, now: float) -> WorkerLost | None:
+        """A registry worker record (catalog change): dead or draining.
+
+        Restarts are detected from heartbeats only (they come straight from the process, in
+        order); a record may describe an older incarnation than the one already heard from.
+        """
+        w = self._worker(rec.worker_id)
+        if w.incarnation and rec.incarnation and rec.incarnation != w.incarnation:
+            return None  # about another incarnation than the one we hear
+        if w.incarnation is None and rec.incarnation:
+            w.incarnation = rec.incarnation
+        if rec.state is WorkerState.DEAD:
+            return None if w.lost else self.lose(rec.worker_id, "the registry marked it dead")
+        if rec.state is WorkerState.DRAINING:
+            w.state = WorkerState.DRAINING
+        return None
+
+    def expire(self, now: float) -> list[WorkerLost]:
+        """Workers silent for `dead_after` (no heartbeat, no stats) are lost."""
+        return [self.lose(w.worker_id, f"silent for {now - w.last_heard:.1f}s")
+                for w in list(self.workers.values())
+                if not w.lost and w.last_heard is not None and now - w.last_heard >= self.dead_after]
+
+    def lose(self, worker_id: str, why: str) -> WorkerLost:
+        w = self._worker(worker_id)
+        w.lost, w.instances = True, {}
+        return WorkerLost(worker_id, w.incarnation, why)
+
+    def draining(self, worker_id: str) -> None:
+        self._worker(worker_id).state = WorkerState.DRAINING
+
+    # --- our own assignments --------------------------------------------------------------
+    def assigned(self, instance_id: str, request_id: str, prefill_tokens: int) -> None:
+        load = self.loads.setdefault(instance_id, InstanceLoad())
+        load.own.add(request_id)
+        load.since[request_id] = prefill_tokens
+
+    def released(self, instance_id: str | None, request_id: str) -> None:
+        load = self.loads.get(instance_id) if instance_id else None
+        if load is None or request_id not in load.own:
+            return
+        load.own.discard(request_id)
+        if load.since.pop(request_id, None) is None:
+            load.finished_since += 1
+        if not load.own and not load.since:
+            del self.loads[instance_id]  # type: ignore[arg-type]
+
+    # --- reading --------------------------------------------------------------------------
+    def routable(self, w: WorkerView, now: float) -> bool:
+        return (not w.lost and w.state is WorkerState.READY and w.last_heard is not None and w.stats_at is not None
+                and now - w.last_heard < self.dead_after and now - w.stats_at < self.dead_after)
+
+    def views(self, model: str, now: float) -> list[InstanceView]:
+        """Instances of `model` on routable workers, with this dispatcher's recent assignments added."""
+        out: list[InstanceView] = []
+        for w in self.workers.values():
+            if not self.routable(w, now):
+                continue
+            for inst in w.instances.values():
+                if inst.model == model:
+                    out.append(self._view(w, inst))
+        return out
+
+    def _view(self, w: WorkerView, inst: InstanceStats) -> InstanceView:
+        load = self.loads.get(inst.instance_id) or InstanceLoad()
+        estimate = inst.running + inst.waiting + len(load.since) - load.finished_since
+        total = max(len(load.own), estimate, 0)
+        running = min(inst.running, total)
+        return InstanceView(
+            instance_id=inst.instance_id, worker_id=w.worker_id, model=inst.model, live=True,
+            kv_blocks_used=inst.kv_blocks_used, kv_blocks_total=inst.kv_blocks_total, block_size=self.block_size,
+            queued_prompt_tokens=inst.queued_prompt_tokens + sum(load.since.values()), running_requests=running,
+            waiting_requests=total - running, resident_adapters=w.resident_adapters, max_batch=self.max_batch,
+        )
+
+    def worker_of(self, instance_id: str) -> str | None:
+        return self._instance_worker.get(instance_id)
+
+    def instance_on(self, worker_id: str, model: str) -> str | None:
+        w = self.workers.get(worker_id)
+        if w is None:
+            return None
+        return next((i.instance_id for i in w.instances.values() if i.model == model), None)
+
+    def incarnation(self, worker_id: str) -> str | None:
+        w = self.workers.get(worker_id)
+        return None if w is None else w.incarnation
+
+    def served_models(self, now: float) -> set[str]:
+        return {i.model for w in self.workers.values() if self.routable(w, now) for i in w.instances.values()}

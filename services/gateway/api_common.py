@@ -1,0 +1,81 @@
+"""HTTP bodies shared by the OpenAI endpoints: errors, usage, stream options, the model list.
+
+These msgspec Structs are the wire format of the HTTP API *and* the source of its OpenAPI
+spec (Litestar generates `/openapi.json` from them), so their constraints are the documented
+ones. Unknown request fields are ignored, as OpenAI's server does.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from shared.events.base import MAX_OUTPUT_TOKENS
+
+ModelField = Annotated[
+    str, Meta(min_length=1, max_length=256, description="A base model or a LoRA adapter name (see GET /v1/models).")
+]
+MaxTokens = Annotated[
+    int, Meta(ge=1, le=MAX_OUTPUT_TOKENS, description="Tokens to generate at most; default: what the context leaves.")
+]
+Temperature = Annotated[float, Meta(ge=0, le=2, description="0 is greedy.")]
+TopP = Annotated[float, Meta(gt=0, le=1)]
+TopK = Annotated[int, Meta(ge=-1, le=1_000_000, description="-1 or 0: the whole vocabulary.")]
+Seed = Annotated[int, Meta(ge=0, le=2**63 - 1, description="Same seed, same tokens.")]
+ChoiceCount = Annotated[int, Meta(ge=1, le=128, description="Choices per prompt (bounded by the gateway's max_n).")]
+StopText = Annotated[str, Meta(min_length=1, max_length=256)]
+Stop = StopText | Annotated[list[StopText], Meta(max_length=16)] | None
+TokenIdField = Annotated[int, Meta(ge=0, lt=2**31)]
+StopTokenIds = Annotated[list[TokenIdField], Meta(max_length=64)]
+MinTokens = Annotated[int, Meta(ge=0, le=MAX_OUTPUT_TOKENS)]
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool = False  # a last chunk with empty `choices` and the request's usage
+
+
+class UsageInfo(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ErrorBody(msgspec.Struct, kw_only=True):
+    message: str
+    type: str
+    param: str | None
+    code: str
+
+
+class ErrorResponse(msgspec.Struct, kw_only=True):
+    """Every error, in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`."""
+
+    error: ErrorBody
+
+
+class ModelCard(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "tidal"
+    parent: str | None = None  # a LoRA adapter's base model; None for a base model
+    max_model_len: int | None = None
+
+
+class ModelList(msgspec.Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[ModelCard] = []
+
+
+class HealthBody(msgspec.Struct, kw_only=True):
+    status: Literal["ok", "ready", "draining", "not_ready"]
+    detail: str = ""
+
+
+__all__ = [
+    "ChoiceCount", "ErrorBody", "ErrorResponse", "FinishReason", "HealthBody", "MaxTokens", "MinTokens", "ModelCard",
+    "ModelField", "ModelList", "Seed", "Stop", "StopTokenIds", "StreamOptions", "Temperature", "TopK", "TopP",
+    "UsageInfo",
+]

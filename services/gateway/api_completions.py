@@ -1,0 +1,84 @@
+"""`POST /v1/completions` bodies (OpenAI's legacy completions API, plus vLLM's common extras)."""
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
+
+from services.gateway.api_common import (
+    ChoiceCount, FinishReason, MaxTokens, MinTokens, ModelField, Seed, Stop, StopTokenIds, StreamOptions, Temperature,
+    TokenIdField, TopK, TopP, UsageInfo,
+)
+
+# A string, a list of strings (one choice per prompt), a list of token ids, or a list of token-id lists.
+# (msgspec allows one array type per union, so the list's items are a union; the handler checks the shape.)
+PromptItem = Annotated[str, Meta(max_length=1 << 20)] | TokenIdField | Annotated[list[TokenIdField], Meta(min_length=1)]
+Prompt = Annotated[str, Meta(max_length=1 << 20)] | Annotated[list[PromptItem], Meta(min_length=1, max_length=128)]
+
+
+class CompletionRequest(msgspec.Struct, kw_only=True):
+    model: ModelField
+    prompt: Prompt
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK | None = None
+    n: ChoiceCount = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Stop = None
+    seed: Seed | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=20, description="Chosen token's logprob plus N alternatives.")] | None = None
+    echo: bool = False
+    user: Annotated[str, Meta(max_length=256)] | None = None
+    # vLLM extras
+    min_tokens: MinTokens = 0
+    ignore_eos: bool = False
+    stop_token_ids: StopTokenIds = []
+
+
+class CompletionLogprobs(msgspec.Struct, kw_only=True):
+    tokens: list[str] = []
+    token_logprobs: list[float] = []
+    top_logprobs: list[dict[str, float]] | None = None
+    text_offset: list[int] = []
+
+
+class CompletionChoice(msgspec.Struct, kw_only=True):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: FinishReason | None = None
+
+
+class CompletionResponse(msgspec.Struct, kw_only=True):
+    id: str
+    object: str = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo
+
+
+# --- streaming: `data: <CompletionChunk>` events; fields without a value are left out ---
+class CompletionChunkChoice(msgspec.Struct, kw_only=True, omit_defaults=True):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class CompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: UsageInfo | None = None
+
+
+__all__ = [
+    "CompletionChoice", "CompletionChunk", "CompletionChunkChoice", "CompletionLogprobs", "CompletionRequest",
+    "CompletionResponse", "Prompt",
+]

@@ -1,0 +1,140 @@
+"""Drive a Generation to the client: as SSE events (streaming) or collected into one body.
+
+The endpoint-specific part (completions vs chat chunk shapes) is a `Format`; this module owns
+what both share: ordering, TTFT and token metrics, include_usage, in-stream errors, `[DONE]`,
+and what a client disconnect or the request deadline does.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+import msgspec
+
+from services.gateway.api_common import UsageInfo
+from services.gateway.errors import ApiError
+from services.gateway.generation import Abandoned, Choice, Generation
+from services.gateway.metrics import GENERATED_TOKENS, TTFT_SECONDS
+from services.gateway.sse import DONE, event, wait_disconnect
+from shared.events.stream import StreamError, TokenChunk
+
+encoder = msgspec.json.Encoder()
+
+
+class Format(Protocol):
+    def head(self) -> bytes:
+        """Events before any token (chat: the assistant role delta); may be empty."""
+
+    def chunk(self, choice: Choice, msg: TokenChunk) -> bytes | None:
+        """One `data:` event for a chunk, or None when it carries nothing to show."""
+
+    def usage_event(self, usage: UsageInfo) -> bytes: ...
+
+
+class ClientGone(Exception):
+    """The client disconnected before the (non-streamed) answer was ready."""
+
+
+def usage_info(gen: Generation) -> UsageInfo:
+    prompt, completion = gen.usage()
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def stream_error(msg: StreamError) -> ApiError:
+    """A StreamError as the error the client sees (in-stream, or as the HTTP status if not streaming)."""
+    match msg.code:
+        case "redispatch_limit":
+            return ApiError.unavailable("redispatch_limit", "The workers serving this request failed too often; "
+                                        "tokens already sent are valid.", 1.0)
+        case "queue_timeout":
+            return ApiError.unavailable("queue_timeout", "The request waited too long for capacity.", 1.0)
+    return ApiError.internal()
+
+
+def abandoned_error(reason: str) -> ApiError:
+    if reason == "deadline":
+        return ApiError(504, "The request did not finish within the gateway's request timeout.", type="timeout",
+                        code="request_timeout")
+    return ApiError.unavailable("draining", "The gateway is shutting down; retry the request.", 1.0)
+
+
+class Metering:
+    """TTFT (arrival to the first token) and token counts for one generation."""
+
+    def __init__(self, route: str, arrival: float) -> None:
+        self.arrival = arrival
+        self.first = False
+        self.ttft = TTFT_SECONDS.labels(route)
+        self.tokens = GENERATED_TOKENS.labels(route)
+
+    def saw(self, msg: TokenChunk) -> None:
+        if msg.token_ids:
+            if not self.first:
+                self.first = True
+                self.ttft.observe(time.perf_counter() - self.arrival)
+            self.tokens.inc(len(msg.token_ids))
+
+
+async def sse_events(gen: Generation, fmt: Format, meter: Metering, *, include_usage: bool) -> AsyncIterator[bytes]:
+    try:
+        head = fmt.head()
+        if head:
+            yield head
+        async for batch in gen.batches():
+            parts: list[bytes] = []
+            failed: StreamError | None = None
+            for choice, msg in batch:
+                if isinstance(msg, StreamError):
+                    failed = msg
+                    break
+                meter.saw(msg)
+                part = fmt.chunk(choice, msg)
+                if part is not None:
+                    parts.append(part)
+            if parts:
+                yield b"".join(parts)
+            if failed is not None:
+                await gen.abandon("cancelled")
+                yield event(stream_error(failed).encode()) + DONE
+                return
+        if include_usage:
+            yield fmt.usage_event(usage_info(gen))
+        yield DONE
+    except Abandoned as exc:
+        if exc.reason != "client_disconnected":
+            yield event(abandoned_error(exc.reason).encode()) + DONE
+    finally:
+        await gen.close()
+
+
+async def collect(gen: Generation, meter: Metering, receive: Callable[[], Awaitable[dict[str, Any]]],
+                  on_chunk: Callable[[Choice, TokenChunk], None]) -> None:
+    """Feed every chunk to `on_chunk` until all choices finish; watches for the client leaving meanwhile."""
+    gone = False
+
+    async def disconnected() -> None:
+        nonlocal gone
+        gone = True
+        await gen.abandon("client_disconnected")
+
+    watcher = asyncio.ensure_future(wait_disconnect(receive, disconnected))
+    try:
+        async for batch in gen.batches():
+            for choice, msg in batch:
+                if isinstance(msg, StreamError):
+                    await gen.abandon("cancelled")
+                    raise stream_error(msg)
+                meter.saw(msg)
+                on_chunk(choice, msg)
+    except Abandoned as exc:
+        if gone or exc.reason == "client_disconnected":
+            raise ClientGone() from None
+        raise abandoned_error(exc.reason) from None
+    finally:
+        watcher.cancel()
+        await gen.close()
+
+
+__all__ = ["ClientGone", "Format", "Metering", "collect", "encoder", "sse_events", "stream_error", "usage_info"]

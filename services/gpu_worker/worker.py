@@ -1,0 +1,249 @@
+"""The gpu_worker actor: assignments in, token chunks and stats out.
+
+* `tidal.v1.worker.<id>.assign` — validate, then hand the request to its instance's engine
+  thread. Idempotent per key: a re-delivered assignment is answered `replayed=True` and
+  nothing is done twice. Refusals are typed (`AssignRejected.reason`); a malformed
+  assignment (token ids outside the vocabulary, nothing left to generate) is a `bad_request`.
+* `tidal.v1.req.*.abort` — every worker hears every abort and keeps its own: the engine
+  thread applies it before its next step, so the KV blocks are free within one step.
+* chunks — each engine step's encoded chunks arrive from the engine thread in one call;
+  one publisher task sends them in order (no per-token work on the event loop).
+* stats — `WorkerStats` every `stats_interval` (250 ms); heartbeats are the announcer's.
+* drain (SIGTERM) — assignments are refused with `draining`; admitted requests run to
+  the end or to the drain deadline; what is left then is re-dispatched by the dispatcher
+  once this worker is marked dead (its chunks so far are not repeated: resume).
+
+The active-request table is touched only on the event loop, never across an await.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from dataclasses import dataclass
+
+from prometheus_client import Counter
+
+from services.gpu_worker.catalog import CatalogWriter
+from services.gpu_worker.instance import ModelInstance
+from services.gpu_worker.stats import StatsBuilder
+from services.gpu_worker.stream import Payload
+from shared.actors import Actor
+from shared.bus import Delivery
+from shared.events import (
+    AbortRequest, AssignAccepted, AssignRejected, AssignRejectReason, Assignment, CtlRefused, WorkerState,
+)
+from shared.events.ctl import CtlRequest
+from shared.logging import get_logger
+from shared.metrics import REGISTRY
+from shared.registry_client import RegistryClient
+from shared.service import Service
+from shared.subjects import CATALOG, worker_assign, worker_ctl, worker_stats
+from shared.wire import BadRequest, TidalError
+
+log = get_logger("tidal.gpu_worker")
+
+CHUNKS = Counter("tidal_worker_chunks_total", "Token chunks published", registry=REGISTRY)
+ASSIGNMENTS = Counter("tidal_worker_assignments_total", "Assignments by outcome", ["outcome"], registry=REGISTRY)
+
+IDEMPOTENCY_MEMORY = 100_000  # accepted keys remembered for replay
+ABORT_MEMORY = 10_000  # aborts of requests not (yet) here, remembered in case the assignment is late
+
+
+@dataclass(slots=True)
+class Active:
+    instance: ModelInstance
+    key: str
+    deadline_ts: float | None
+    aborted: bool = False
+
+
+class GpuWorker(Actor):
+    def __init__(self, service: Service, worker_id: str, device: str, *, stats_interval: float = 0.25,
+                 max_waiting: int = 256) -> None:
+        super().__init__(f"gpu_worker-{worker_id}")
+        self.service = service
+        self.worker_id = worker_id
+        self.device = device
+        self.stats_interval = stats_interval
+        self.max_waiting = max_waiting  # per instance: admitted but not yet running
+        self.instances: dict[str, ModelInstance] = {}
+        self.active: dict[str, Active] = {}
+        self.accepted: collections.OrderedDict[str, AssignAccepted] = collections.OrderedDict()
+        self.early_aborts: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.draining = False
+        self.catalog: CatalogWriter | None = None
+        self._stats: StatsBuilder = StatsBuilder(worker_id, device, [])
+        self._outbox: collections.deque[tuple[list[Payload], list[str]]] = collections.deque()
+        self._outbox_ready = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def on_start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self.bind(worker_assign(self.worker_id), Assignment, self.on_assign)
+        await self.bind(CATALOG["request.abort"].wildcard, AbortRequest, self.on_abort, label="tidal.v1.req.*.abort")
+        await self.bind(worker_ctl(self.worker_id), CtlRequest, self.on_ctl)
+        self.spawn("publisher", self._publish_loop)
+        self.spawn("stats", self._stats_loop)
+
+    async def activate(self, instances: list[ModelInstance], *, cfg_catalog: CatalogWriter | None = None) -> None:
+        """Serve these (loaded) instances: start their engine threads and register them."""
+        self.catalog = cfg_catalog
+        for inst in instances:
+            self.instances[inst.instance_id] = inst
+            inst.start(self._emitted, self._crashed)
+        self._stats = StatsBuilder(self.worker_id, self.device, list(self.instances.values()))
+        if self.catalog is not None:
+            self.spawn("catalog", self.catalog.register_until_done)
+
+    async def drain(self, service: Service) -> None:
+        """on_drain hook: refuse new work; let admitted requests finish up to the drain deadline."""
+        self.draining = True
+        deadline = time.monotonic() + max(0.0, service.settings.drain_timeout_s - 1.0)
+        if self.catalog is not None:
+            await self._catalog_state("draining", timeout=1.0)
+        while self.active and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if self.active:
+            log.warning("drain deadline: requests left unfinished (the dispatcher re-dispatches them)",
+                        requests=sorted(self.active)[:20], count=len(self.active))
+        else:
+            log.info("drained: every admitted request finished")
+        await asyncio.sleep(2 * self.stats_interval)  # let the last chunks and stats go out
+
+    async def on_stop(self) -> None:
+        await asyncio.gather(*(asyncio.to_thread(inst.stop) for inst in self.instances.values()))
+        if self.catalog is not None:
+            await self._catalog_state("stopped", timeout=1.0)
+
+    async def _catalog_state(self, state: str, *, timeout: float) -> None:
+        assert self.catalog is not None
+        try:
+            await asyncio.wait_for(self.catalog.set_state(state), timeout)
+        except (asyncio.TimeoutError, TidalError, OSError) as exc:
+            log.warning("instance state not written to the registry", state=state, error=repr(exc))
+
+    @property
+    def state(self) -> WorkerState:
+        if self.draining or self.service.state == "draining":
+            return WorkerState.DRAINING
+        return WorkerState.READY if self.service.state == "ready" and self.instances else WorkerState.STARTING
+
+    # --- assignments ----------------------------------------------------------------------------
+    async def on_assign(self, a: Assignment, _ctx: Delivery) -> AssignAccepted | AssignRejected:
+        done = self.accepted.get(a.idempotency_key)
+        if done is not None:
+            ASSIGNMENTS.labels("replayed").inc()
+            return AssignAccepted(request_id=done.request_id, worker_id=done.worker_id, instance_id=done.instance_id,
+                                  replayed=True)
+        refusal = self._refusal(a)
+        if refusal is not None:
+            reason, message = refusal
+            ASSIGNMENTS.labels(reason).inc()
+            return AssignRejected(request_id=a.request_id, worker_id=self.worker_id, reason=reason, message=message,
+                                  retry_after_s=1.0 if reason in ("no_capacity", "draining") else None)
+        inst = self.instances[a.instance_id]
+        self.active[a.request_id] = Active(inst, a.idempotency_key, a.deadline_ts)
+        inst.submit(a)
+        if a.request_id in self.early_aborts:  # its abort overtook it
+            del self.early_aborts[a.request_id]
+            self._abort(a.request_id)
+        reply = AssignAccepted(request_id=a.request_id, worker_id=self.worker_id, instance_id=a.instance_id)
+        self.accepted[a.idempotency_key] = reply
+        if len(self.accepted) > IDEMPOTENCY_MEMORY:
+            self.accepted.popitem(last=False)
+        ASSIGNMENTS.labels("accepted").inc()
+        return reply
+
+    def _refusal(self, a: Assignment) -> tuple[AssignRejectReason, str] | None:
+        """Why this worker cannot take `a` now (None: it can). Raises BadRequest for a malformed one."""
+        if self.draining:
+            return "draining", f"worker {self.worker_id} is draining"
+        inst = self.instances.get(a.instance_id)
+        if inst is None or inst.model != a.model:
+            served = ", ".join(f"{i.instance_id} ({i.model})" for i in self.instances.values()) or "none yet"
+            return "model_not_loaded", f"worker {self.worker_id} has no instance {a.instance_id} of {a.model}; it serves {served}"
+        if a.adapter is not None and a.adapter not in inst.adapters:
+            return "adapter_unavailable", f"adapter {a.adapter!r} is not registered for {a.model} on {self.worker_id}"
+        if a.request_id in self.active:
+            other = self.active[a.request_id].key
+            return "no_capacity", f"request {a.request_id} already runs here (assignment {other})"
+        total = len(a.prompt_token_ids) + len(a.resume_token_ids)
+        if len(a.resume_token_ids) >= a.sampling.max_tokens:
+            raise BadRequest(f"{len(a.resume_token_ids)} resume tokens leave nothing of max_tokens "
+                             f"{a.sampling.max_tokens} to generate", field="resume_token_ids")
+        if total >= inst.max_model_len:
+            raise BadRequest(f"prompt and resumed tokens ({total}) reach the context length {inst.max_model_len} "
+                             f"of {a.model}", field="prompt_token_ids")
+        vocab = inst.vocab_size
+        if any(t >= vocab for t in a.prompt_token_ids) or any(t >= vocab for t in a.resume_token_ids):
+            raise BadRequest(f"token ids must be below the vocabulary size {vocab} of {a.model}", field="prompt_token_ids")
+        snap = inst.snapshot
+        if snap.waiting + inst.pending >= self.max_waiting:
+            return "no_capacity", f"instance {inst.instance_id} has {self.max_waiting} requests waiting"
+        blocks_needed = -(-total // inst.engine.blocks.block_size) * inst.num_layers
+        if snap.kv_blocks_total and blocks_needed > snap.kv_blocks_total:
+            return "no_capacity", f"{total} tokens need {blocks_needed} KV blocks; {inst.instance_id} has {snap.kv_blocks_total}"
+        return None
+
+    # --- aborts ---------------------------------------------------------------------------------
+    async def on_abort(self, msg: AbortRequest, _ctx: Delivery) -> None:
+        if msg.request_id in self.active:
+            self._abort(msg.request_id)
+        elif msg.request_id not in self.early_aborts and msg.ts > time.time() - 60:
+            self.early_aborts[msg.request_id] = None
+            if len(self.early_aborts) > ABORT_MEMORY:
+                self.early_aborts.popitem(last=False)
+
+    def _abort(self, request_id: str) -> None:
+        entry = self.active.get(request_id)
+        if entry is not None and not entry.aborted:
+            entry.aborted = True
+            entry.instance.abort(request_id)
+
+    # --- control commands (the mechanisms arrive with later issues) -----------------------------
+    async def on_ctl(self, msg: object, _ctx: Delivery) -> CtlRefused:
+        return CtlRefused(idempotency_key=msg.idempotency_key, command=type(msg).__name__,  # type: ignore[attr-defined]
+                          worker_id=self.worker_id, code="unsupported",
+                          message=f"{type(msg).__name__} is not implemented by this worker yet")
+
+    # --- chunks: engine thread → event loop → NATS ---------------------------------------------
+    def _emitted(self, payloads: list[Payload], ended: list[str]) -> None:
+        """Called on an engine thread once per step."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._enqueue, payloads, ended)
+
+    def _enqueue(self, payloads: list[Payload], ended: list[str]) -> None:
+        self._outbox.append((payloads, ended))
+        self._outbox_ready.set()
+
+    def _crashed(self, instance_id: str, exc: BaseException) -> None:
+        """An engine thread died: its requests are lost here; exit so the dispatcher re-dispatches them."""
+        assert self._loop is not None
+        log.critical("engine failed; stopping the worker", instance=instance_id, error=repr(exc))
+        self._loop.call_soon_threadsafe(self.service.request_stop, 1)
+
+    async def _publish_loop(self) -> None:
+        nc = self.bus.nc
+        while True:
+            await self._outbox_ready.wait()
+            self._outbox_ready.clear()
+            while self._outbox:
+                payloads, ended = self._outbox.popleft()
+                for subject, data in payloads:
+                    await nc.publish(subject, data)
+                CHUNKS.inc(len(payloads))
+                for request_id in ended:
+                    self.active.pop(request_id, None)
+
+    # --- stats ----------------------------------------------------------------------------------
+    async def _stats_loop(self) -> None:
+        subject = worker_stats()
+        while True:
+            now = time.time()
+            for request_id, entry in list(self.active.items()):
+                if entry.deadline_ts is not None and now > entry.deadline_ts:
+                    self._abort(request_id)
+            await self.bus.publish(subject, self._stats.build(self.state, now))
+            await asyncio.sleep(self.stats_interval)

@@ -1,0 +1,52 @@
+"""Admission: which instances may serve a request, and which have room for it right now.
+
+Pure: no I/O, no clock reads. The dispatcher holds a request in its admission queue while
+no instance has room (KunServe §4.3: a maximum batch per instance, so an instance whose
+memory could hold more still does not queue work it cannot compute in time), and hands
+the instances that do have room to the `RoutingPolicy`, which picks one. Keeping "may it
+go there" (capability and room) apart from "where is best" (the routing policy) lets later
+policies reuse the same gate.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from shared.policy.routing import InstanceView, RequestView, candidates
+
+
+def serving(request: RequestView, instances: Sequence[InstanceView]) -> list[InstanceView]:
+    """Live instances able to serve the request at all (its model; its adapter, if any).
+
+    For an adapter request, instances on workers where the adapter is resident are preferred;
+    when none has it resident, every instance of the base model is a candidate (a worker can
+    load it, or rejects the assignment with `adapter_unavailable` and the dispatcher moves on).
+    """
+    able = candidates(request, instances)
+    if request.adapter is None:
+        return able
+    resident = [inst for inst in able if request.adapter in inst.resident_adapters]
+    return resident or able
+
+
+def batch_load(instance: InstanceView) -> int:
+    """Requests the instance holds: in the batch plus waiting for it."""
+    return instance.running_requests + instance.waiting_requests
+
+
+def has_room(request: RequestView, instance: InstanceView) -> bool:
+    """Below its maximum batch, and (unless idle) enough free KV for the request's prompt."""
+    load = batch_load(instance)
+    if load >= instance.max_batch:
+        return False
+    if load == 0:
+        return True  # an idle instance takes anything `candidates` let through
+    free = instance.kv_tokens_total - instance.outstanding_tokens
+    return free >= request.prompt_tokens
+
+
+def with_room(request: RequestView, instances: Sequence[InstanceView]) -> list[InstanceView]:
+    """The instances that may serve the request and have room for it now."""
+    return [inst for inst in serving(request, instances) if has_room(request, inst)]
+
+
+__all__ = ["batch_load", "has_room", "serving", "with_room"]

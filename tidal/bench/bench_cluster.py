@@ -1,0 +1,74 @@
+"""A throwaway serving cluster for benchmarks: nats-server, registry, dispatcher, one gpu_worker,
+gateway — real processes, each in its own process group, logs under the run directory."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from shared.nats_server import NatsServer
+
+SERVICES = ("registry", "dispatcher", "gpu_worker", "gateway")
+
+
+class BenchCluster:
+    def __init__(self, root: Path, config: Path, *, worker_id: str = "bench-0", worker_args: list[str] | None = None) -> None:
+        self.root = root
+        self.config = config
+        self.worker_id = worker_id
+        self.worker_args = worker_args or []
+        self.nats: NatsServer | None = None
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, *, gateway_url: str, timeout_s: float = 120.0) -> None:
+        self.nats = NatsServer(store_dir=self.root / "nats").start()
+        logs = self.root / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for name in SERVICES:
+            argv = [sys.executable, "-m", f"services.{name}", "--nats", self.nats.url, "--config", str(self.config),
+                    "--instance", f"bench-{name}", "--metrics-port", "-1", "--log-level", "warning"]
+            if name == "gpu_worker":
+                argv += ["--worker-id", self.worker_id, *self.worker_args]
+            with open(logs / f"{name}.log", "ab") as log:
+                self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                    start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + timeout_s
+        while not _ready(gateway_url):
+            dead = [n for n, p in self.procs.items() if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                tails = "\n".join(f"--- {n}:\n{self.log_tail(n)}" for n in (dead or list(self.procs)))
+                raise RuntimeError(f"cluster not serving ({'exited: ' + ', '.join(dead) if dead else 'timeout'}):\n{tails}")
+            time.sleep(0.2)
+
+    def log_tail(self, name: str, lines: int = 20) -> str:
+        path = self.root / "logs" / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs.values():
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if self.nats is not None:
+            self.nats.stop()
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/ready", timeout=1.0) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False

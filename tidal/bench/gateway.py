@@ -1,0 +1,208 @@
+"""`tidal bench gateway`: N concurrent streams through gateway + NATS + dispatcher + worker vs
+the same requests submitted to the engine in process — same model, same engine settings, same run.
+
+Workload: `--streams` closed-loop clients, each sending `--rounds` streaming completions one
+after another (token-id prompts of `--prompt-len`, greedy, exactly `--output-len` tokens).
+Through the cluster, each client is an HTTP/1.1 keep-alive connection reading SSE; in
+process, a finished request is replaced by the next one after the same step. Reported for
+each: output tokens/s and median TTFT at that load, and unloaded TTFT (one request at a
+time). The last line is the throughput ratio (goal >= 0.90 at 64 streams; added unloaded
+TTFT goal <= 2 ms). The cluster runs on this machine: its processes share the cores.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import socket
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidal.bench.bench_cluster import BenchCluster
+from tidal.bench.sse_client import SSEConnection
+
+CONFIG = """
+[cluster]
+data_dir = "{data}"
+
+[gateway]
+port = {port}
+
+[dispatcher]
+queue_bound = 4096
+
+[[models]]
+name = "bench"
+path = "{model}"
+max_context = {context}
+
+[[workers]]
+id = "bench-0"
+device = "cpu"
+memory = "{memory}"
+models = ["bench"]
+
+[policies]
+max_batch_size = {batch}
+step_token_budget = {budget}
+
+[observability]
+log_level = "warning"
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gateway", help="streams through gateway+NATS+dispatcher+worker vs the engine in process")
+    p.add_argument("--model", help="checkpoint directory (default: generate the demo-llama model)")
+    p.add_argument("--streams", type=int, default=64, help="concurrent streams (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=2, help="requests per stream, one after another")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--unloaded", type=int, default=10, help="sequential requests for the unloaded TTFT")
+    p.add_argument("--threads", type=int, help="engine torch threads, both paths (default: the worker's default)")
+    p.add_argument("--memory", default="1GiB", help="the worker's pool")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+@dataclass
+class Result:
+    seconds: float
+    tokens: int
+    ttfts: list[float]
+
+    @property
+    def tps(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def ttft_ms(self) -> float:
+        return statistics.median(self.ttfts) * 1000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(16, vocab) for _ in range(length)] for _ in range(n)]
+
+
+# --- through the cluster ------------------------------------------------------------------------
+async def _http(port: int, streams: list[list[list[int]]], output_len: int) -> Result:
+    ttfts: list[float] = []
+    tokens = 0
+
+    async def client(prompts: list[list[int]]) -> None:
+        nonlocal tokens
+        conn = SSEConnection("127.0.0.1", port)
+        try:
+            for prompt in prompts:
+                t = await conn.post_stream("/v1/completions", {
+                    "model": "bench", "prompt": prompt, "max_tokens": output_len, "temperature": 0,
+                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+                })
+                ttfts.append(t.ttft)
+                tokens += t.completion_tokens
+        finally:
+            await conn.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client(p) for p in streams))
+    return Result(time.perf_counter() - start, tokens, ttfts)
+
+
+# --- in process -----------------------------------------------------------------------------------
+def _in_process(engine: object, streams: list[list[list[int]]], output_len: int) -> Result:
+    from services.gpu_worker.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    eng = engine  # LLMEngine
+    todo = {i: list(p) for i, p in enumerate(streams)}
+    sent: dict[str, float] = {}
+    first: dict[str, float] = {}
+    owner: dict[str, int] = {}
+    counter = 0
+
+    def submit(stream: int, now: float) -> None:
+        nonlocal counter
+        if todo[stream]:
+            rid = f"ip-{counter}"
+            counter += 1
+            eng.add_request(rid, todo[stream].pop(0), params)  # type: ignore[attr-defined]
+            sent[rid], owner[rid] = now, stream
+
+    start = time.perf_counter()
+    for i in todo:
+        submit(i, start)
+    tokens = 0
+    while eng.has_unfinished:  # type: ignore[attr-defined]
+        outputs = eng.step()  # type: ignore[attr-defined]
+        now = time.perf_counter()
+        for out in outputs:
+            if out.new_token_ids and out.request_id not in first:
+                first[out.request_id] = now
+            tokens += len(out.new_token_ids)
+            if out.finished:
+                submit(owner[out.request_id], now)
+    return Result(time.perf_counter() - start, tokens, [first[r] - sent[r] for r in first])
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.gpu_worker.engine.checkpoint_gen import make_model
+    from services.gpu_worker.engine.engine import LLMEngine
+    from services.gpu_worker.loading import default_threads, engine_config
+    from shared.config import parse_config
+
+    tmp = tempfile.TemporaryDirectory(prefix="tidal-bench-gateway-")
+    root = Path(tmp.name)
+    model = args.model or str(make_model(root / "model", arch="llama", layers=4, hidden=128, heads=4, kv_heads=2,
+                                         intermediate=352, vocab=2048, seed=1))
+    context = args.prompt_len + args.output_len + 16
+    port = _free_port()
+    text = CONFIG.format(data=root / "data", port=port, model=model, context=context, memory=args.memory,
+                         batch=max(args.streams, 1), budget=max(2048, args.streams))
+    cfg = parse_config(text, base_dir=root)
+    worker = cfg.worker("bench-0")
+    threads = args.threads or default_threads(cfg, worker)
+    (root / "cluster.toml").write_text(text)
+    engine = LLMEngine(engine_config(cfg, worker, cfg.model("bench"), int(worker.memory), threads))
+    vocab = engine.runner.cfg.vocab_size
+    streams = [_prompts(args.rounds, args.prompt_len, vocab, args.seed + i) for i in range(args.streams)]
+    single = [_prompts(args.unloaded, args.prompt_len, vocab, args.seed + 10_000)]
+    print(f"model: {engine.runner.cfg.architecture} {engine.runner.cfg.num_layers} layers, hidden "
+          f"{engine.runner.cfg.hidden_size}, vocab {vocab}; engine threads {threads}; {args.streams} streams x "
+          f"{args.rounds} requests, prompt {args.prompt_len}, output {args.output_len} tokens")
+
+    cluster = BenchCluster(root, root / "cluster.toml", worker_args=["--threads", str(threads)])
+    try:
+        cluster.start(gateway_url=f"http://127.0.0.1:{port}")
+        asyncio.run(_http(port, [p[:2] for p in single], args.output_len))  # warm-up
+        http_single = asyncio.run(_http(port, single, args.output_len))
+        http_load = asyncio.run(_http(port, streams, args.output_len))
+    except Exception:
+        for name in ("gateway", "dispatcher", "gpu_worker"):
+            print(f"--- {name} log (tail):\n{cluster.log_tail(name)}")
+        raise
+    finally:
+        cluster.stop()
+    _in_process(engine, [p[:2] for p in single], args.output_len)  # warm-up
+    ip_single = _in_process(engine, single, args.output_len)
+    ip_load = _in_process(engine, streams, args.output_len)
+    tmp.cleanup()
+
+    print(f"in process:      {ip_load.tps:8.0f} output tok/s, TTFT median {ip_load.ttft_ms:7.1f} ms at {args.streams} "
+          f"streams; unloaded TTFT {ip_single.ttft_ms:6.2f} ms ({ip_load.tokens} tokens, {ip_load.seconds:.2f} s)")
+    print(f"through gateway: {http_load.tps:8.0f} output tok/s, TTFT median {http_load.ttft_ms:7.1f} ms at "
+          f"{args.streams} streams; unloaded TTFT {http_single.ttft_ms:6.2f} ms ({http_load.tokens} tokens, "
+          f"{http_load.seconds:.2f} s)")
+    print(f"added TTFT (median): unloaded {http_single.ttft_ms - ip_single.ttft_ms:+.2f} ms, at {args.streams} streams "
+          f"{http_load.ttft_ms - ip_load.ttft_ms:+.1f} ms")
+    print(f"ratio gateway/in-process (output tokens/s at {args.streams} streams): {http_load.tps / ip_load.tps:.2f}")
+    return 0
