@@ -13,7 +13,7 @@ from collections import deque
 
 from shared.events import (
     AbortRequest, AssignAccepted, AssignRejected, CatalogChanged, DispatchStats, StreamError, StreamMessage,
-    SubmitAccepted, SubmitRejected, SubmitReply, SubmitRequest, TokenChunk, Usage, WorkerHeartbeat, WorkerRecord,
+    SubmitAccepted, SubmitRejected, SubmitReply, SubmitRequest, Usage, WorkerHeartbeat, WorkerRecord,
     WorkerStats,
 )
 from shared.events.registry import AdapterRecord, Bucket, ModelRecord

@@ -16,7 +16,7 @@ from services.gateway.generation import Choice
 from services.gateway.logprobs import chat_logprobs
 from services.gateway.openapi import GenerationOperation, generation_responses
 from services.gateway.prep import Knobs, chat_prompt, check_request
-from services.gateway.sse import EventStream, event
+from services.gateway.sse import event, event_stream
 from services.gateway.state import GatewayState
 from services.gateway.streaming import ClientGone, Metering, collect, encoder, sse_events, usage_info
 from services.gateway.submit import build_submits, new_id, start_generation
@@ -107,7 +107,7 @@ async def create_chat_completion(request: Request[Any, Any, Any], data: ChatComp
         async def on_disconnect() -> None:
             await gen.abandon("client_disconnected")
 
-        return EventStream(sse_events(gen, fmt, meter, include_usage=include_usage), on_disconnect, gen.close)  # type: ignore[return-value]
+        return event_stream(sse_events(gen, fmt, meter, include_usage=include_usage), on_disconnect, gen.close)
 
     texts: list[list[str]] = [[] for _ in submits]
     entries: list[list[LogprobEntry]] = [[] for _ in submits]

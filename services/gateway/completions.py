@@ -16,7 +16,7 @@ from services.gateway.generation import Choice
 from services.gateway.logprobs import completion_logprobs, merge_completion
 from services.gateway.openapi import GenerationOperation, generation_responses
 from services.gateway.prep import Knobs, check_request, completion_prompts
-from services.gateway.sse import EventStream, event
+from services.gateway.sse import event, event_stream
 from services.gateway.state import GatewayState
 from services.gateway.streaming import ClientGone, Metering, collect, encoder, sse_events, usage_info
 from services.gateway.submit import build_submits, new_id, start_generation
@@ -109,7 +109,7 @@ async def create_completion(request: Request[Any, Any, Any], data: CompletionReq
         async def on_disconnect() -> None:
             await gen.abandon("client_disconnected")
 
-        return EventStream(sse_events(gen, fmt, meter, include_usage=include_usage), on_disconnect, gen.close)  # type: ignore[return-value]
+        return event_stream(sse_events(gen, fmt, meter, include_usage=include_usage), on_disconnect, gen.close)
 
     texts: list[list[str]] = [[] for _ in submits]
     logprobs: list[list[CompletionLogprobs]] = [[] for _ in submits]

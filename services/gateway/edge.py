@@ -11,12 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any, Awaitable, Callable
 
-from services.gateway.errors import ApiError
+from services.gateway.errors import ApiError, log_failure
 from services.gateway.metrics import HTTP_REQUESTS, HTTP_SECONDS, route_label
 from services.gateway.state import GatewayState
-from shared.logging import get_logger
-
-log = get_logger("tidal.gateway.edge")
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -103,7 +100,7 @@ class Edge:
             else:
                 await self.app(scope, receive, send_tracked)
         except Exception as exc:
-            log.error("request failed outside the handlers", path=path[:256], exc_info=exc)
+            log_failure("request failed outside the handlers", exc, path=path[:256])
             if status == 0:
                 await send_error(send_tracked, ApiError.internal())
         finally:

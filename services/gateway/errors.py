@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import traceback
 from typing import Any
 
 import msgspec
@@ -99,6 +100,12 @@ class ApiError(Exception):
         return Response(self.encode(), status_code=self.status, media_type="application/json", headers=self.headers())
 
 
+def log_failure(event: str, exc: BaseException, **fields: Any) -> None:
+    """Log an unexpected exception with its traceback but without frame locals: on the HTTP path
+    they hold request headers (API keys) and prompts, which must not reach the logs."""
+    log.error(event, error=repr(exc)[:512], traceback="".join(traceback.format_exception(exc))[-8192:], **fields)
+
+
 # --- Litestar's own exceptions, remapped ---------------------------------------------------
 _MISSING = re.compile(r"missing required field `([^`]+)`")
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large", 415: "unsupported_media_type"}
@@ -142,9 +149,9 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
     elif isinstance(exc, HTTPException) and exc.status_code < 500:
         error = from_http_exception(exc)
     else:
-        log.error("request failed", path=request.url.path, exc_info=exc)
+        log_failure("request failed", exc, path=request.url.path)
         error = ApiError.internal()
     return error.response()
 
 
-__all__ = ["ApiError", "handle_exception", "INVALID_REQUEST"]
+__all__ = ["ApiError", "handle_exception", "INVALID_REQUEST", "log_failure"]

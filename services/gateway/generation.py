@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from services.gateway.errors import ApiError
+from services.gateway.errors import ApiError, log_failure
 from services.gateway.hub import StreamHub, StreamMsg
 from services.gateway.metrics import STREAM_ANOMALIES
 from services.gateway.seq_order import SeqOrder
@@ -85,7 +85,7 @@ class Generation:
             await self.close()
             error = next((f for f in failures if isinstance(f, ApiError)), None)
             if error is None:
-                log.error("submit failed", exc_info=failures[0])
+                log_failure("submit failed", failures[0])
                 error = ApiError.internal()
             raise error
         loop = asyncio.get_running_loop()
@@ -125,10 +125,8 @@ class Generation:
 
     # --- receiving --------------------------------------------------------------------------
     def _sink_for(self, choice: Choice):  # noqa: ANN202 - a hub.Sink
-        inbox = self._inbox
-
         def sink(msg: StreamMsg) -> None:
-            inbox.append((choice, msg))
+            self._inbox.append((choice, msg))
             waiter = self._waiter
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)

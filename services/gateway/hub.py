@@ -23,6 +23,7 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
+from services.gateway.errors import log_failure
 from shared import metrics
 from shared.bus import Bus
 from shared.events.dispatch import SubmitReply, SubmitRequest
@@ -106,8 +107,8 @@ class StreamHub:
             return
         try:
             sink(msg)
-        except Exception:  # a bug in a sink must not stop the subscription
-            log.exception("token chunk sink failed", subject=raw.subject)
+        except Exception as exc:  # a bug in a sink must not stop the subscription
+            log_failure("token chunk sink failed", exc, subject=raw.subject)
 
     # --- commands -------------------------------------------------------------------------
     async def submit(self, request: SubmitRequest) -> SubmitReply:

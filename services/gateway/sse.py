@@ -11,11 +11,8 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from litestar import Response
 from litestar.response.base import ASGIResponse
-
-from shared.logging import get_logger
-
-log = get_logger("tidal.gateway.sse")
 
 DONE = b"data: [DONE]\n\n"
 HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -36,6 +33,7 @@ async def wait_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]], on_d
 
 class EventStream(ASGIResponse):
     __slots__ = ("events", "on_disconnect", "on_end", "gone")
+    _should_set_content_length = False
 
     def __init__(self, events: AsyncIterator[bytes], on_disconnect: Callable[[], Awaitable[None]],
                  on_end: Callable[[], Awaitable[None]]) -> None:
@@ -64,4 +62,20 @@ class EventStream(ASGIResponse):
             await self.on_end()
 
 
-__all__ = ["DONE", "EventStream", "event", "wait_disconnect"]
+class EventStreamResponse(Response[bytes]):
+    """What a handler returns: Litestar turns it into the `EventStream` ASGI response."""
+
+    def __init__(self, stream: EventStream) -> None:
+        super().__init__(b"", status_code=200, media_type="text/event-stream")
+        self.stream = stream
+
+    def to_asgi_response(self, *args: Any, **kwargs: Any) -> ASGIResponse:  # type: ignore[override]
+        return self.stream
+
+
+def event_stream(events: AsyncIterator[bytes], on_disconnect: Callable[[], Awaitable[None]],
+                 on_end: Callable[[], Awaitable[None]]) -> EventStreamResponse:
+    return EventStreamResponse(EventStream(events, on_disconnect, on_end))
+
+
+__all__ = ["DONE", "EventStream", "EventStreamResponse", "event", "event_stream", "wait_disconnect"]

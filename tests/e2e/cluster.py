@@ -21,7 +21,9 @@ from pathlib import Path
 
 from service_procs import ROOT, ServiceProcess
 from shared.bus import Bus, BusSettings
+from shared.events import WorkerState, WorkerStats
 from shared.nats_server import NatsServer
+from shared.subjects import worker_stats
 from tidal.health_probe import gather_health
 
 from e2e.assets import BLOCK_TOKENS, LORA, MAX_CONTEXT, STEP_TOKEN_BUDGET, TinyAssets
@@ -36,6 +38,7 @@ class ClusterSpec:
     max_batch: int = 8
     max_redispatches: int = 2
     resident_adapters: dict[str, list[str]] = field(default_factory=dict)
+    gateway: bool = True  # False: clients speak NATS (SubmitRequest) to the dispatcher directly
 
 
 def free_port() -> int:
@@ -103,10 +106,12 @@ class E2ECluster:
         for worker in self.spec.workers:
             self.procs[worker] = WorkerProcess("gpu_worker", url, self.config, f"gpu_worker-{worker}-e2e",
                                                "--worker-id", worker).start()
-        self.procs["gateway"] = ServiceProcess("gateway", url, self.config, "gateway-e2e").start()
+        if self.spec.gateway:
+            self.procs["gateway"] = ServiceProcess("gateway", url, self.config, "gateway-e2e").start()
         try:
             asyncio.run(self._wait_healthy(timeout))
-            self._warm_up(timeout)
+            if self.spec.gateway:
+                self._warm_up(timeout)
         except BaseException:
             self.stop()
             raise
@@ -164,8 +169,26 @@ class E2ECluster:
                         if reply.state == "ready":
                             waiting.pop(instance, None)
                 await asyncio.sleep(0.1)
+            await self._wait_workers_ready(bus, deadline)
         finally:
             await bus.close()
+
+    async def _wait_workers_ready(self, bus: Bus, deadline: float) -> None:
+        """Until every worker has published stats as ready with all its instances."""
+        ready: set[str] = set()
+        want = {w: set(models) for w, models in self.spec.workers.items()}
+
+        async def on_stats(msg: WorkerStats, _ctx: object) -> None:
+            if msg.state is WorkerState.READY and {i.model for i in msg.instances} >= want.get(msg.worker_id, set()):
+                ready.add(msg.worker_id)
+
+        sub = await bus.subscribe(worker_stats(), WorkerStats, on_stats)
+        try:
+            while ready < set(want):
+                assert time.monotonic() < deadline, f"workers not ready: {sorted(set(want) - ready)}\n{self.logs()}"
+                await asyncio.sleep(0.05)
+        finally:
+            await sub.unsubscribe()
 
     def _warm_up(self, timeout: float) -> None:
         """Until the gateway is ready and each served model (and adapter) completes one request."""

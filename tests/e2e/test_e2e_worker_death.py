@@ -59,7 +59,7 @@ async def test_kill_9_of_a_worker_mid_stream_loses_and_repeats_no_token(cluster:
     await asyncio.sleep(0.5)  # the previous test's aborts have landed: both workers are empty
     tasks = [asyncio.ensure_future(stream(p)) for p in prompts]
     # every stream has produced a few tokens; then the worker serving the first one dies
-    rids = await observer.wait_for(lambda: (a := observer.active()) if len(a) == 4 else None, timeout=30)
+    rids = await observer.wait_for(lambda: a if len(a := observer.active()) == 4 else None, timeout=30)
     await observer.wait_for(lambda: all(len(observer.chunks(r)) >= 5 for r in rids), timeout=30)
     victim = observer.workers(rids[0])[0]
     survivor = "w1" if victim == "w0" else "w0"

@@ -97,7 +97,7 @@ def test_padded_and_segmented_paths_agree(model_and_adapters):
     for seq_id in padded:
         assert padded[seq_id].output == segmented[seq_id].output
         diff = (torch.stack(padded[seq_id].logits) - torch.stack(segmented[seq_id].logits)).abs().max().item()
-        assert diff <= 1e-5
+        assert diff <= 1e-4  # fp32 rounding of different op orders (bmm vs mm), over 65 steps
 
 
 def test_lru_cache_evicts_and_releases_pool_charge(model_and_adapters):

@@ -131,7 +131,8 @@ def decode_curve(model_dir: str, args: argparse.Namespace, vocab: int) -> list[t
     engine = LLMEngine(EngineConfig(model_dir, max_num_seqs=max(batches), pool_bytes=4 << 30,
                                     max_num_batched_tokens=max(args.max_batched_tokens, max(batches))))
     rng = random.Random(args.seed + 1)
-    params = SamplingParams(temperature=0, max_tokens=args.curve_steps + 4, ignore_eos=True)
+    # Long enough that no sequence finishes while the others are still prefilling.
+    params = SamplingParams(temperature=0, max_tokens=engine.max_model_len - args.curve_context, ignore_eos=True)
     points = []
     for b in batches:
         ids = [f"curve-{b}-{i}" for i in range(b)]

@@ -36,7 +36,7 @@ class PrefillChunk:
 class DecodeGroup:
     rows: torch.Tensor | slice  # token rows of the group's sequences
     tables: torch.Tensor  # [L, B, n_blocks] padded block tables
-    key_mask: torch.Tensor  # [B, 1, 1, n_blocks * block_size] True where attending is allowed
+    key_bias: torch.Tensor  # [1, B, 1, n_blocks * block_size]: 0 where attending is allowed, else -inf
 
 
 # Padding (in blocks, summed over a group's sequences) worth one more SDPA call: below it,
@@ -94,6 +94,7 @@ def build_step_layout(
     device: torch.device,
     sliding_window: int | None = None,
     block_bytes: int = 0,
+    dtype: torch.dtype = torch.float32,
 ) -> StepLayout:
     """`layers`: the layers whose KV this object holds (their block tables are read)."""
     q_lens = [len(c.token_ids) for c in chunks]
@@ -138,7 +139,7 @@ def build_step_layout(
             for members in split:
                 idx = [decode_idx[m] for m in members]
                 groups.append(_decode_group(idx, nbs, nbs_t, offsets, starts_t, row_start,
-                                            tables_flat, block_size, sliding_window, device))
+                                            tables_flat, block_size, sliding_window, device, dtype))
         for p in prefills:
             lo = int(offsets[p.index])
             prefill_tables.append(tables_flat[:, lo : lo + nbs[p.index]].to(device))
@@ -158,7 +159,7 @@ def build_step_layout(
 def _decode_group(
     idx: list[int], nbs: list[int], nbs_t: torch.Tensor, offsets: torch.Tensor,
     starts_t: torch.Tensor, row_start: torch.Tensor, tables_flat: torch.Tensor, block_size: int,
-    sliding_window: int | None, device: torch.device,
+    sliding_window: int | None, device: torch.device, dtype: torch.dtype,
 ) -> DecodeGroup:
     d_idx = torch.tensor(idx, dtype=torch.long)
     max_nb = max(nbs[b] for b in idx)
@@ -175,5 +176,5 @@ def _decode_group(
     return DecodeGroup(
         rows=slice(int(row_start[idx[0]]), int(row_start[idx[-1]]) + 1) if contiguous else row_start[d_idx].to(device),
         tables=tables_flat[:, gather].to(device),
-        key_mask=mask[:, None, None, :].to(device),
+        key_bias=torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))[None, :, None, :].to(device),
     )

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from gpu_ext.linear import pack_weight, weight_nbytes
+
 from .attention import PagedAttention
 from .batch import SchedulerOutput
 from .kv_cache import PagedKVCache, kv_block_bytes
@@ -114,10 +116,10 @@ class ModelRunner:
         if self.layers.stop == self.cfg.num_layers:
             m.final_norm = r.read_final_norm().to(self.device)
             if self.cfg.tie_word_embeddings and m.embed is not None:
-                m.lm_head = m.embed  # tied and on this stage already: no second copy
+                m.lm_head = pack_weight(m.embed)  # the embedding itself unless packing copies it
             else:
-                m.lm_head = r.read_lm_head().to(self.device)
-            extra = 0 if m.lm_head is m.embed else _nbytes(m.lm_head)
+                m.lm_head = pack_weight(r.read_lm_head().to(self.device))
+            extra = 0 if m.lm_head is m.embed else weight_nbytes(m.lm_head)
             self._charge("lm_head", _nbytes(m.final_norm) + extra)
 
     def _load_layer(self, i: int) -> None:

@@ -19,6 +19,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from gpu_ext.linear import linear, pack_weight, weight_nbytes
+
 from ..model_config import ModelConfig
 
 
@@ -47,17 +49,18 @@ class LayerWeights:
 
     @classmethod
     def from_hf(cls, t: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> LayerWeights:
+        """Fuse HF tensors of one layer; projections packed for the device's fastest matmul."""
         bias = None
         if "self_attn.q_proj.bias" in t:
             bias = torch.cat([t[f"self_attn.{p}_proj.bias"] for p in "qkv"]).to(device)
         return cls(
             input_norm=t["input_layernorm.weight"].to(device),
-            wqkv=torch.cat([t[f"self_attn.{p}_proj.weight"] for p in "qkv"]).to(device),
+            wqkv=pack_weight(torch.cat([t[f"self_attn.{p}_proj.weight"] for p in "qkv"]).to(device)),
             bqkv=bias,
-            wo=t["self_attn.o_proj.weight"].to(device),
+            wo=pack_weight(t["self_attn.o_proj.weight"].to(device)),
             post_norm=t["post_attention_layernorm.weight"].to(device),
-            w13=torch.cat([t["mlp.gate_proj.weight"], t["mlp.up_proj.weight"]]).to(device),
-            w2=t["mlp.down_proj.weight"].to(device),
+            w13=pack_weight(torch.cat([t["mlp.gate_proj.weight"], t["mlp.up_proj.weight"]]).to(device)),
+            w2=pack_weight(t["mlp.down_proj.weight"].to(device)),
         )
 
     def tensors(self) -> list[torch.Tensor]:
@@ -65,7 +68,7 @@ class LayerWeights:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors())
+        return sum(weight_nbytes(t) for t in self.tensors())
 
     def to(self, device: torch.device | str) -> LayerWeights:
         moved = {f.name: (t.to(device) if (t := getattr(self, f.name)) is not None else None) for f in fields(self)}
@@ -124,7 +127,7 @@ class LlamaModel:
         """norm → fused qkv (+LoRA) → rope. Returns q [T, heads, d], k and v [T, kv_heads, d]."""
         cfg, w = self.cfg, self._layer(i)
         x = rms_norm(hidden, w.input_norm, cfg.rms_norm_eps)
-        qkv = F.linear(x, w.wqkv, w.bqkv)
+        qkv = linear(x, w.wqkv, w.bqkv)
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         if lora is not None:
             lora.add(i, "q_proj", x, q)
@@ -141,18 +144,18 @@ class LlamaModel:
         """o_proj (+LoRA) → residual → norm → SwiGLU MLP (+LoRA) → residual."""
         cfg, w = self.cfg, self._layer(i)
         attn = attn.reshape(attn.shape[0], cfg.q_size)
-        o = F.linear(attn, w.wo)
+        o = linear(attn, w.wo)
         if lora is not None:
             lora.add(i, "o_proj", attn, o)
         hidden = residual + o
         x = rms_norm(hidden, w.post_norm, cfg.rms_norm_eps)
-        gate_up = F.linear(x, w.w13)
+        gate_up = linear(x, w.w13)
         gate, up = gate_up.split(cfg.intermediate_size, dim=-1)
         if lora is not None:
             lora.add(i, "gate_proj", x, gate)
             lora.add(i, "up_proj", x, up)
         act = F.silu(gate) * up
-        down = F.linear(act, w.w2)
+        down = linear(act, w.w2)
         if lora is not None:
             lora.add(i, "down_proj", act, down)
         return hidden + down
@@ -160,7 +163,7 @@ class LlamaModel:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None or self.final_norm is None:
             raise RuntimeError("this stage holds no lm_head (not the last pipeline stage)")
-        return F.linear(rms_norm(hidden, self.final_norm, self.cfg.rms_norm_eps), self.lm_head)
+        return linear(rms_norm(hidden, self.final_norm, self.cfg.rms_norm_eps), self.lm_head)
 
     # --- a layer range ------------------------------------------------------------
     def run_layers(
