@@ -70,7 +70,7 @@ def usage_banner(cfg: ClusterConfig, url: str) -> str:
     others = [m.name for m in cfg.models if m.name != model and any(m.name in w.models for w in cfg.workers)]
     names = ", ".join([model, *others, *adapters])
     return (
-        (f"  (API keys are on: export TIDAL_API_KEY=<one of gateway.api_keys> first)\n" if keyed else "")
+        ("  (API keys are on: export TIDAL_API_KEY=<one of gateway.api_keys> first)\n" if keyed else "")
         + f"  try it (models: {names}):\n"
         f"    curl -sN {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
         f"      -d '{body}'\n"

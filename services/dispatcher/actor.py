@@ -29,7 +29,9 @@ from shared.service import Service
 from shared.subjects import (
     CATALOG, dispatch_stats, dispatch_submit, request_out, worker_assign, worker_heartbeat, worker_stats,
 )
-from shared.wire import DeadlineExceeded, NoResponders, RemoteError, TidalError, Unavailable
+from shared.wire import (
+    DEADLINE_EXCEEDED, UNAVAILABLE, DeadlineExceeded, NoResponders, RemoteError, TidalError, Unavailable,
+)
 
 from services.dispatcher import metrics
 from services.dispatcher.core import DispatchCore
@@ -134,7 +136,10 @@ class Dispatcher(Actor):
             outcome = AssignFailed("timeout")
         except Unavailable as exc:  # not sent (NATS away): it cannot have been taken
             outcome = AssignFailed("no_responders", str(exc))
-        except (RemoteError, TidalError) as exc:
+        except RemoteError as exc:  # the worker refused to handle it (expired, undecodable, ...): not taken
+            kind = "no_responders" if exc.code in (DEADLINE_EXCEEDED, UNAVAILABLE) else "error"
+            outcome = AssignFailed(kind, str(exc))
+        except TidalError as exc:
             outcome = AssignFailed("error", str(exc))
         label = ("accepted" if isinstance(outcome, AssignAccepted)
                  else outcome.reason if isinstance(outcome, AssignRejected) else outcome.kind)

@@ -82,7 +82,8 @@ class DispatchCore:
                 request_id=rid, reason="queue_full", retry_after_s=self._retry_after(msg.model),
                 message=f"the queue of {msg.model!r} is full ({self.queues.bound} waiting); retry later",
             )
-        self.counters.arrival(msg.model, msg.adapter, len(msg.prompt_token_ids), admitted=False)
+        if refusal.reason != "model_not_found":  # per-model load of real models only (names are the client's)
+            self.counters.arrival(msg.model, msg.adapter, len(msg.prompt_token_ids), admitted=False)
         return refusal, []
 
     def _refuse(self, msg: SubmitRequest, now: float) -> SubmitRejected | None:

@@ -2,9 +2,11 @@
 
     state = GatewayState(config, catalog, is_draining=...)
     asgi = build_app(state)          # what uvicorn serves
-    build_litestar(state).openapi_schema.to_schema()   # the OpenAPI document, no server needed
+    openapi_document(config)         # the OpenAPI document, no server needed
 """
 from __future__ import annotations
+
+from typing import Any
 
 from litestar import Litestar
 from litestar.datastructures import State
@@ -15,8 +17,9 @@ from services.gateway.chat import create_chat_completion
 from services.gateway.completions import create_completion
 from services.gateway.edge import ASGIApp, Edge
 from services.gateway.errors import handle_exception
-from services.gateway.routes_misc import health, list_models, openapi_document, prometheus_metrics, ready
+from services.gateway.routes_misc import health, list_models, openapi_json, prometheus_metrics, ready
 from services.gateway.state import GatewayState
+from shared.config import ClusterConfig
 
 DESCRIPTION = """OpenAI-compatible API of a Tidal cluster: completions and chat completions (streaming
 and not) over every model and LoRA adapter the cluster serves. Errors are
@@ -32,7 +35,7 @@ def build_litestar(state: GatewayState) -> Litestar:
     )
     return Litestar(
         route_handlers=[create_completion, create_chat_completion, list_models, health, ready, prometheus_metrics,
-                        openapi_document],
+                        openapi_json],
         exception_handlers={Exception: handle_exception},
         openapi_config=openapi,
         state=State({"gateway": state}),
@@ -46,4 +49,12 @@ def build_app(state: GatewayState) -> ASGIApp:
     return Edge(build_litestar(state), state)  # type: ignore[arg-type]
 
 
-__all__ = ["build_app", "build_litestar"]
+def openapi_document(config: ClusterConfig) -> dict[str, Any]:
+    """The OpenAPI document a gateway with this config serves at /openapi.json (no server needed)."""
+    from services.gateway.catalog import ModelCatalog
+
+    state = GatewayState(config, ModelCatalog(), is_draining=lambda: False)
+    return build_litestar(state).openapi_schema.to_schema()
+
+
+__all__ = ["build_app", "build_litestar", "openapi_document"]

@@ -5,6 +5,7 @@ import time
 from typing import Any
 
 from litestar import Request, Response, post
+from litestar.params import JSONBody
 
 from services.gateway.api_chat import (
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
@@ -85,7 +86,7 @@ def knobs_of(data: ChatCompletionRequest) -> Knobs:
       description="OpenAI's chat completions API (text content); the prompt is rendered with the model's chat "
       "template. `stream: true` answers server-sent events (`data: {...}` chunks, then `data: [DONE]`).",
       tags=["generation"])
-async def create_chat_completion(request: Request[Any, Any, Any], data: ChatCompletionRequest) -> Response[bytes]:
+async def create_chat_completion(request: Request[Any, Any, Any], data: JSONBody[ChatCompletionRequest]) -> Response[bytes]:
     state: GatewayState = request.app.state.gateway
     arrival = request.scope.get("tidal.arrival") or time.perf_counter()  # type: ignore[typeddict-item]
     knobs = knobs_of(data)

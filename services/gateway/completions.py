@@ -5,6 +5,7 @@ import time
 from typing import Any
 
 from litestar import Request, Response, post
+from litestar.params import JSONBody
 
 from services.gateway.api_common import UsageInfo
 from services.gateway.api_completions import (
@@ -84,7 +85,7 @@ def knobs_of(data: CompletionRequest) -> Knobs:
 @post(ROUTE, status_code=200, operation_class=GenerationOperation, responses=generation_responses(CompletionResponse),
       summary="Create a completion", description="OpenAI's completions API; `stream: true` answers server-sent "
       "events (`data: {...}` chunks, then `data: [DONE]`).", tags=["generation"])
-async def create_completion(request: Request[Any, Any, Any], data: CompletionRequest) -> Response[bytes]:
+async def create_completion(request: Request[Any, Any, Any], data: JSONBody[CompletionRequest]) -> Response[bytes]:
     state: GatewayState = request.app.state.gateway
     arrival = request.scope.get("tidal.arrival") or time.perf_counter()  # type: ignore[typeddict-item]
     knobs = knobs_of(data)

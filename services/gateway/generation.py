@@ -108,6 +108,9 @@ class Generation:
             raise self._rejection(reply)
 
     def _rejection(self, reply: SubmitRejected) -> ApiError:
+        """The client's error for a refusal; the dispatcher's own text stays in the logs (it may name
+        internals such as workers)."""
+        log.debug("submit refused", reason=reply.reason, detail=reply.message, request_id=reply.request_id)
         retry = reply.retry_after_s
         match reply.reason:
             case "queue_full":
@@ -119,7 +122,7 @@ class Generation:
             case "model_not_found":
                 return ApiError.model_not_found(self.submits[0].adapter or self.submits[0].model)
             case "context_length_exceeded":
-                return ApiError.context_length(f"The request does not fit the model's context: {reply.message}"[:1024],
+                return ApiError.context_length("The prompt and max_tokens do not fit the model's context.",
                                                param=self.prompt_param)
         return ApiError.internal()
 

@@ -24,9 +24,12 @@ ERROR_TEXT = {
     503: "Draining (`draining`) or no capacity (`no_capacity`, `model_unavailable`, `redispatch_limit`)",
     504: "The request did not finish within the gateway's request timeout (`request_timeout`)",
 }
-SSE_SCHEMA = Schema(type=OpenAPIType.STRING, description=(
-    "Server-sent events: `data: <chunk JSON>` per event, `data: {\"error\": {...}}` if the stream fails after it "
-    "started, then `data: [DONE]`."))
+SSE_SCHEMA = Schema(  # OpenAPI 3.1: the schema of one event
+    type=OpenAPIType.OBJECT, required=["data"], description=(
+        "One server-sent event. `data` is a chunk (the JSON of the endpoint's chunk object), then "
+        "`[DONE]`; if the stream fails after it started, `{\"error\": {...}}` (an ErrorResponse) before `[DONE]`."),
+    properties={"data": Schema(type=OpenAPIType.STRING), "event": Schema(type=OpenAPIType.STRING)},
+)
 
 
 def errors(*codes: int) -> dict[int, ResponseSpec]:

@@ -63,11 +63,11 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 
 @get("/openapi.json", summary="This API's OpenAPI document", tags=["operations"], include_in_schema=False)
-async def openapi_document(request: Request[Any, Any, Any]) -> Response[bytes]:
+async def openapi_json(request: Request[Any, Any, Any]) -> Response[bytes]:
     cached = getattr(request.app.state, "openapi_bytes", None)
     if cached is None:
         cached = request.app.state.openapi_bytes = encoder.encode(request.app.openapi_schema.to_schema())
     return Response(cached, media_type=_JSON)
 
 
-__all__ = ["health", "list_models", "openapi_document", "prometheus_metrics", "ready"]
+__all__ = ["health", "list_models", "openapi_json", "prometheus_metrics", "ready"]

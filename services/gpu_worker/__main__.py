@@ -25,6 +25,9 @@ log = get_logger("tidal.gpu_worker")
 
 
 def main() -> None:
+    import sys
+    if os.environ.get("XSWITCH"):
+        sys.setswitchinterval(float(os.environ["XSWITCH"]))
     parser = argparse.ArgumentParser(prog="python -m services.gpu_worker")
     parser.add_argument("--worker-id", default=os.environ.get("TIDAL_WORKER_ID"),
                         help="which [[workers]] entry of the cluster config this process is [TIDAL_WORKER_ID]")
@@ -58,7 +61,7 @@ def main() -> None:
             log.error("cannot load this worker's models", error=str(exc))
             raise
         catalog = CatalogWriter(RegistryClient(service.bus, timeout=2.0), cfg, worker_id, instances)
-        await worker.activate(instances, cfg_catalog=catalog)
+        await worker.activate(instances, catalog=catalog)
 
     boot.service.on_start.append(load_and_serve)
     boot.service.on_drain.append(worker.drain)

@@ -22,6 +22,7 @@ import collections
 import time
 from dataclasses import dataclass
 
+import nats.errors
 from prometheus_client import Counter
 
 from services.gpu_worker.catalog import CatalogWriter
@@ -36,7 +37,6 @@ from shared.events import (
 from shared.events.ctl import CtlRequest
 from shared.logging import get_logger
 from shared.metrics import REGISTRY
-from shared.registry_client import RegistryClient
 from shared.service import Service
 from shared.subjects import CATALOG, worker_assign, worker_ctl, worker_stats
 from shared.wire import BadRequest, TidalError
@@ -44,6 +44,7 @@ from shared.wire import BadRequest, TidalError
 log = get_logger("tidal.gpu_worker")
 
 CHUNKS = Counter("tidal_worker_chunks_total", "Token chunks published", registry=REGISTRY)
+DROPPED = Counter("tidal_worker_chunks_dropped_total", "Token chunks NATS did not take", registry=REGISTRY)
 ASSIGNMENTS = Counter("tidal_worker_assignments_total", "Assignments by outcome", ["outcome"], registry=REGISTRY)
 
 IDEMPOTENCY_MEMORY = 100_000  # accepted keys remembered for replay
@@ -87,9 +88,9 @@ class GpuWorker(Actor):
         self.spawn("publisher", self._publish_loop)
         self.spawn("stats", self._stats_loop)
 
-    async def activate(self, instances: list[ModelInstance], *, cfg_catalog: CatalogWriter | None = None) -> None:
+    async def activate(self, instances: list[ModelInstance], *, catalog: CatalogWriter | None = None) -> None:
         """Serve these (loaded) instances: start their engine threads and register them."""
-        self.catalog = cfg_catalog
+        self.catalog = catalog
         for inst in instances:
             self.instances[inst.instance_id] = inst
             inst.start(self._emitted, self._crashed)
@@ -212,7 +213,10 @@ class GpuWorker(Actor):
     def _emitted(self, payloads: list[Payload], ended: list[str]) -> None:
         """Called on an engine thread once per step."""
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._enqueue, payloads, ended)
+        try:
+            self._loop.call_soon_threadsafe(self._enqueue, payloads, ended)
+        except RuntimeError:  # the loop is closed: the process is exiting
+            pass
 
     def _enqueue(self, payloads: list[Payload], ended: list[str]) -> None:
         self._outbox.append((payloads, ended))
@@ -222,7 +226,10 @@ class GpuWorker(Actor):
         """An engine thread died: its requests are lost here; exit so the dispatcher re-dispatches them."""
         assert self._loop is not None
         log.critical("engine failed; stopping the worker", instance=instance_id, error=repr(exc))
-        self._loop.call_soon_threadsafe(self.service.request_stop, 1)
+        try:
+            self._loop.call_soon_threadsafe(self.service.request_stop, 1)
+        except RuntimeError:  # the loop is closed: the process is exiting anyway
+            pass
 
     async def _publish_loop(self) -> None:
         nc = self.bus.nc
@@ -231,9 +238,14 @@ class GpuWorker(Actor):
             self._outbox_ready.clear()
             while self._outbox:
                 payloads, ended = self._outbox.popleft()
-                for subject, data in payloads:
-                    await nc.publish(subject, data)
-                CHUNKS.inc(len(payloads))
+                try:
+                    for subject, data in payloads:
+                        await nc.publish(subject, data)
+                except nats.errors.Error as exc:  # NATS away and the reconnect buffer full: these are lost
+                    DROPPED.inc(len(payloads))
+                    log.warning("chunks not published", error=repr(exc), chunks=len(payloads))
+                else:
+                    CHUNKS.inc(len(payloads))
                 for request_id in ended:
                     self.active.pop(request_id, None)
 

@@ -8,12 +8,12 @@ import time
 import pytest
 
 from service_procs import ServiceProcess, eventually, wait_ready, write_config
-from shared.bus import Bus, BusSettings
+from shared.bus import Bus, BusSettings, Delivery
 from shared.events import (
-    ModelRecord, SamplingParams, SubmitRejected, SubmitReply, SubmitRequest, WorkerRecord,
+    DispatchStats, ModelRecord, SamplingParams, SubmitRejected, SubmitReply, SubmitRequest, WorkerRecord,
 )
 from shared.registry_client import RegistryClient
-from shared.subjects import dispatch_submit
+from shared.subjects import dispatch_stats, dispatch_submit
 from shared.wire import BAD_REQUEST, UNKNOWN_MESSAGE, RemoteError, encode
 
 pytestmark = pytest.mark.timeout(120)
@@ -49,6 +49,12 @@ async def test_answers_without_a_registry_then_learns_the_catalog_when_it_comes(
     bus = await Bus.connect(BusSettings(url=nats_url), service="gateway")
     try:
         await wait_ready(bus, dispatcher)  # ready although no registry answers
+        loads: list[DispatchStats] = []
+
+        async def on_stats(msg: DispatchStats, _ctx: Delivery) -> None:
+            loads.append(msg)
+
+        await bus.subscribe(dispatch_stats(), DispatchStats, on_stats)
         # malformed messages get typed errors naming what is wrong; the process lives on
         reply = await bus.nc.request(dispatch_submit(), b"\xc1 not msgpack", timeout=3)
         assert reply.headers and reply.headers.get("tidal-error") == BAD_REQUEST
@@ -66,6 +72,15 @@ async def test_answers_without_a_registry_then_learns_the_catalog_when_it_comes(
         assert isinstance(idle, SubmitRejected) and idle.reason == "no_capacity" and idle.retry_after_s
         long = await ask(bus, submit("r-4", "cfg-model", prompt=60, max_tokens=5))
         assert isinstance(long, SubmitRejected) and long.reason == "context_length_exceeded"
+        # the interval's per-model load: the refusals of the known model, nothing about unknown names
+        async def reported() -> bool:
+            return any(m.model == "cfg-model" for s in loads for m in s.models)
+
+        await eventually(reported, timeout=5.0)
+        (load,) = [m for s in loads for m in s.models if m.model == "cfg-model"]
+        assert (load.arrivals, load.rejected, load.admitted) == (2, 2, 0)
+        assert not any(m.model == "nope" for s in loads for m in s.models)
+        assert all(s.dispatcher_id == "dispatcher-t1" for s in loads)
         # a registry started later: a model it catalogues becomes known (no_capacity, not model_not_found)
         registry.start()
         await wait_ready(bus, registry)

@@ -39,6 +39,7 @@ class ClusterSpec:
     max_redispatches: int = 2
     resident_adapters: dict[str, list[str]] = field(default_factory=dict)
     gateway: bool = True  # False: clients speak NATS (SubmitRequest) to the dispatcher directly
+    dispatchers: int = 1  # more than one: a queue group, each owning the requests it admitted
 
 
 def free_port() -> int:
@@ -102,7 +103,9 @@ class E2ECluster:
         self.nats = NatsServer(store_dir=self.root / "nats").start()
         url = self.nats.url
         self.procs["registry"] = ServiceProcess("registry", url, self.config, "registry-e2e").start()
-        self.procs["dispatcher"] = ServiceProcess("dispatcher", url, self.config, "dispatcher-e2e").start()
+        for i in range(self.spec.dispatchers):
+            name = "dispatcher" if i == 0 else f"dispatcher-{i}"
+            self.procs[name] = ServiceProcess("dispatcher", url, self.config, f"{name}-e2e").start()
         for worker in self.spec.workers:
             self.procs[worker] = WorkerProcess("gpu_worker", url, self.config, f"gpu_worker-{worker}-e2e",
                                                "--worker-id", worker).start()

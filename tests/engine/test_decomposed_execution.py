@@ -95,10 +95,10 @@ def test_two_stage_pipeline_with_remote_attention_matches_monolithic(model_dir, 
     # the remote layers' KV really lives on the holders: the stages never wrote it
     for layer, holder in holders.items():
         used = [b for s in driver.seqs for b in holder.blocks.block_tables(s)[layer]]
-        assert holder.attention.cache.keys[:, used].abs().sum() > 0
+        assert holder.attention.cache.keys[used].abs().sum() > 0
         runner, blocks = first if layer < split else second
         unused = [b for s in driver.seqs for b in blocks.block_tables(s)[layer]]
-        assert runner.kv_cache.keys[:, unused].abs().sum() == 0
+        assert runner.kv_cache.keys[unused].abs().sum() == 0
 
 
 def test_stage_without_embedding_needs_hidden_states(model_dir):

@@ -12,7 +12,7 @@ from gpu_ext.memory import reserve_region
 from services.gpu_worker.engine.block_manager import BlockManager
 from services.gpu_worker.engine.checkpoint_gen import make_model
 from services.gpu_worker.engine.greedy_driver import GreedyDriver
-from services.gpu_worker.engine.memory_pool import MemoryPool
+from services.gpu_worker.engine.memory_pool import MemoryPool, PoolExhausted
 from services.gpu_worker.engine.model_runner import ModelRunner
 
 
@@ -98,6 +98,22 @@ def test_drop_serve_more_restore_identical(model_dir):
     for i, p in enumerate(small):
         alone.add(f"r{i}", p)
     assert alone.generate(NEW) == reference(model_dir, small)
+
+
+def test_restore_is_refused_while_live_kv_holds_the_bytes(model_dir):
+    pool = MemoryPool(32 << 20)
+    runner = ModelRunner(model_dir, pool)
+    blocks = BlockManager(pool, block_size=16, block_bytes=runner.kv_block_bytes, layers=runner.layers)
+    runner.drop_layers(SPLIT, LAYERS)
+    blocks.sync_with_pool()
+    hog_tokens = blocks.num_blocks // LAYERS * 16  # live KV on every block
+    assert blocks.allocate("hog", hog_tokens)
+    with pytest.raises(PoolExhausted):
+        runner.restore_layers(SPLIT, LAYERS)
+    assert sorted(runner._host_layers) == list(range(SPLIT, LAYERS))  # host copies kept
+    blocks.free("hog")
+    runner.restore_layers(SPLIT, LAYERS)  # the pool reclaims the now free blocks
+    assert runner.resident_layers() == list(range(LAYERS)) and not runner._host_layers
 
 
 def test_restore_without_host_copy_rereads_checkpoint(model_dir):

@@ -239,3 +239,16 @@ async def test_stats_and_catalog(bus: Bus, cluster: Cluster) -> None:
     assert adapter.record.targets == ["q_proj", "v_proj"]
     instance = await registry.get(Bucket.INSTANCES, INSTANCE)
     assert instance is not None and instance.record.state == "ready" and instance.record.worker_id == "w0"
+
+
+async def test_abort_that_overtakes_its_assignment_still_applies(bus: Bus) -> None:
+    await bus.publish(request_abort("early-1"), AbortRequest(request_id="early-1", ts=time.time()))
+    await bus.nc.flush()
+    await asyncio.sleep(0.2)  # the worker has seen the abort before the assignment
+    stream = await watch(bus, "early-1")
+    reply = await bus.request(worker_assign("w0"), assignment("early-1", PROMPTS[0], max_tokens=400), AssignReply)
+    assert isinstance(reply, AssignAccepted)
+    await stream.wait(timeout=10)
+    final = stream.final
+    assert isinstance(final, TokenChunk) and final.finish_reason == "abort"
+    assert final.usage is not None and final.usage.completion_tokens < 400

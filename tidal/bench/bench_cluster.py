@@ -45,6 +45,22 @@ class BenchCluster:
                 raise RuntimeError(f"cluster not serving ({'exited: ' + ', '.join(dead) if dead else 'timeout'}):\n{tails}")
             time.sleep(0.2)
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """User + system CPU seconds so far of each process (nats included)."""
+        import psutil
+
+        pids = {name: proc.pid for name, proc in self.procs.items()}
+        if self.nats is not None and self.nats.proc is not None:
+            pids["nats"] = self.nats.proc.pid
+        out = {}
+        for name, pid in pids.items():
+            try:
+                times = psutil.Process(pid).cpu_times()
+                out[name] = times.user + times.system
+            except psutil.Error:
+                out[name] = 0.0
+        return out
+
     def log_tail(self, name: str, lines: int = 20) -> str:
         path = self.root / "logs" / f"{name}.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"

@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     points = decode_curve(model_dir, args, cfg.vocab_size)
     print("decode step time vs batch: " + ", ".join(f"B={b}: {s * 1000:.1f} ms" for b, s in points))
     save_plot(points, args.plot, f"tidal engine decode step, {cfg.num_layers}L h{cfg.hidden_size}, "
-                                 f"context {args.curve_context}, {torch.get_num_threads()} threads")
+                                 f"context {args.curve_context}, torch threads: {torch.get_num_threads()}")
     print(f"curve saved to {args.plot}")
     if args.skip_baseline:
         return 0

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidal.bench.bench_cluster import BenchCluster
-from tidal.bench.sse_client import SSEConnection
+from tidal.bench.sse_client import BenchHTTPError, SSEConnection
 
 CONFIG = """
 [cluster]
@@ -64,6 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--unloaded", type=int, default=10, help="sequential requests for the unloaded TTFT")
     p.add_argument("--threads", type=int, help="engine torch threads, both paths (default: the worker's default)")
     p.add_argument("--memory", default="1GiB", help="the worker's pool")
+    p.add_argument("--repeat", type=int, default=3, help="alternating repeats of both paths (medians reported)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
 
@@ -81,6 +82,12 @@ class Result:
     @property
     def ttft_ms(self) -> float:
         return statistics.median(self.ttfts) * 1000
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _free_port() -> int:
@@ -116,6 +123,19 @@ async def _http(port: int, streams: list[list[list[int]]], output_len: int) -> R
     start = time.perf_counter()
     await asyncio.gather(*(client(p) for p in streams))
     return Result(time.perf_counter() - start, tokens, ttfts)
+
+
+async def _warm_up(port: int, streams: list[list[list[int]]], output_len: int, timeout_s: float = 60.0) -> None:
+    """Until a request goes through (the dispatcher may not have seen the worker's stats yet)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await _http(port, streams, output_len)
+            return
+        except BenchHTTPError as exc:
+            if time.monotonic() > deadline or "HTTP 503" not in str(exc):
+                raise
+            await asyncio.sleep(0.5)
 
 
 # --- in process -----------------------------------------------------------------------------------
@@ -181,28 +201,57 @@ def run(args: argparse.Namespace) -> int:
           f"{args.rounds} requests, prompt {args.prompt_len}, output {args.output_len} tokens")
 
     cluster = BenchCluster(root, root / "cluster.toml", worker_args=["--threads", str(threads)])
+    http: dict[str, list[Result]] = {"single": [], "load": []}
+    local: dict[str, list[Result]] = {"single": [], "load": []}
+    cpu: dict[str, float] = {}
     try:
         cluster.start(gateway_url=f"http://127.0.0.1:{port}")
-        asyncio.run(_http(port, [p[:2] for p in single], args.output_len))  # warm-up
-        http_single = asyncio.run(_http(port, single, args.output_len))
-        http_load = asyncio.run(_http(port, streams, args.output_len))
+        asyncio.run(_warm_up(port, [p[:2] for p in single], args.output_len))
+        _in_process(engine, [p[:2] for p in single], args.output_len)  # warm-up
+        for _ in range(args.repeat):  # alternate the two paths so machine noise lands on both alike
+            http["single"].append(asyncio.run(_http(port, single, args.output_len)))
+            local["single"].append(_in_process(engine, single, args.output_len))
+            before, own_before = cluster.cpu_seconds(), time.process_time()
+            http["load"].append(asyncio.run(_http(port, streams, args.output_len)))
+            after, own = cluster.cpu_seconds(), time.process_time() - own_before
+            for name in after:
+                cpu[name] = cpu.get(name, 0.0) + after[name] - before.get(name, 0.0)
+            cpu["bench client"] = cpu.get("bench client", 0.0) + own
+            own_before = time.process_time()
+            local["load"].append(_in_process(engine, streams, args.output_len))
+            cpu["in process"] = cpu.get("in process", 0.0) + time.process_time() - own_before
     except Exception:
         for name in ("gateway", "dispatcher", "gpu_worker"):
             print(f"--- {name} log (tail):\n{cluster.log_tail(name)}")
         raise
     finally:
         cluster.stop()
-    _in_process(engine, [p[:2] for p in single], args.output_len)  # warm-up
-    ip_single = _in_process(engine, single, args.output_len)
-    ip_load = _in_process(engine, streams, args.output_len)
-    tmp.cleanup()
-
-    print(f"in process:      {ip_load.tps:8.0f} output tok/s, TTFT median {ip_load.ttft_ms:7.1f} ms at {args.streams} "
-          f"streams; unloaded TTFT {ip_single.ttft_ms:6.2f} ms ({ip_load.tokens} tokens, {ip_load.seconds:.2f} s)")
-    print(f"through gateway: {http_load.tps:8.0f} output tok/s, TTFT median {http_load.ttft_ms:7.1f} ms at "
-          f"{args.streams} streams; unloaded TTFT {http_single.ttft_ms:6.2f} ms ({http_load.tokens} tokens, "
-          f"{http_load.seconds:.2f} s)")
-    print(f"added TTFT (median): unloaded {http_single.ttft_ms - ip_single.ttft_ms:+.2f} ms, at {args.streams} streams "
-          f"{http_load.ttft_ms - ip_load.ttft_ms:+.1f} ms")
-    print(f"ratio gateway/in-process (output tokens/s at {args.streams} streams): {http_load.tps / ip_load.tps:.2f}")
+        tmp.cleanup()
+    _report(args, http, local, cpu)
     return 0
+
+
+def _median_result(results: list[Result]) -> Result:
+    """The repeat with the median throughput (its TTFTs: all repeats' pooled)."""
+    mid = sorted(results, key=lambda r: r.tps)[len(results) // 2]
+    return Result(mid.seconds, mid.tokens, [t for r in results for t in r.ttfts])
+
+
+def _report(args: argparse.Namespace, http: dict[str, list[Result]], local: dict[str, list[Result]],
+            cpu: dict[str, float]) -> None:
+    ip_load, ip_single = _median_result(local["load"]), _median_result(local["single"])
+    gw_load, gw_single = _median_result(http["load"]), _median_result(http["single"])
+    n = args.streams
+    print(f"(median of {args.repeat} alternating repeats; {_cores()} cores)")
+    print(f"in process:      {ip_load.tps:8.0f} output tok/s, TTFT median {ip_load.ttft_ms:7.1f} ms at {n} streams; "
+          f"unloaded TTFT {ip_single.ttft_ms:6.2f} ms")
+    print(f"through gateway: {gw_load.tps:8.0f} output tok/s, TTFT median {gw_load.ttft_ms:7.1f} ms at {n} streams; "
+          f"unloaded TTFT {gw_single.ttft_ms:6.2f} ms")
+    tokens = sum(r.tokens for r in http["load"])
+    ip_cpu = cpu.pop("in process", 0.0)
+    shares = ", ".join(f"{name} {sec * 1000 / tokens:.3f}" for name, sec in sorted(cpu.items(), key=lambda kv: -kv[1]))
+    print(f"CPU seconds per 1000 output tokens: in process {ip_cpu * 1000 / tokens:.3f}; through the gateway "
+          f"{sum(cpu.values()) * 1000 / tokens:.3f} = {shares}")
+    print(f"added TTFT (median): unloaded {gw_single.ttft_ms - ip_single.ttft_ms:+.2f} ms, at {n} streams "
+          f"{gw_load.ttft_ms - ip_load.ttft_ms:+.1f} ms")
+    print(f"ratio gateway/in-process (output tokens/s at {n} streams): {gw_load.tps / ip_load.tps:.2f}")

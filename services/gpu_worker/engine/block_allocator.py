@@ -76,29 +76,28 @@ class BlockAllocator:
         return out
 
     def _place(self, owner: Hashable, n: int, want: int) -> list[int]:
-        ask = want
-        while True:  # the longest open run we can get, down to exactly n
-            s = self._open.find(_FREE * ask)
-            if s >= 0:
-                self._release_reservation(owner)
-                ids = list(range(s, s + n))
-                self._mark_used(ids)
-                if ask > n:
-                    self._open[s + n : s + ask] = bytes(ask - n)
-                    self._reservations[owner] = (s + n, s + ask)
-                return ids
-            if ask == n:
-                break
-            ask = max(n, ask // 2)
-        s = self._free.find(_FREE * n)  # contiguous, eating into others' reservations
-        if s >= 0:
-            ids = list(range(s, s + n))
-        else:  # scattered: whatever is free
-            ids, pos = [], 0
-            while len(ids) < n:
-                pos = self._free.find(_FREE, pos)
-                ids.append(pos)
-                pos += 1
+        # The longest run we can get, down to exactly n: first among open blocks, then
+        # eating into other chains' reservations, and only then scattered blocks.
+        for space, reserve in ((self._open, True), (self._free, False)):
+            ask = want
+            while True:
+                s = space.find(_FREE * ask)
+                if s >= 0:
+                    self._release_reservation(owner)
+                    ids = list(range(s, s + n))
+                    self._mark_used(ids)
+                    if ask > n and reserve:
+                        self._open[s + n : s + ask] = bytes(ask - n)
+                        self._reservations[owner] = (s + n, s + ask)
+                    return ids
+                if ask == n:
+                    break
+                ask = max(n, ask // 2)
+        ids, pos = [], 0
+        while len(ids) < n:
+            pos = self._free.find(_FREE, pos)
+            ids.append(pos)
+            pos += 1
         self._mark_used(ids)
         return ids
 

@@ -4,18 +4,18 @@ One block holds ONE layer's K and V for `block_size` tokens. Blocks are not tied
 layers, so the block manager can give any free block to any layer (per-layer block
 tables) and move a request's KV layer by layer.
 
-Layout: [2 (K, V), kv_heads, max_blocks, block_size, head_dim]. Gathering a batch's
-blocks is then one `index_select` per K and V that yields, for every (sequence, head),
-its keys as one contiguous [tokens, head_dim] run — the layout attention reads fastest
-(SDPA/bmm ~35% faster than token-major on CPU, measured). A block's bytes are therefore
-2 x kv_heads slices of block_size x head_dim, not one contiguous range.
+Layout: [2 (K, V), max_blocks, block_size, kv_heads, head_dim]: the K halves of all
+blocks form one contiguous array and the V halves another, so gathering a batch's blocks
+is a row copy (`index_select`, ~30x faster on CPU than indexing interleaved K/V). A
+head-major layout ([2, kv_heads, max_blocks, ...]) was measured too: attention reads it
+faster but the gather of 4x more, smaller rows costs as much again — no net gain.
 
 The storage is a view over a region reserved for the pool's maximum possible number of
 blocks (`gpu_ext.memory`): only blocks that are written get physical memory, and when
 the pool grows (weights dropped) the new block ids are already addressable — nothing is
 reallocated or copied.
 
-Token slot of (block b, offset o) = b * block_size + o, the same in every head's array.
+Token slot of (block b, offset o) = b * block_size + o, in both the K and the V array.
 """
 from __future__ import annotations
 
@@ -43,31 +43,31 @@ class PagedKVCache:
         self.block_bytes = kv_block_bytes(cfg, block_size)
         self.region: ReservedRegion = reserve_region(max_blocks * self.block_bytes, device)
         kvh, d = cfg.num_kv_heads, cfg.head_dim
-        self.blocks = self.region.as_tensor(cfg.dtype, (2, kvh, max_blocks, block_size, d))
-        self.keys, self.values = self.blocks[0], self.blocks[1]  # [kv_heads, max_blocks, block_size, d]
-        self._slots = self.blocks.view(2, kvh, max_blocks * block_size, d)  # token slots per head
-        self._rows = self.blocks.view(2, kvh, max_blocks, block_size * d)  # one row per (head, block)
+        self.blocks = self.region.as_tensor(cfg.dtype, (2, max_blocks, block_size, kvh, d))
+        self.keys, self.values = self.blocks[0], self.blocks[1]  # [max_blocks, block_size, kv_heads, d]
+        self._slots = self.blocks.view(2, max_blocks * block_size, kvh, d)
+        self._rows = self.blocks.view(2, max_blocks, block_size * kvh * d)  # one row per block
 
     # --- per step -----------------------------------------------------------------
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new tokens' k/v [T, kv_heads, d] at their slots."""
-        self._slots[0].index_copy_(1, slots, k.transpose(0, 1))
-        self._slots[1].index_copy_(1, slots, v.transpose(0, 1))
+        self._slots[0].index_copy_(0, slots, k)
+        self._slots[1].index_copy_(0, slots, v)
 
     def gather(
         self, block_table: torch.Tensor, k_buf: torch.Tensor | None = None, v_buf: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[..., n_blocks] block ids → K, V [kv_heads, ..., n_blocks * block_size, d] (head
-        first: each (head, sequence) run is contiguous), into `k_buf`/`v_buf` when given."""
-        kvh, d = self.cfg.num_kv_heads, self.cfg.head_dim
-        shape = (kvh, *block_table.shape[:-1], block_table.shape[-1] * self.block_size, d)
+        """[..., n_blocks] block ids → K, V [..., n_blocks * block_size, kv_heads, d], copied
+        into `k_buf`/`v_buf` (flat, large enough) when given."""
+        shape = (*block_table.shape[:-1], block_table.shape[-1] * self.block_size, self.cfg.num_kv_heads,
+                 self.cfg.head_dim)
         flat = block_table.reshape(-1)
         if k_buf is None or v_buf is None:
-            return self._rows[0].index_select(1, flat).view(shape), self._rows[1].index_select(1, flat).view(shape)
-        n = kvh * flat.numel() * self.block_size * d
-        out_shape = (kvh, flat.numel(), self.block_size * d)
-        k = torch.index_select(self._rows[0], 1, flat, out=k_buf[:n].view(out_shape))
-        v = torch.index_select(self._rows[1], 1, flat, out=v_buf[:n].view(out_shape))
+            return self._rows[0].index_select(0, flat).view(shape), self._rows[1].index_select(0, flat).view(shape)
+        out_shape = (flat.numel(), self._rows.shape[2])
+        n = out_shape[0] * out_shape[1]
+        k = torch.index_select(self._rows[0], 0, flat, out=k_buf[:n].view(out_shape))
+        v = torch.index_select(self._rows[1], 0, flat, out=v_buf[:n].view(out_shape))
         return k.view(shape), v.view(shape)
 
     # --- moving a request's KV (the data plane carries the tensors) --------------
@@ -75,7 +75,7 @@ class PagedKVCache:
         """The first `num_tokens` tokens' KV of one layer → [2, num_tokens, kv_heads, d]."""
         self._check_cover(block_ids, num_tokens)
         k, v = self.gather(torch.tensor(block_ids, dtype=torch.long, device=self.blocks.device))
-        return torch.stack([k[:, :num_tokens], v[:, :num_tokens]]).transpose(1, 2).contiguous()
+        return torch.stack([k[:num_tokens], v[:num_tokens]])
 
     def import_tokens(self, block_ids: list[int], data: torch.Tensor) -> None:
         """Write [2, num_tokens, kv_heads, d] (from `export_tokens`) into `block_ids`."""
@@ -91,13 +91,12 @@ class PagedKVCache:
         self.write(slots, data[0], data[1])
 
     def release_blocks(self, block_ids: list[int]) -> None:
-        """Give free blocks' physical memory back (e.g. when capacity shrinks). Only whole
-        pages are returned: with small head_dim x block_size a single block frees nothing."""
-        row = self.block_size * self.cfg.head_dim * self.blocks.element_size()
-        plane = self.max_blocks * row  # one (K or V, head) array
+        """Give free blocks' physical memory back (e.g. when capacity shrinks); only whole
+        pages inside a block's K and V ranges are returned."""
+        half = self.block_bytes // 2
         for b in block_ids:
-            for plane_index in range(2 * self.cfg.num_kv_heads):
-                self.region.release(plane_index * plane + b * row, row)
+            self.region.release(b * half, half)
+            self.region.release((self.max_blocks + b) * half, half)
 
     def _check_cover(self, block_ids: list[int], num_tokens: int) -> None:
         if len(block_ids) * self.block_size < num_tokens:

@@ -179,6 +179,11 @@ class LoRAManager:
                 self._stacks.pop(next(iter(self._stacks)))
         return build_lora_batch(self.mode, names, resident, adapters, q_lens, self.device, stacks)
 
+    def clear(self) -> None:
+        """Evict every resident adapter (their pool charges are released)."""
+        for name in list(self.resident):
+            self._evict(name)
+
     def _host(self, name: str) -> LoRAAdapter:
         adapter = self.host.get(name)
         if adapter is None:

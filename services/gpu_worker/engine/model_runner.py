@@ -123,9 +123,10 @@ class ModelRunner:
             self._charge("lm_head", _nbytes(m.final_norm) + extra)
 
     def _load_layer(self, i: int) -> None:
-        host = self._host_layers.pop(i, None)
+        host = self._host_layers.get(i)
         weights = host.to(self.device) if host is not None else LayerWeights.from_hf(self.reader.read_layer(i), self.device)
-        self._charge(f"layer{i}", weights.nbytes)  # raises (pool exhausted) before the layer is used
+        self._charge(f"layer{i}", weights.nbytes)  # may raise (pool exhausted): the host copy stays
+        self._host_layers.pop(i, None)
         self.model.layers[i] = weights
 
     def resident_layers(self) -> list[int]:
@@ -156,7 +157,9 @@ class ModelRunner:
         self.attention.layers = list(self.kv_layers)
 
     def drop_layers(self, start: int, end: int) -> int:
-        """Free the weights of layers [start, end); returns the bytes released to the pool."""
+        """Free the weights of layers [start, end); returns the bytes released to the pool.
+        On CPU the device is the host, so the kept host copy is the same memory: there the
+        drop is the pool's accounting (capacity is a setting), as intended for tests."""
         released = 0
         for i in range(start, end):
             weights = self.model.layers.pop(i, None)
@@ -233,5 +236,4 @@ class ModelRunner:
         """Release every charge this runner holds (weights and LoRA)."""
         for owner in list(self._charges):
             self._release(owner)
-        for name in list(self.lora.resident):
-            self.lora._evict(name)
+        self.lora.clear()

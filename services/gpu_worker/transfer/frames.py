@@ -1,0 +1,119 @@
+"""The small typed frames that travel beside the payloads on a data-plane endpoint.
+
+Three UCX tags per endpoint (tag matching keeps each tag's messages in posting order):
+
+* `TAG_FRAME` sender -> receiver: `Hello`, `TransferStart`, `ChunkHeader`, `TransferAbort`;
+* `TAG_DATA` sender -> receiver: the raw payload of each `ChunkHeader`, in the same order,
+  received straight into the destination memory (no serialization);
+* `TAG_REPLY` receiver -> sender: `TransferAck`, `TransferNack`.
+
+A frame is a 2-byte little-endian length and a msgpack-encoded `msgspec.Struct`; the
+receiver posts a `MAX_FRAME`-byte buffer for it (UCX receives a shorter message into a
+larger buffer, and reports none of its length: hence the prefix).
+"""
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
+
+from shared.events.base import MAX_BYTES, Message, Reason
+from shared.events.common import LayerRange
+
+from .errors import FailureReason
+
+TAG_FRAME = 0x7444_0001
+TAG_DATA = 0x7444_0002
+TAG_REPLY = 0x7444_0003
+MAX_FRAME = 4096  # bytes, length prefix included
+
+TransferId = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+Bytes = Annotated[int, Meta(ge=0, le=MAX_BYTES)]
+KindName = Annotated[str, Meta(pattern=r"^(activation|kv|weights)$")]
+Key = Annotated[str, Meta(max_length=256)]
+PeerName = Annotated[str, Meta(min_length=1, max_length=64)]
+
+
+class Hello(Message, kw_only=True):
+    """First frame on a new endpoint: who is sending."""
+
+    worker_id: PeerName
+    protocol: Annotated[int, Meta(ge=1, le=1000)] = 1
+
+
+class TransferStart(Message, kw_only=True):
+    """Announces a transfer; its chunks follow. `key` names the destination the receiver expects."""
+
+    transfer_id: TransferId
+    kind: KindName
+    key: Key
+    total_bytes: Bytes
+    segments: Annotated[list[Bytes], Meta(max_length=65_536)] = []  # sender's buffer sizes (a layout hint)
+    layers: LayerRange | None = None
+    request_id: Annotated[str, Meta(max_length=64)] = ""
+    checksum: Annotated[str, Meta(pattern=r"^(xxh3_64|crc32|none)$")] = "xxh3_64"
+
+
+class ChunkHeader(Message, kw_only=True):
+    """Describes the next payload on TAG_DATA: bytes [offset, offset + length) of the transfer."""
+
+    transfer_id: TransferId
+    index: Annotated[int, Meta(ge=0, le=2**40)]
+    offset: Bytes
+    length: Bytes
+    checksum: Annotated[int, Meta(ge=0)]  # unsigned 64-bit (msgpack uint64)
+    last: bool = False
+
+
+class TransferAbort(Message, kw_only=True):
+    """The sender gave up on a transfer (cancelled, or answered a Nack); no more chunks follow."""
+
+    transfer_id: TransferId
+    reason: FailureReason
+    message: Reason = ""
+
+
+class TransferAck(Message, kw_only=True):
+    """Every byte arrived, checksums matched, the destination holds the data."""
+
+    transfer_id: TransferId
+    chunks: Annotated[int, Meta(ge=0, le=2**40)]
+    total_bytes: Bytes
+
+
+class TransferNack(Message, kw_only=True):
+    transfer_id: TransferId
+    reason: FailureReason
+    message: Reason = ""
+
+
+SenderFrame = Hello | TransferStart | ChunkHeader | TransferAbort
+ReplyFrame = TransferAck | TransferNack
+
+_ENCODER = msgspec.msgpack.Encoder()
+_SENDER_DECODER = msgspec.msgpack.Decoder(SenderFrame)
+_REPLY_DECODER = msgspec.msgpack.Decoder(ReplyFrame)
+
+
+def encode_frame(frame: SenderFrame | ReplyFrame) -> bytes:
+    body = _ENCODER.encode(frame)
+    if len(body) + 2 > MAX_FRAME:
+        raise ValueError(f"frame {type(frame).__name__} is {len(body)} bytes, over {MAX_FRAME - 2}")
+    return len(body).to_bytes(2, "little") + body
+
+
+def _body(buf: memoryview) -> memoryview:
+    n = int.from_bytes(buf[:2], "little")
+    if n + 2 > len(buf):
+        raise msgspec.DecodeError(f"frame length {n} exceeds the {len(buf)}-byte buffer")
+    return buf[2:2 + n]
+
+
+def decode_sender_frame(buf: memoryview) -> SenderFrame:
+    """Raises msgspec.DecodeError / ValidationError on a malformed frame."""
+    return _SENDER_DECODER.decode(_body(buf))
+
+
+def decode_reply_frame(buf: memoryview) -> ReplyFrame:
+    return _REPLY_DECODER.decode(_body(buf))

@@ -1,0 +1,303 @@
+"""The sending side of one link (this worker -> one peer): the transfer scheduler's I/O.
+
+`LinkSchedule` (pure, `policy.py`) decides which chunk goes next and how big; this class
+posts the frames and payloads on the UCX endpoint, feeds completions back (bandwidth), and
+turns the receiver's Ack/Nack into the completion of each transfer's handle.
+
+Posting order is the wire order: every post is a task created in order on the event loop,
+and `ucxx.Endpoint.send` posts to UCX before its first await, so a chunk's header always
+precedes its payload, and a transfer's Start precedes its chunks.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from shared.events.common import LayerRange
+from shared.logging import get_logger
+
+from . import metrics
+from .buffers import Segments, checksum_algorithm, checksum_of
+from .errors import FailureReason, TransferFailed
+from .frames import (
+    MAX_FRAME, TAG_DATA, TAG_FRAME, TAG_REPLY, ChunkHeader, Hello, TransferAbort, TransferAck, TransferStart,
+    decode_reply_frame, encode_frame,
+)
+from .policy import ChunkingConfig, ChunkPlan, LinkSchedule, TrafficClass
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class TransferReceipt:
+    transfer_id: int
+    peer: str
+    kind: TrafficClass
+    total_bytes: int
+    chunks: int
+    seconds: float  # submit -> acknowledged
+    waited_s: float  # submit -> first chunk on the wire
+    chunks_ahead: int  # chunks of other transfers started between submit and its first chunk
+
+
+class TransferHandle:
+    """One submitted transfer: await it for its receipt; `cancel()` to drop its unsent chunks."""
+
+    def __init__(self, link: "Link", transfer_id: int, kind: TrafficClass, key: str, total_bytes: int) -> None:
+        self.link = link
+        self.transfer_id = transfer_id
+        self.kind = kind
+        self.key = key
+        self.total_bytes = total_bytes
+        self.chunks_sent = 0  # completed chunk sends (the receiver may not have verified them yet)
+        self.waited_s: float | None = None
+        self.chunks_ahead: int | None = None
+        self.submitted_at = link.clock()
+        self._fut: asyncio.Future[TransferReceipt] = asyncio.get_running_loop().create_future()
+        self._fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def done(self) -> bool:
+        return self._fut.done()
+
+    def cancel(self) -> bool:
+        """Cancel; True if it was still running. Awaiting it then raises TransferFailed('cancelled')."""
+        return self.link.cancel(self.transfer_id, "cancelled", "cancelled by the sender")
+
+    async def wait(self, timeout: float | None = None) -> TransferReceipt:
+        if timeout is None:
+            return await asyncio.shield(self._fut)
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._fut), timeout)
+        except asyncio.TimeoutError:
+            self.link.cancel(self.transfer_id, "timeout", f"not acknowledged within {timeout}s")
+            return await asyncio.shield(self._fut)
+
+    def __await__(self) -> Any:
+        return self.wait().__await__()
+
+    def _settle(self, receipt: TransferReceipt | None, error: TransferFailed | None) -> None:
+        if self._fut.done():
+            return
+        if error is not None:
+            self._fut.set_exception(error)
+        else:
+            self._fut.set_result(receipt)  # type: ignore[arg-type]
+
+
+@dataclass
+class _Outgoing:
+    handle: TransferHandle
+    segments: Segments
+    start: TransferStart
+    started: bool = False
+    all_posted: bool = False
+
+
+class Link:
+    """Sender side of this worker's endpoint to `peer`. Create with `DataPlane.link(peer)`."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, local_id: str, peer: str, endpoint: Any, cfg: ChunkingConfig, *,
+                 on_dead: Callable[["Link"], None] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.local_id, self.peer, self.endpoint, self.clock = local_id, peer, endpoint, clock
+        self.schedule = LinkSchedule(cfg)
+        self.sent_log: deque[tuple[int, int, int]] = deque(maxlen=100_000)  # (transfer, chunk, length) in post order
+        self.backpressure_waits = 0
+        self._on_dead = on_dead
+        self._out: dict[int, _Outgoing] = {}
+        self._wake = asyncio.Event()
+        self._space = asyncio.Event()
+        self._dead: TransferFailed | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._pump_task: asyncio.Task[None] | None = None
+        self._reply_task: asyncio.Task[None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._dead is None
+
+    async def start(self) -> "Link":
+        self._post(encode_frame(Hello(worker_id=self.local_id)), TAG_FRAME)
+        self._pump_task = asyncio.create_task(self._pump(), name=f"transfer-pump-{self.peer}")
+        self._reply_task = asyncio.create_task(self._replies(), name=f"transfer-replies-{self.peer}")
+        return self
+
+    # --- API ---------------------------------------------------------------------------
+    async def submit(self, buffers: Any, *, kind: TrafficClass, key: str = "", layers: LayerRange | None = None,
+                     request_id: str = "") -> TransferHandle:
+        """Queue `buffers` (a tensor/array/bytes, or a list of them: one byte stream) for `peer`.
+
+        Waits while the class's queued bytes are over the bound (backpressure). The buffers
+        must stay untouched until the handle completes: chunks are sent from their memory."""
+        segments = Segments.of(buffers)
+        while self._dead is None and not self.schedule.can_admit(kind, segments.total):
+            self.backpressure_waits += 1
+            metrics.BACKPRESSURE_WAITS.labels(self.peer, kind.name.lower()).inc()
+            await self._space.wait()
+        if self._dead is not None:
+            raise TransferFailed(self._dead.reason, str(self._dead), peer=self.peer)
+        tid = next(self._ids)
+        handle = TransferHandle(self, tid, kind, key, segments.total)
+        start = TransferStart(
+            transfer_id=tid, kind=kind.name.lower(), key=key, total_bytes=segments.total, segments=segments.sizes,
+            layers=layers, request_id=request_id, checksum=checksum_algorithm(segments.views),
+        )
+        self._out[tid] = _Outgoing(handle, segments, start)
+        self.schedule.add(tid, kind, segments.total, self.clock())
+        self._update_gauges()
+        self._wake.set()
+        return handle
+
+    async def send(self, buffers: Any, *, kind: TrafficClass, key: str = "", timeout: float | None = None,
+                   **meta: Any) -> TransferReceipt:
+        handle = await self.submit(buffers, kind=kind, key=key, **meta)
+        return await handle.wait(timeout)
+
+    def cancel(self, tid: int, reason: FailureReason, message: str) -> bool:
+        out = self._out.pop(tid, None)
+        if out is None:
+            return False
+        self.schedule.cancel(tid)
+        if out.started:  # the receiver holds state for it: tell it to drop the transfer
+            self._post(encode_frame(TransferAbort(transfer_id=tid, reason=reason, message=message)), TAG_FRAME)
+        self._finish(out, error=TransferFailed(reason, message, transfer_id=tid, peer=self.peer))
+        self._signal_space()
+        self._wake.set()
+        return True
+
+    async def close(self, reason: FailureReason = "closed") -> None:
+        self._die(TransferFailed(reason, "link closed", peer=self.peer))
+        for task in (self._pump_task, self._reply_task):
+            if task is not None:
+                task.cancel()
+        try:
+            await asyncio.wait_for(self.endpoint.close(), 2.0)
+        except Exception:  # noqa: BLE001 - a dead peer's endpoint may fail to close; nothing to do
+            self.endpoint.abort()
+
+    # --- sending -----------------------------------------------------------------------
+    async def _pump(self) -> None:
+        while self._dead is None:
+            plan = self.schedule.next_chunk(self.clock())
+            if plan is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._post_chunk(plan)
+            self._signal_space()
+
+    def _post_chunk(self, plan: ChunkPlan) -> None:
+        out = self._out[plan.tid]
+        cls = plan.cls.name.lower()
+        if plan.index == 0:
+            out.started = True
+            out.handle.waited_s, out.handle.chunks_ahead = plan.waited_s, plan.chunks_ahead
+            metrics.WAIT_SECONDS.labels(self.peer, cls).observe(plan.waited_s or 0.0)
+            self._post(encode_frame(out.start), TAG_FRAME)
+        payload = out.segments.gather(plan.offset, plan.length)
+        header = ChunkHeader(transfer_id=plan.tid, index=plan.index, offset=plan.offset, length=plan.length,
+                             checksum=checksum_of(payload, out.start.checksum), last=plan.last)
+        self._post(encode_frame(header), TAG_FRAME)
+        posted_at = self.clock()
+        task = self._post(payload, TAG_DATA)
+        task.add_done_callback(lambda t: self._chunk_sent(plan, posted_at, t))
+        self.sent_log.append((plan.tid, plan.index, plan.length))
+        if plan.last:
+            out.all_posted = True
+        self._update_gauges()
+
+    def _chunk_sent(self, plan: ChunkPlan, posted_at: float, task: asyncio.Task[Any]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            self.schedule.chunk_failed()
+            return  # _post's callback kills the link
+        self.schedule.chunk_done(plan.length, posted_at, self.clock())
+        out = self._out.get(plan.tid)
+        if out is not None:
+            out.handle.chunks_sent += 1
+        metrics.BYTES.labels(self.peer, plan.cls.name.lower(), "sent").inc(plan.length)
+        metrics.CHUNKS.labels(self.peer, "sent").inc()
+        metrics.BANDWIDTH.labels(self.peer).set(self.schedule.bandwidth.value)
+        metrics.CHUNK_BYTES.labels(self.peer).set(self.schedule.chunk_limit(TrafficClass.KV))
+        self._wake.set()
+
+    def _post(self, buf: Any, tag: int) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(self.endpoint.send(buf, tag=tag))
+        self._tasks.add(task)
+        task.add_done_callback(self._posted)
+        return task
+
+    def _posted(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._dead is None:
+            self._die(TransferFailed("peer_lost", f"send failed: {task.exception()}", peer=self.peer))
+
+    # --- replies -----------------------------------------------------------------------
+    async def _replies(self) -> None:
+        buf = np.empty(MAX_FRAME, dtype=np.uint8)
+        try:
+            while self._dead is None:
+                await self.endpoint.recv(buf, tag=TAG_REPLY)
+                self._on_reply(decode_reply_frame(memoryview(buf)))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any endpoint error means the peer is gone
+            self._die(TransferFailed("peer_lost", f"connection to {self.peer} broke: {exc}", peer=self.peer))
+
+    def _on_reply(self, frame: Any) -> None:
+        out = self._out.get(frame.transfer_id)
+        if out is None:
+            return  # cancelled here already; the receiver's answer crossed our Abort
+        if isinstance(frame, TransferAck):
+            del self._out[frame.transfer_id]
+            h = out.handle
+            self._finish(out, receipt=TransferReceipt(
+                transfer_id=h.transfer_id, peer=self.peer, kind=h.kind, total_bytes=h.total_bytes, chunks=frame.chunks,
+                seconds=self.clock() - h.submitted_at, waited_s=h.waited_s or 0.0, chunks_ahead=h.chunks_ahead or 0,
+            ))
+        else:
+            self.cancel(frame.transfer_id, frame.reason, f"receiver refused: {frame.message}")
+
+    # --- endings -----------------------------------------------------------------------
+    def _finish(self, out: _Outgoing, *, receipt: TransferReceipt | None = None,
+                error: TransferFailed | None = None) -> None:
+        cls = out.handle.kind.name.lower()
+        if error is not None:
+            metrics.FAILURES.labels(self.peer, error.reason, "sent").inc()
+        else:
+            metrics.TRANSFER_SECONDS.labels(self.peer, cls).observe(receipt.seconds)  # type: ignore[union-attr]
+        out.handle._settle(receipt, error)
+        self._update_gauges()
+
+    def _die(self, error: TransferFailed) -> None:
+        if self._dead is not None:
+            return
+        self._dead = error
+        log.warning("data-plane link down", peer=self.peer, reason=error.reason, error=str(error))
+        for tid, out in list(self._out.items()):
+            self._out.pop(tid)
+            self.schedule.cancel(tid)
+            self._finish(out, error=TransferFailed(error.reason, str(error), transfer_id=tid, peer=self.peer))
+        self._signal_space()
+        self._wake.set()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._on_dead is not None:
+            self._on_dead(self)
+
+    def _signal_space(self) -> None:
+        """Wake submitters waiting for queue space (they re-check the bound)."""
+        self._space.set()
+        self._space = asyncio.Event()
+
+    def _update_gauges(self) -> None:
+        for cls in TrafficClass:
+            name = cls.name.lower()
+            metrics.QUEUE_DEPTH.labels(self.peer, name).set(sum(1 for o in self._out.values() if o.handle.kind is cls))
+            metrics.QUEUED_BYTES.labels(self.peer, name).set(self.schedule.queued_bytes(cls))

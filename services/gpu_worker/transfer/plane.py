@@ -1,0 +1,152 @@
+"""A worker's data plane: one UCX listener, links to peers opened on demand and reused.
+
+    plane = DataPlane("worker-a", resolver=registry_address)   # resolver: peer id -> "host:port"
+    await plane.start()                                         # publish plane.address in the registry
+    link = await plane.link("worker-b")                         # connects once, then reused
+    receipt = await link.send(kv_tensor, kind=TrafficClass.KV, key="kv:req-1:0-16")
+    # on worker-b:  sink = plane.inbox.expect("kv:req-1:0-16", kv_blocks); await sink.wait()
+
+ucxx keeps one UCX context and worker per process; a process runs one DataPlane. UCX's
+transports are chosen with UCX_TLS (default here `tcp,self,sm`: runs on any host; set it to
+include `cuda_copy,cuda_ipc,rc` on GPU nodes) before the first plane starts.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from shared.logging import get_logger
+
+from .errors import TransferFailed
+from .inbound import ChunkHook, InboundConnection
+from .link import Link
+from .policy import ChunkingConfig
+from .sink import Inbox
+
+log = get_logger(__name__)
+
+Resolver = Callable[[str], Awaitable[str | None]]  # peer worker id -> "host:port" (or None: unknown)
+
+
+@dataclass(frozen=True)
+class DataPlaneConfig:
+    host: str = "127.0.0.1"  # address to listen on and to publish
+    port: int = 0  # 0: any free port
+    ucx_tls: str | None = "tcp,self,sm"  # None: leave UCX_TLS as the environment has it
+    connect_timeout_s: float = 10.0
+    chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
+    max_outstanding_receives: int = 4  # per inbound connection
+
+
+def format_address(host: str, port: int) -> str:
+    """The string published in `WorkerRecord.ucx_address`."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"data-plane address must be host:port, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def _ucxx() -> Any:
+    import ucxx  # deferred: loading UCX takes ~1 s, and only workers need it
+
+    return ucxx
+
+
+def configure_ucx(tls: str | None) -> None:
+    """Environment for UCX, before its first use in this process."""
+    if tls is not None:
+        os.environ.setdefault("UCX_TLS", tls)
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+
+
+class DataPlane:
+    def __init__(self, worker_id: str, *, config: DataPlaneConfig | None = None, resolver: Resolver | None = None,
+                 chunk_hook: ChunkHook | None = None) -> None:
+        self.worker_id = worker_id
+        self.config = config or DataPlaneConfig()
+        self.resolver = resolver
+        self.chunk_hook = chunk_hook  # fault injection on received payloads (tests, benchmarks)
+        self.inbox = Inbox()
+        self._listener: Any = None
+        self._links: dict[str, Link] = {}
+        self._connecting: dict[str, asyncio.Lock] = {}
+        self._inbound: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @property
+    def address(self) -> str:
+        if self._listener is None:
+            raise RuntimeError("the data plane is not started")
+        return format_address(self.config.host, self._listener.port)
+
+    async def start(self) -> "DataPlane":
+        configure_ucx(self.config.ucx_tls)
+        self._listener = _ucxx().create_listener(self._accept, port=self.config.port)
+        log.info("data plane listening", worker=self.worker_id, address=self.address)
+        return self
+
+    async def _accept(self, endpoint: Any) -> None:
+        conn = InboundConnection(endpoint, self.inbox, chunk_hook=self.chunk_hook,
+                                 max_outstanding=self.config.max_outstanding_receives)
+        task = asyncio.current_task()
+        if task is not None:
+            self._inbound.add(task)
+        try:
+            await conn.run()
+        finally:
+            if task is not None:
+                self._inbound.discard(task)
+
+    async def link(self, peer: str, address: str | None = None) -> Link:
+        """The link to `peer`, connecting on first use (address from the resolver unless given).
+
+        Raises TransferFailed('unreachable') when no address is known or nothing answers."""
+        if self._closed:
+            raise TransferFailed("closed", "the data plane is shut down", peer=peer)
+        existing = self._links.get(peer)
+        if existing is not None and existing.alive:
+            return existing
+        lock = self._connecting.setdefault(peer, asyncio.Lock())
+        async with lock:
+            existing = self._links.get(peer)
+            if existing is not None and existing.alive:
+                return existing
+            link = await self._connect(peer, address)
+            self._links[peer] = link
+            return link
+
+    async def _connect(self, peer: str, address: str | None) -> Link:
+        if address is None and self.resolver is not None:
+            address = await self.resolver(peer)
+        if not address:
+            raise TransferFailed("unreachable", "no data-plane address is known for this worker", peer=peer)
+        host, port = parse_address(address)
+        configure_ucx(self.config.ucx_tls)
+        try:
+            endpoint = await asyncio.wait_for(_ucxx().create_endpoint(host, port), self.config.connect_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - refused, timed out, UCX error: all mean unreachable
+            raise TransferFailed("unreachable", f"cannot connect to {address}: {exc!r}", peer=peer) from None
+        link = Link(self.worker_id, peer, endpoint, self.config.chunking, on_dead=self._forget)
+        return await link.start()
+
+    def _forget(self, link: Link) -> None:
+        if self._links.get(link.peer) is link:
+            del self._links[link.peer]  # the next link() reconnects
+        asyncio.ensure_future(link.close())  # release the broken endpoint
+
+    async def close(self) -> None:
+        self._closed = True
+        for link in list(self._links.values()):
+            await link.close()
+        self._links.clear()
+        for task in list(self._inbound):
+            task.cancel()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None

@@ -1,0 +1,202 @@
+"""Which chunk a link sends next, and how big: the transfer scheduler's decisions, without I/O.
+
+KunServe §4.2 ("network requests coordination"): activations, KV and weights share one link;
+a bulk transfer must not block an activation (head-of-line blocking), so bulk transfers go
+out in chunks and the sender picks the next chunk by priority at every chunk boundary.
+
+* Priority classes: ACTIVATION > KV > WEIGHTS (strict).
+* Within a class: round-robin between transfers, one chunk each (fairness).
+* Chunk size = measured bandwidth x target preemption delay / chunks in flight, clamped, so
+  the bytes already on the wire ahead of a new activation take about `target_delay_s`.
+  Activations themselves go out whole (up to `max_chunk`): nothing outranks them.
+* Backpressure: a class's queued (not yet sent) bytes stay under `queue_bound_bytes`; a
+  transfer is always admitted into an empty class queue, so one larger than the bound
+  still goes.
+* `fifo=True` is the baseline the benchmark compares against: one queue in arrival order,
+  every transfer sent whole.
+
+Time is an argument everywhere (`now`, in seconds, any monotonic origin).
+"""
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+
+class TrafficClass(enum.IntEnum):
+    """Lower value = higher priority."""
+
+    ACTIVATION = 0  # pipeline-stage hidden states, remote-attention q/k/v and results
+    KV = 1  # KV blocks (exchange, migration, restore)
+    WEIGHTS = 2  # layer weights (restore, prewarm from a peer)
+
+
+ALIGN = 4096  # chunk sizes are multiples of a page (except a transfer's tail)
+
+
+@dataclass(frozen=True)
+class ChunkingConfig:
+    target_delay_s: float = 0.002  # what an activation may wait behind bulk bytes already posted
+    min_chunk: int = 256 << 10
+    max_chunk: int = 64 << 20
+    max_in_flight: int = 2  # chunks posted and not yet completed (keeps the pipe full)
+    initial_bandwidth: float = 1e9  # bytes/s assumed until the first measurement
+    ewma_alpha: float = 0.25
+    queue_bound_bytes: int = 1 << 30  # per class: queued, not yet sent
+    fifo: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_chunk <= self.max_chunk:
+            raise ValueError(f"need 0 < min_chunk <= max_chunk (got {self.min_chunk}, {self.max_chunk})")
+        if self.max_in_flight < 1 or self.target_delay_s <= 0 or self.initial_bandwidth <= 0:
+            raise ValueError("max_in_flight >= 1, target_delay_s > 0 and initial_bandwidth > 0 are required")
+        if not 0 < self.ewma_alpha <= 1 or self.queue_bound_bytes <= 0:
+            raise ValueError("need 0 < ewma_alpha <= 1 and queue_bound_bytes > 0")
+
+
+class BandwidthEstimator:
+    """EWMA of bytes/s over chunks' service times (time on the wire, not queueing)."""
+
+    def __init__(self, initial: float, alpha: float) -> None:
+        self.value = initial
+        self.alpha = alpha
+        self.samples = 0
+
+    def observe(self, nbytes: int, seconds: float) -> None:
+        if nbytes < ALIGN or seconds <= 0:  # tiny messages measure latency, not bandwidth
+            return
+        rate = nbytes / seconds
+        self.value = rate if self.samples == 0 else self.alpha * rate + (1 - self.alpha) * self.value
+        self.samples += 1
+
+
+def chunk_bytes(bandwidth: float, cfg: ChunkingConfig) -> int:
+    """Bulk chunk size for a link of `bandwidth` bytes/s (page-aligned, clamped)."""
+    raw = int(bandwidth * cfg.target_delay_s / cfg.max_in_flight)
+    aligned = max(ALIGN, raw - raw % ALIGN)
+    return max(cfg.min_chunk, min(cfg.max_chunk, aligned))
+
+
+@dataclass
+class _Pending:
+    tid: int
+    cls: TrafficClass
+    total: int
+    submitted_at: float
+    seq_at_submit: int  # link chunk counter when submitted
+    offset: int = 0
+    next_index: int = 0
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    tid: int
+    cls: TrafficClass
+    index: int
+    offset: int
+    length: int
+    last: bool
+    waited_s: float | None  # set on a transfer's first chunk: submit -> first chunk
+    chunks_ahead: int | None  # first chunk only: chunks of other transfers started since submit
+
+
+@dataclass
+class LinkSchedule:
+    cfg: ChunkingConfig = field(default_factory=ChunkingConfig)
+
+    def __post_init__(self) -> None:
+        self.bandwidth = BandwidthEstimator(self.cfg.initial_bandwidth, self.cfg.ewma_alpha)
+        self._queues: dict[TrafficClass, deque[int]] = {c: deque() for c in TrafficClass}
+        self._fifo: deque[int] = deque()
+        self._pending: dict[int, _Pending] = {}
+        self._queued_bytes: dict[TrafficClass, int] = dict.fromkeys(TrafficClass, 0)
+        self.in_flight = 0
+        self.chunks_started = 0
+        self._last_done_at: float | None = None
+
+    # --- admission -------------------------------------------------------------------
+    def can_admit(self, cls: TrafficClass, nbytes: int) -> bool:
+        queued = self._queued_bytes[cls]
+        return queued == 0 or queued + nbytes <= self.cfg.queue_bound_bytes
+
+    def add(self, tid: int, cls: TrafficClass, nbytes: int, now: float) -> None:
+        if tid in self._pending:
+            raise ValueError(f"transfer {tid} is already queued")
+        if nbytes < 0:
+            raise ValueError("a transfer cannot have a negative size")
+        self._pending[tid] = _Pending(tid, cls, nbytes, now, self.chunks_started)
+        (self._fifo if self.cfg.fifo else self._queues[cls]).append(tid)
+        self._queued_bytes[cls] += nbytes
+
+    def cancel(self, tid: int) -> bool:
+        """Drop a transfer's unsent chunks; False if it had none left (or was unknown)."""
+        p = self._pending.pop(tid, None)
+        if p is None:
+            return False
+        queue = self._fifo if self.cfg.fifo else self._queues[p.cls]
+        queue.remove(tid)
+        self._queued_bytes[p.cls] -= p.total - p.offset
+        return True
+
+    # --- the decision ----------------------------------------------------------------
+    def chunk_limit(self, cls: TrafficClass) -> int:
+        if self.cfg.fifo:
+            return 1 << 62
+        if cls is TrafficClass.ACTIVATION:
+            return self.cfg.max_chunk
+        return chunk_bytes(self.bandwidth.value, self.cfg)
+
+    def next_chunk(self, now: float) -> ChunkPlan | None:
+        """The next chunk to post, or None (nothing queued, or `max_in_flight` reached)."""
+        if self.in_flight >= self.cfg.max_in_flight:
+            return None
+        queue = self._fifo if self.cfg.fifo else next((q for q in self._queues.values() if q), None)
+        if not queue:
+            return None
+        p = self._pending[queue[0]]
+        length = min(p.total - p.offset, self.chunk_limit(p.cls))
+        first = p.next_index == 0
+        plan = ChunkPlan(
+            tid=p.tid, cls=p.cls, index=p.next_index, offset=p.offset, length=length,
+            last=p.offset + length == p.total,
+            waited_s=max(0.0, now - p.submitted_at) if first else None,
+            chunks_ahead=self.chunks_started - p.seq_at_submit if first else None,
+        )
+        p.offset += length
+        p.next_index += 1
+        self._queued_bytes[p.cls] -= length
+        self.chunks_started += 1
+        self.in_flight += 1
+        queue.popleft()
+        if not plan.last:
+            queue.append(p.tid)  # round-robin: back of its class's queue
+        else:
+            del self._pending[p.tid]
+        return plan
+
+    def chunk_done(self, length: int, posted_at: float, now: float) -> None:
+        """A posted chunk completed: free its slot and measure the link.
+
+        Its service time starts when it was posted or when the previous chunk finished,
+        whichever is later (chunks in flight queue behind each other on the wire)."""
+        self.in_flight = max(0, self.in_flight - 1)
+        start = posted_at if self._last_done_at is None else max(posted_at, self._last_done_at)
+        self.bandwidth.observe(length, now - start)
+        self._last_done_at = now
+
+    def chunk_failed(self) -> None:
+        self.in_flight = max(0, self.in_flight - 1)
+
+    # --- introspection (metrics, tests) ----------------------------------------------
+    def queued_bytes(self, cls: TrafficClass) -> int:
+        return self._queued_bytes[cls]
+
+    def depth(self, cls: TrafficClass) -> int:
+        return sum(1 for p in self._pending.values() if p.cls is cls)
+
+    def has_work(self) -> bool:
+        return bool(self._pending)
+
+    def is_queued(self, tid: int) -> bool:
+        return tid in self._pending
