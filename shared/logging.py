@@ -30,6 +30,12 @@ traceparent_var: ContextVar[str | None] = ContextVar("tidal_traceparent", defaul
 _service_fields: dict[str, str] = {}
 
 
+# Tracebacks as JSON, without frame locals: a local may hold a request's API key or
+# prompt, and logs must never carry them (structlog's dict_tracebacks shows locals).
+_TRACEBACKS = structlog.processors.ExceptionRenderer(
+    structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+)
+
 def current_trace_id() -> str | None:
     """The trace id of the active span, else of the incoming traceparent, else None."""
     span_trace = _active_span_trace_id()
@@ -87,7 +93,7 @@ def configure_logging(
         processors=[
             *shared,
             structlog.processors.StackInfoRenderer(),
-            structlog.processors.dict_tracebacks,
+            _TRACEBACKS,
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
@@ -101,7 +107,7 @@ def configure_logging(
             foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.processors.dict_tracebacks,
+                _TRACEBACKS,
                 structlog.processors.JSONRenderer(),
             ],
         )

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from shared.bus import Bus
+from shared.nats_server import free_port
 from shared.health import HealthReply
 from tidal.health_probe import gather_health
 
@@ -39,6 +40,8 @@ memory = "128MiB"
 def write_config(directory: Path, text: str = TINY_CONFIG) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "cluster.toml"
+    if "[gateway]" not in text:  # never the default 8000: a developer's `make run` may hold it
+        text += f"\n[gateway]\nport = {free_port()}\n"
     path.write_text(text)
     return path
 

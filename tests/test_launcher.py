@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from service_procs import ROOT, write_config
+from shared.config import load_config
 from tidal.run_state import RunState, read_state
 
 pytestmark = pytest.mark.timeout(240)
@@ -104,7 +105,7 @@ def test_up_status_down_leaves_no_process(tmp_path):
         assert "no process left" in down.stdout
         assert up.wait(30) == 0
         out = up.stdout.read()  # type: ignore[union-attr]
-        assert "http://127.0.0.1:8000" in out and "stopped; no process left" in out
+        assert f"http://127.0.0.1:{load_config(config).gateway.port}" in out and "stopped; no process left" in out
         assert_nothing_left(state, config)
         assert read_state(data_dir) is None
         assert (data_dir / "logs" / "registry.log").exists() and (data_dir / "logs" / "gpu_worker-w0.log").exists()

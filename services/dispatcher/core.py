@@ -183,7 +183,7 @@ class DispatchCore:
         if isinstance(outcome, AssignAccepted):
             req.phase, req.pending_key, req.timeouts = Phase.RUNNING, None, 0
             return []
-        model, instance = req.model, req.instance_id or ""
+        instance = req.instance_id or ""
         if isinstance(outcome, AssignFailed) and outcome.kind == "timeout":
             req.timeouts += 1
             if req.timeouts < MAX_ASSIGN_TIMEOUTS and req.worker_id is not None:

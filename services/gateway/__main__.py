@@ -23,13 +23,13 @@ def main(argv: list[str] | None = None) -> None:
     boot = bootstrap("gateway", argv, parser=parser)
     args: argparse.Namespace = boot.args
     gateway = boot.config.gateway
+    boot.announce()  # first: on SIGTERM its draining heartbeat goes out before the gateway waits for streams
     GatewayServer(
         boot.service, boot.config,
         host=args.host if args.host is not None else gateway.host,
         port=args.port if args.port is not None else gateway.port,
         hub_mode=args.stream_subscription,
     )
-    boot.announce()
     run(boot.service)
 
 

@@ -21,7 +21,7 @@ from services.gateway.sse import event, event_stream
 from services.gateway.state import GatewayState
 from services.gateway.streaming import ClientGone, Metering, collect, encoder, sse_events, usage_info
 from services.gateway.submit import build_submits, new_id, start_generation
-from services.gateway.tokenizers import Tokenizer
+from services.gateway.tokenizers import Tokenizer, offload
 from shared.events.stream import TokenChunk
 
 ROUTE = "/v1/chat/completions"
@@ -96,7 +96,8 @@ async def create_chat_completion(request: Request[Any, Any, Any], data: JSONBody
     state.require_hub()
     target = state.resolve(data.model)
     tok = await state.tokenizers.get(target.model)
-    prompt = chat_prompt(data.messages, tok, data.add_generation_prompt)
+    size = sum(len(m.content) if isinstance(m.content, str) else 0 for m in data.messages)
+    prompt = await offload(size, chat_prompt, data.messages, tok, data.add_generation_prompt)
     base_id = new_id("chatcmpl")
     submits, groups = build_submits(state, target, [prompt], knobs, base_id=base_id, prompt_param="messages")
     gen = await start_generation(state, submits, groups, route=ROUTE, prompt_param="messages")

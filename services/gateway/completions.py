@@ -21,7 +21,7 @@ from services.gateway.sse import event, event_stream
 from services.gateway.state import GatewayState
 from services.gateway.streaming import ClientGone, Metering, collect, encoder, sse_events, usage_info
 from services.gateway.submit import build_submits, new_id, start_generation
-from services.gateway.tokenizers import Tokenizer
+from services.gateway.tokenizers import Tokenizer, offload
 from shared.events.stream import TokenChunk
 
 ROUTE = "/v1/completions"
@@ -95,7 +95,7 @@ async def create_completion(request: Request[Any, Any, Any], data: JSONBody[Comp
     state.require_hub()
     target = state.resolve(data.model)
     tok = await state.tokenizers.get(target.model)
-    prompts = completion_prompts(data.prompt, tok)
+    prompts = await offload(_text_size(data.prompt), completion_prompts, data.prompt, tok)
     base_id = new_id("cmpl")
     submits, groups = build_submits(state, target, prompts, knobs, base_id=base_id, prompt_param="prompt")
     echo = None
@@ -137,6 +137,12 @@ async def create_completion(request: Request[Any, Any, Any], data: JSONBody[Comp
                  for i in range(len(submits))],
     )
     return Response(encoder.encode(body), media_type="application/json")
+
+
+def _text_size(prompt: str | list[Any]) -> int:
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(p) for p in prompt if isinstance(p, str))
 
 
 def _prompt_texts(prompt: str | list[Any]) -> list[Any]:

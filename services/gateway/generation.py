@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from services.gateway.errors import ApiError, log_failure
-from services.gateway.hub import StreamHub, StreamMsg
-from services.gateway.metrics import STREAM_ANOMALIES
+from services.gateway.hub import Sink, StreamHub, StreamMsg
+from services.gateway.metrics import ABORTS, STREAM_ANOMALIES
 from services.gateway.seq_order import SeqOrder
 from shared.events.dispatch import SubmitRejected, SubmitRequest
 from shared.events.common import Usage
 from shared.events.stream import StreamError, TokenChunk
-from shared.logging import get_logger
+from shared.logging import get_logger, request_id_var
 from shared.wire import DeadlineExceeded, NoResponders, RemoteError, TidalError, Unavailable
 
 log = get_logger("tidal.gateway.generation")
@@ -69,6 +69,7 @@ class Generation:
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._opened = False
+        self._unanswered: set[str] = set()
         self.on_closed: Callable[[], None] | None = None  # the gateway's in-flight accounting
 
     # --- start: subscribe first, then submit ------------------------------------------------
@@ -79,8 +80,10 @@ class Generation:
         outcomes = await asyncio.gather(*(self._submit(s) for s in self.submits), return_exceptions=True)
         failures = [o for o in outcomes if isinstance(o, BaseException)]
         if failures:
-            accepted = [c for c, o in zip(self.choices, outcomes) if not isinstance(o, BaseException)]
-            for choice in accepted:  # all or nothing: stop the sequences that did get in
+            # All or nothing: stop the sequences that got in, and those whose answer never came.
+            accepted = [c for c, o in zip(self.choices, outcomes)
+                        if not isinstance(o, BaseException) or c.request_id in self._unanswered]
+            for choice in accepted:
                 await self.hub.abort(choice.request_id, "cancelled")
             await self.close()
             error = next((f for f in failures if isinstance(f, ApiError)), None)
@@ -92,17 +95,20 @@ class Generation:
         self._timer = loop.call_later(self.timeout_s, self._on_deadline)
 
     async def _submit(self, request: SubmitRequest) -> None:
+        request_id_var.set(request.request_id)  # this task's own context: logs and NATS headers carry it
         try:
             reply = await self.hub.submit(request)
         except NoResponders:
             raise ApiError.unavailable("no_capacity", "No dispatcher is serving requests; retry later.", 2.0) from None
         except DeadlineExceeded:
+            self._unanswered.add(request.request_id)  # it may have been admitted all the same
             raise ApiError.unavailable("no_capacity", "The dispatcher did not answer in time; retry later.", 1.0) \
                 from None
         except RemoteError as exc:
             log.error("dispatcher refused the submit", code=exc.code, error=exc.message)
             raise ApiError.internal() from None
         except (Unavailable, TidalError):
+            self._unanswered.add(request.request_id)
             raise ApiError.unavailable("no_capacity", "The cluster is not reachable; retry later.", 2.0) from None
         if isinstance(reply, SubmitRejected):
             raise self._rejection(reply)
@@ -127,7 +133,7 @@ class Generation:
         return ApiError.internal()
 
     # --- receiving --------------------------------------------------------------------------
-    def _sink_for(self, choice: Choice):  # noqa: ANN202 - a hub.Sink
+    def _sink_for(self, choice: Choice) -> Sink:
         def sink(msg: StreamMsg) -> None:
             self._inbox.append((choice, msg))
             waiter = self._waiter
@@ -207,8 +213,10 @@ class Generation:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        aborts = ABORTS.labels(reason)
         for choice in self.choices:
             if not choice.done:
+                aborts.inc()
                 await self.hub.abort(choice.request_id, reason)
 
     def usage(self) -> tuple[int, int]:

@@ -7,9 +7,9 @@ this gateway waits for reach a `Sink` (a plain callback, no task per chunk) eith
   request id; chunks of requests this process does not know are dropped before decoding;
 * `per_request`: one subscription per request on `tidal.v1.req.<id>.out`, removed when done.
 
-`tidal bench gateway-hub` compares the two (docs/api.md, "Efficiency"): with one gateway the
-wildcard costs less per request (no SUB/UNSUB and no per-subscription task); per-request
-subscriptions avoid fan-out when many gateways share one NATS. Either way the request's
+`python -m services.gateway.bench_hub` compares the two (figures in docs/api.md): the wildcard
+costs the gateway about 0.7x the CPU (no SUB/UNSUB and no nats-py task per request);
+per-request subscriptions avoid the fan-out when many gateways share one NATS. Either way the request's
 subscription exists before its submit is published on the same connection, so the server
 routes every chunk of it to us.
 """

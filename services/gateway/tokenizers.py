@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 from services.gateway.errors import ApiError
 from services.gpu_worker.engine.tokenizer import EngineTokenizer
@@ -17,6 +18,7 @@ from shared.events.registry import ModelRecord
 from shared.logging import get_logger
 
 log = get_logger("tidal.gateway.tokenizers")
+T = TypeVar("T")
 
 
 class Tokenizer:
@@ -43,6 +45,17 @@ class Tokenizer:
         if text is None:
             text = self._pieces[token_id] = self.engine.decode([token_id], skip_special_tokens=False)
         return text
+
+
+INLINE_CHARS = 16_384  # longer prompts are tokenized on a thread, so other streams are not held up
+
+
+async def offload(chars: int, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` inline when the text is short, else on a worker thread (the tokenizer's Rust code
+    releases the GIL while encoding)."""
+    if chars <= INLINE_CHARS:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
 
 
 def config_dirs(cfg: ClusterConfig) -> dict[str, Path]:
@@ -97,4 +110,4 @@ class TokenizerCache:
         return Tokenizer(engine, directory)
 
 
-__all__ = ["Tokenizer", "TokenizerCache", "config_dirs"]
+__all__ = ["Tokenizer", "TokenizerCache", "config_dirs", "offload"]

@@ -25,9 +25,6 @@ log = get_logger("tidal.gpu_worker")
 
 
 def main() -> None:
-    import sys
-    if os.environ.get("XSWITCH"):
-        sys.setswitchinterval(float(os.environ["XSWITCH"]))
     parser = argparse.ArgumentParser(prog="python -m services.gpu_worker")
     parser.add_argument("--worker-id", default=os.environ.get("TIDAL_WORKER_ID"),
                         help="which [[workers]] entry of the cluster config this process is [TIDAL_WORKER_ID]")

@@ -48,6 +48,8 @@ def servable(body: Any, pick: int) -> Any:
     for key in ("max_tokens", "max_completion_tokens", "min_tokens"):
         if isinstance(body.get(key), int) and body[key] > 8:
             body[key] = 8
+    if "model" in body and "max_tokens" not in body and "max_completion_tokens" not in body:
+        body["max_tokens"] = 8  # the default would be the rest of the context
     if isinstance(body.get("n"), int) and body["n"] > 2:
         body["n"] = 2
     if isinstance(body.get("prompt"), list) and len(body["prompt"]) > 2:
@@ -60,12 +62,34 @@ def servable(body: Any, pick: int) -> Any:
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(case: Any, cluster: E2ECluster) -> None:
     case.body = servable(case.body, len(json.dumps(case.body, default=str)) if case.body is not None else 0)
-    r = case.call_and_validate(base_url=cluster.base_url, checks=CHECKS, timeout=60)
-    open("/tmp/h7/st.log", "a").write(f"{case.operation.path} {r.status_code}\n")
+    case.call_and_validate(base_url=cluster.base_url, checks=CHECKS, timeout=60)
 
 
 def test_the_served_document_is_the_one_tested(cluster: E2ECluster) -> None:
     assert httpx.get(cluster.base_url + "/openapi.json").json() == json.loads(json.dumps(SCHEMA.raw_schema))
+
+
+def test_prompt_lists_n_and_logprobs_through_the_openai_client(cluster: E2ECluster, oracle: Oracle) -> None:
+    prompts = ["The tide comes in and", "Once upon a time"]
+    wants = [oracle.greedy(LLAMA, prompt=p, max_tokens=6) for p in prompts]
+    got = cluster.openai().completions.create(model=LLAMA, prompt=prompts, n=2, max_tokens=6, temperature=0,
+                                              logprobs=2)
+    assert [c.index for c in got.choices] == [0, 1, 2, 3]
+    for choice in got.choices:
+        want = wants[choice.index // 2]  # OpenAI's order: prompt 0's choices, then prompt 1's
+        assert choice.text == want.text and choice.logprobs is not None
+        assert len(choice.logprobs.tokens) == len(want.token_ids) == len(choice.logprobs.top_logprobs)
+        assert all(lp <= 0 for lp in choice.logprobs.token_logprobs) and len(choice.logprobs.top_logprobs[0]) <= 2
+    assert got.usage is not None and got.usage.prompt_tokens == sum(w.prompt_tokens for w in wants)
+    assert got.usage.completion_tokens == 2 * sum(len(w.token_ids) for w in wants)
+
+    chat = cluster.openai().chat.completions.create(model=LORA, messages=oracle.chat_messages, max_tokens=5,
+                                                    temperature=0, logprobs=True, top_logprobs=2)  # type: ignore[arg-type]
+    want = oracle.greedy(LLAMA, messages=oracle.chat_messages, max_tokens=5, adapter=LORA)
+    (choice,) = chat.choices
+    assert choice.message.content == want.text and choice.logprobs is not None and choice.logprobs.content
+    assert len(choice.logprobs.content) == len(want.token_ids)
+    assert all(len(entry.top_logprobs) <= 2 for entry in choice.logprobs.content)
 
 
 async def test_a_worker_death_past_the_redispatch_limit_is_an_in_stream_error(

@@ -27,7 +27,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def engine(model_dir: Path, **kw: object) -> LLMEngine:
-    return LLMEngine(EngineConfig(str(model_dir), pool_bytes=64 << 20, block_size=4, **kw))
+    return LLMEngine(EngineConfig(str(model_dir), **{"pool_bytes": 64 << 20, "block_size": 4, **kw}))
 
 
 def test_preemption_under_a_small_pool_gives_the_same_greedy_tokens(model_dir: Path) -> None:
@@ -142,3 +142,27 @@ def test_bad_requests_are_refused_by_name(model_dir: Path) -> None:
     eng.add_request("dup", "hi")
     with pytest.raises(ValueError, match="already"):
         eng.add_request("dup", "hi")
+
+
+def test_an_adapter_that_finds_kv_full_waits_then_runs(model_dir: Path, tmp_path: Path) -> None:
+    from services.gpu_worker.engine.checkpoint_gen import make_lora
+
+    lora = make_lora(tmp_path / "lora", model_dir, rank=16, targets=["q", "k", "v", "o", "gate", "up", "down"])
+    probe = engine(model_dir)
+    probe.add_lora("a", lora)
+    adapter_bytes = probe.runner.lora.host["a"].nbytes
+    fixed = probe.pool.breakdown()["weights"] + probe.pool.breakdown()["workspace"]
+    block = probe.blocks.block_bytes
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    expected = probe.generate([PROMPTS[2], PROMPTS[0]], params, adapters=[None, "a"])
+    # Room for both sequences' KV, or for one sequence's KV and the adapter, not for all three.
+    eng = engine(model_dir, pool_bytes=fixed + adapter_bytes + 40 * block, workspace_bytes=probe.pool.breakdown()["workspace"])
+    eng.add_lora("a", lora)
+    results = eng.generate([PROMPTS[2], PROMPTS[0]], params, adapters=[None, "a"])
+    assert eng.scheduler.num_preemptions > 0  # the adapter's request sat out while KV was full
+    assert [r.token_ids for r in results] == [r.token_ids for r in expected]
+    # An adapter larger than everything the pool can give is refused, not retried forever.
+    tiny = engine(model_dir, pool_bytes=fixed + adapter_bytes // 2, workspace_bytes=probe.pool.breakdown()["workspace"])
+    tiny.add_lora("a", lora)
+    (res,) = tiny.generate([PROMPTS[1]], params, adapters=["a"])
+    assert res.finish_reason == "error" and "LoRA" in res.error

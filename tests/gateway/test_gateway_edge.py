@@ -123,6 +123,7 @@ async def test_a_client_that_goes_away_aborts_its_request_at_once(stack: Gateway
             assert abort.reason == "client_disconnected" and at - gone < 1.0
         metrics = (await http.get("/metrics")).text
     assert 'tidal_gateway_inflight_streams{route="/v1/completions"} 0.0' in metrics
+    assert 'tidal_gateway_aborts_total{reason="client_disconnected"} 4.0' in metrics
 
 
 async def test_sigterm_drains_then_exits_0(stack: GatewayStack, responder: SubmitResponder) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.stack import ADAPTER, MAX_CONTEXT, MODEL, GatewayStack
 from shared.events.common import LayerRange
-from shared.events.registry import AdapterRecord, InstanceRecord, WorkerRecord
+from shared.events.registry import AdapterRecord, InstanceRecord, ModelRecord, WorkerRecord
 from shared.events.worker import WorkerHeartbeat, WorkerState
 from shared.subjects import worker_heartbeat
 
@@ -181,6 +181,15 @@ def test_without_capacity_it_is_503_with_retry_after(stack: GatewayStack) -> Non
         resp = post(stack, path, body)
         assert resp.status_code == 503, resp.text
         assert error_of(resp)["code"] == "no_capacity" and int(resp.headers["retry-after"]) >= 1
+
+
+def test_a_model_whose_tokenizer_cannot_be_loaded_is_503_without_details(stack: GatewayStack) -> None:
+    broken = ModelRecord(name="broken-model", path="/nowhere/secret-dir", num_layers=1, max_context=64)
+    stack.run(stack.registry(lambda r: r.modify("models", "broken-model", lambda _r: broken)))
+    stack.wait_http(lambda r: "broken-model" in {c["id"] for c in r.json()["data"]}, "/v1/models", timeout=5)
+    resp = post(stack, COMPLETIONS, {"model": "broken-model", "prompt": "x"})
+    assert resp.status_code == 503 and error_of(resp)["code"] == "model_unavailable"
+    assert "secret-dir" not in resp.text and "retry-after" in resp.headers
 
 
 def test_metrics_count_requests_by_route_and_status(stack: GatewayStack) -> None:

@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true", help="wrap PROMPT as a user message with the chat template")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--pool-gib", type=float, help="memory pool size (default: 2x the checkpoint + 1 GiB on CPU)")
     p.add_argument("--ids", action="store_true", help="print the generated token ids on one line")
     p.set_defaults(func=run)
 
@@ -42,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
         )
         if not Path(args.model_dir).is_dir():
             raise CheckpointError(f"{args.model_dir}: no such model directory")
+        pool = int(args.pool_gib * (1 << 30)) if args.pool_gib else None
         engine = LLMEngine(EngineConfig(args.model_dir, dtype=args.dtype, device=args.device, max_num_seqs=1,
-                                        max_num_batched_tokens=512))
+                                        max_num_batched_tokens=512, pool_bytes=pool))
         adapter = None
         if args.adapter:
             adapter = "cli-adapter"
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
                 raise CheckpointError(f"{args.model_dir}: --chat needs tokenizer.json")
             prompt = engine.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
         (result,) = engine.generate([prompt], params, adapters=[adapter])
-    except (CheckpointError, SamplingParamsError, ValueError, OSError) as exc:
+    except (CheckpointError, SamplingParamsError, ValueError, OSError, MemoryError) as exc:
         print(f"tidal generate: {exc}", file=sys.stderr)
         return 2
     if args.ids:

@@ -8,9 +8,10 @@ The same class serves the model's own layers and remote attention: an object hol
 only some layers' KV (its own cache and block tables) is prepared with its own view of
 the step and called with the q/k/v another worker computed.
 
-GQA without copying KV per head: query heads sharing a kv head are folded into the
-query-length axis for decode ([B, kv_heads, group, d] against [B, kv_heads, S, d]); prefill
-uses SDPA's enable_gqa.
+Decode (one query per sequence) on fp32 CPU uses gpu_ext's kernel that reads the blocks
+in place; otherwise the blocks are gathered into reused buffers and SDPA runs with query
+heads sharing a kv head folded into the query-length axis (GQA without repeating KV).
+Prefill chunks use SDPA's enable_gqa.
 """
 from __future__ import annotations
 
@@ -19,25 +20,35 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from gpu_ext.cpu_attention import paged_decode_kernel
+
 from .attention_metadata import DecodeGroup, StepLayout, build_step_layout
 from .batch import ScheduledChunk
 from .kv_cache import PagedKVCache
 
 
 class PagedAttention:
-    def __init__(self, cache: PagedKVCache, layers: Sequence[int], sliding_window: int | None = None) -> None:
+    def __init__(
+        self, cache: PagedKVCache, layers: Sequence[int], sliding_window: int | None = None,
+        use_kernel: bool | None = None,
+    ) -> None:
+        """`use_kernel`: decode with gpu_ext's CPU kernel (None: when it builds and applies)."""
         self.cache = cache
         self.layers = list(layers)  # layers whose KV lives in `cache`
         self.sliding_window = sliding_window
         self.layout: StepLayout | None = None
         self._kbuf: torch.Tensor | None = None
         self._vbuf: torch.Tensor | None = None
+        applies = cache.blocks.device.type == "cpu" and cache.blocks.dtype == torch.float32
+        self._kernel = paged_decode_kernel() if applies and use_kernel is not False else None
+        if use_kernel and self._kernel is None:
+            raise RuntimeError("the CPU paged attention kernel is not available here (fp32 CPU only)")
 
     def prepare(self, chunks: Sequence[ScheduledChunk]) -> StepLayout:
         """Build this step's layout from the chunks (their block tables for our layers)."""
         self.layout = build_step_layout(
             chunks, self.layers, self.cache.block_size, self.cache.blocks.device, self.sliding_window,
-            self.cache.block_bytes,
+            self.cache.block_bytes, split_decode=self._kernel is None,
         )
         return self.layout
 
@@ -71,6 +82,9 @@ class PagedAttention:
 
     def _decode(self, row: int, q: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
         batch, heads, d = q.shape
+        if self._kernel is not None:  # reads the blocks in place: no gather, no padding
+            return self._kernel(q.contiguous(), self.cache.keys, self.cache.values, group.tables[row],
+                                group.ctx_lens, d**-0.5, self.sliding_window or 0)
         kv_heads = self.cache.cfg.num_kv_heads
         table = group.tables[row]
         keys, values = self.cache.gather(table, *self._buffers(table.numel()))  # [B, S, kv_heads, d]

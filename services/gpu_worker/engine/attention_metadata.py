@@ -37,6 +37,7 @@ class DecodeGroup:
     rows: torch.Tensor | slice  # token rows of the group's sequences
     tables: torch.Tensor  # [L, B, n_blocks] padded block tables
     key_mask: torch.Tensor  # [B, 1, 1, n_blocks * block_size] True where attending is allowed
+    ctx_lens: torch.Tensor  # [B] keys per sequence (int64), for kernels that skip the padding
 
 
 # Padding (in blocks, summed over a group's sequences) worth one more SDPA call: below it,
@@ -94,7 +95,9 @@ def build_step_layout(
     device: torch.device,
     sliding_window: int | None = None,
     block_bytes: int = 0,
+    split_decode: bool = True,
 ) -> StepLayout:
+    """`split_decode=False`: one decode group (for a kernel that does not pay for padding)."""
     """`layers`: the layers whose KV this object holds (their block tables are read)."""
     q_lens = [len(c.token_ids) for c in chunks]
     starts = [c.start_pos for c in chunks]
@@ -134,7 +137,8 @@ def build_step_layout(
         block_of_token = offsets[tok_seq] + positions // block_size
         slots = tables_flat[:, block_of_token] * block_size + positions % block_size
         if decode_idx:
-            split = split_by_length([nbs[b] for b in decode_idx], block_bytes)
+            split = split_by_length([nbs[b] for b in decode_idx], block_bytes) if split_decode else [
+                list(range(len(decode_idx)))]
             for members in split:
                 idx = [decode_idx[m] for m in members]
                 groups.append(_decode_group(idx, nbs, nbs_t, offsets, starts_t, row_start,
@@ -176,4 +180,5 @@ def _decode_group(
         rows=slice(int(row_start[idx[0]]), int(row_start[idx[-1]]) + 1) if contiguous else row_start[d_idx].to(device),
         tables=tables_flat[:, gather].to(device),
         key_mask=mask[:, None, None, :].to(device),
+        ctx_lens=ctx[:, 0].to(device),
     )

@@ -118,6 +118,6 @@ class BlockAllocator:
         span = self._reservations.pop(owner, None)
         if span is not None:
             start, end = span
-            for b in range(start, end):
+            for b in range(start, min(end, len(self._free))):  # retire() may have cut the span
                 if self._free[b]:
                     self._open[b] = 1

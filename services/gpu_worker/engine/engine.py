@@ -27,7 +27,7 @@ from services.gpu_worker.engine.tokenizer import EngineTokenizer
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model_dir: str
-    pool_bytes: int | None = None  # CPU: a setting (default 1 GiB); CUDA: 90% of the free HBM
+    pool_bytes: int | None = None  # CPU: a setting (default 2x the checkpoint + 1 GiB); CUDA: 90% of free HBM
     block_size: int = 16
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
@@ -151,9 +151,36 @@ class LLMEngine:
     # --- the step --------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
+        self._load_adapters(out)
         sampled = self._execute(out)
         changed = self.scheduler.update(out, sampled.token_ids)
         return self._postprocess(changed, sampled)
+
+    def _load_adapters(self, out: SchedulerOutput) -> None:
+        """Make the step's adapters resident. If live KV of other sequences holds the bytes,
+        the sequences of the adapters that do not fit sit this step out (preempted, freeing
+        their blocks); if they hold all the live KV themselves, they never fit: error."""
+        names = {c.adapter for c in out.chunks if c.adapter is not None}
+        if not names:
+            return
+        try:
+            self.runner.lora.ensure_resident(names)
+            return
+        except MemoryError as exc:
+            error = str(exc)
+        missing = names - set(self.runner.lora.resident)
+        waiting = [c.seq_id for c in out.chunks if c.adapter in missing]
+        # Alone: no other sequence holds KV that could be freed later, so it never fits.
+        alone = self.blocks.num_used_blocks == sum(self.blocks.num_blocks_of(s) for s in waiting)
+        for seq_id in waiting:
+            if alone:
+                self.scheduler.finish(seq_id, FinishReason.ERROR, error=error)
+                req = self._requests.pop(seq_id)
+                self.sampler.forget(seq_id)
+                self._pending.append(self._output(req, [], "", None))
+            else:
+                self.scheduler.preempt(seq_id)
+        out.chunks = [c for c in out.chunks if c.adapter not in missing]
 
     def _execute(self, out: SchedulerOutput) -> SampleResult:
         for seq_id in out.finished:
@@ -261,4 +288,7 @@ def _pool_bytes(config: EngineConfig) -> int:
 
         free, _total = torch.cuda.mem_get_info(torch.device(config.device))
         return int(free * 0.9)
-    return 1 << 30
+    # CPU: room for the weights even if upcast from 16 bits, plus 1 GiB. Only address space
+    # is reserved for KV (gpu_ext.memory), so a generous setting costs no RAM up front.
+    weights = sum(f.stat().st_size for f in Path(config.model_dir).glob("*.safetensors"))
+    return 2 * weights + (1 << 30)

@@ -71,11 +71,13 @@ class Scheduler:
             self._finish(seq, FinishReason.ABORT)
         return seq
 
-    def finish(self, seq_id: str, reason: FinishReason, stop_reason: int | str | None = None) -> Sequence | None:
+    def finish(
+        self, seq_id: str, reason: FinishReason, stop_reason: int | str | None = None, error: str | None = None
+    ) -> Sequence | None:
         """Finish from outside the scheduler (e.g. the detokenizer saw a stop string)."""
         seq = self._seqs.get(seq_id)
         if seq is not None:
-            self._finish(seq, reason, stop_reason)
+            self._finish(seq, reason, stop_reason, error)
         return seq
 
     def _finish(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None, error: str | None = None) -> None:
@@ -182,6 +184,14 @@ class Scheduler:
         self.num_preemptions += 1
         chunk = scheduled.pop(seq.seq_id, None)
         return len(chunk.token_ids) if chunk else 0
+
+    def preempt(self, seq_id: str) -> bool:
+        """Preempt one running sequence now (its KV is freed; recomputed when rescheduled)."""
+        seq = self._seqs.get(seq_id)
+        if seq is None or seq.status is not SequenceStatus.RUNNING:
+            return False
+        self._preempt(seq, {}, self._between_steps)
+        return True
 
     def preempt_lowest(self) -> Sequence | None:
         """Preempt the lowest-priority running sequence now (to free KV for something else)."""

@@ -79,8 +79,10 @@ class InboundConnection:
                 self._fail(tid, reason, "connection closed before the transfer completed", reply=False)
             for task in list(self._tasks):
                 task.cancel()
-            if reason == "protocol":
-                self.endpoint.abort()
+            try:
+                self.endpoint.abort()  # release it (UCX cannot be reset while endpoints live)
+            except Exception:  # noqa: BLE001 - already torn down by the peer's disconnect
+                pass
 
     async def _on_frame(self, frame: Any) -> None:
         if isinstance(frame, ChunkHeader):

@@ -65,6 +65,30 @@ def configure_ucx(tls: str | None) -> None:
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 
 
+_bound_loop: asyncio.AbstractEventLoop | None = None
+
+
+def ucx_for_this_loop(tls: str | None) -> Any:
+    """The ucxx module, initialised for the running event loop.
+
+    ucxx's defaults poll every pending request with `asyncio.sleep(0)` — many pending
+    receives keep the loop (and a core) busy. Python futures completed by ucxx's notifier
+    thread cost nothing while idle and were 2-5x faster here. The notifier thread is bound to
+    one event loop, so a new loop (a new `asyncio.run`, a new test) re-initialises UCX; the
+    previous loop's planes must be closed by then."""
+    global _bound_loop
+    loop = asyncio.get_running_loop()
+    configure_ucx(tls)  # before ucxx's import reads the environment
+    ucxx = _ucxx()
+    if _bound_loop is loop:
+        return ucxx
+    if _bound_loop is not None:
+        ucxx.reset()
+    ucxx.init(progress_mode="thread", enable_delayed_submission=False, enable_python_future=True)
+    _bound_loop = loop
+    return ucxx
+
+
 class DataPlane:
     def __init__(self, worker_id: str, *, config: DataPlaneConfig | None = None, resolver: Resolver | None = None,
                  chunk_hook: ChunkHook | None = None) -> None:
@@ -86,8 +110,7 @@ class DataPlane:
         return format_address(self.config.host, self._listener.port)
 
     async def start(self) -> "DataPlane":
-        configure_ucx(self.config.ucx_tls)
-        self._listener = _ucxx().create_listener(self._accept, port=self.config.port)
+        self._listener = ucx_for_this_loop(self.config.ucx_tls).create_listener(self._accept, port=self.config.port)
         log.info("data plane listening", worker=self.worker_id, address=self.address)
         return self
 
@@ -127,9 +150,9 @@ class DataPlane:
         if not address:
             raise TransferFailed("unreachable", "no data-plane address is known for this worker", peer=peer)
         host, port = parse_address(address)
-        configure_ucx(self.config.ucx_tls)
+        ucxx = ucx_for_this_loop(self.config.ucx_tls)
         try:
-            endpoint = await asyncio.wait_for(_ucxx().create_endpoint(host, port), self.config.connect_timeout_s)
+            endpoint = await asyncio.wait_for(ucxx.create_endpoint(host, port), self.config.connect_timeout_s)
         except Exception as exc:  # noqa: BLE001 - refused, timed out, UCX error: all mean unreachable
             raise TransferFailed("unreachable", f"cannot connect to {address}: {exc!r}", peer=peer) from None
         link = Link(self.worker_id, peer, endpoint, self.config.chunking, on_dead=self._forget)
