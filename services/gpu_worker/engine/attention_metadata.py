@@ -97,8 +97,8 @@ def build_step_layout(
     block_bytes: int = 0,
     split_decode: bool = True,
 ) -> StepLayout:
-    """`split_decode=False`: one decode group (for a kernel that does not pay for padding)."""
-    """`layers`: the layers whose KV this object holds (their block tables are read)."""
+    """`layers`: the layers whose KV this object holds (their block tables are read).
+    `split_decode=False`: one decode group (for a kernel that does not pay for padding)."""
     q_lens = [len(c.token_ids) for c in chunks]
     starts = [c.start_pos for c in chunks]
     total = sum(q_lens)
@@ -117,7 +117,6 @@ def build_step_layout(
                 )
             flat.extend(table if len(table) == nb else table[:nb])
     n_layers = len(layers)
-    cpu = torch.device("cpu")
     q_len_t = torch.tensor(q_lens, dtype=torch.long)
     starts_t = torch.tensor(starts, dtype=torch.long)
     tok_seq = torch.repeat_interleave(torch.arange(len(chunks)), q_len_t)
@@ -149,7 +148,7 @@ def build_step_layout(
         slots = slots.to(device)
     return StepLayout(
         num_tokens=total,
-        positions=positions.to(device) if device != cpu else positions,
+        positions=positions.to(device),
         layer_rows={layer: i for i, layer in enumerate(layers)},
         slots=slots,
         decode_groups=groups,

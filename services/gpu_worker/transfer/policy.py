@@ -8,7 +8,7 @@ out in chunks and the sender picks the next chunk by priority at every chunk bou
 * Within a class: round-robin between transfers, one chunk each (fairness).
 * Chunk size = measured bandwidth x target preemption delay / chunks in flight, clamped, so
   the bytes already on the wire ahead of a new activation take about `target_delay_s`.
-  Activations themselves go out whole (up to `max_chunk`): nothing outranks them.
+  Activations themselves go out whole (up to `max_activation_chunk`): nothing outranks them.
 * Backpressure: a class's queued (not yet sent) bytes stay under `queue_bound_bytes`; a
   transfer is always admitted into an empty class queue, so one larger than the bound
   still goes.
@@ -40,6 +40,7 @@ class ChunkingConfig:
     target_delay_s: float = 0.002  # what an activation may wait behind bulk bytes already posted
     min_chunk: int = 256 << 10
     max_chunk: int = 64 << 20
+    max_activation_chunk: int = 64 << 20  # activations go out whole up to this size
     max_in_flight: int = 2  # chunks posted and not yet completed (keeps the pipe full)
     initial_bandwidth: float = 1e9  # bytes/s assumed until the first measurement
     ewma_alpha: float = 0.25
@@ -144,7 +145,7 @@ class LinkSchedule:
         if self.cfg.fifo:
             return 1 << 62
         if cls is TrafficClass.ACTIVATION:
-            return self.cfg.max_chunk
+            return self.cfg.max_activation_chunk
         return chunk_bytes(self.bandwidth.value, self.cfg)
 
     def next_chunk(self, now: float) -> ChunkPlan | None:

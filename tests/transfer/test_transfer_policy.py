@@ -1,0 +1,180 @@
+"""The transfer scheduler's decisions (pure: no I/O, time passed in)."""
+from __future__ import annotations
+
+import pytest
+
+from services.gpu_worker.transfer.policy import (
+    ALIGN, BandwidthEstimator, ChunkingConfig, LinkSchedule, TrafficClass, chunk_bytes,
+)
+
+MiB = 1 << 20
+KV, ACT, W = TrafficClass.KV, TrafficClass.ACTIVATION, TrafficClass.WEIGHTS
+
+
+def fixed(chunk: int = MiB, **kw: object) -> LinkSchedule:
+    """A schedule whose bulk chunk size is pinned to `chunk`."""
+    return LinkSchedule(ChunkingConfig(min_chunk=chunk, max_chunk=chunk, **kw))  # type: ignore[arg-type]
+
+
+def drain(s: LinkSchedule, now: float = 0.0) -> list[tuple[int, int, int]]:
+    """Post and complete chunks one at a time until nothing is left: [(tid, index, length)]."""
+    out = []
+    while (plan := s.next_chunk(now)) is not None:
+        out.append((plan.tid, plan.index, plan.length))
+        s.chunk_done(plan.length, now, now + 0.001)
+        now += 0.001
+    return out
+
+
+def test_chunk_size_follows_bandwidth_and_target_delay() -> None:
+    cfg = ChunkingConfig(target_delay_s=0.002, max_in_flight=2, min_chunk=64 << 10, max_chunk=64 * MiB)
+    # 1 GB/s x 2 ms / 2 in flight = 1 MB, rounded down to a page
+    assert chunk_bytes(1e9, cfg) == 1_000_000 - 1_000_000 % ALIGN
+    assert chunk_bytes(10e9, cfg) == 10_000_000 - 10_000_000 % ALIGN
+    assert chunk_bytes(1e3, cfg) == 64 << 10  # clamped up
+    assert chunk_bytes(1e13, cfg) == 64 * MiB  # clamped down
+
+
+def test_bandwidth_estimate_is_an_ewma_of_service_times() -> None:
+    est = BandwidthEstimator(initial=1.0, alpha=0.5)
+    est.observe(MiB, 0.001)
+    assert est.value == pytest.approx(MiB / 0.001)  # the first sample replaces the guess
+    est.observe(MiB, 0.002)
+    assert est.value == pytest.approx(0.5 * MiB / 0.002 + 0.5 * MiB / 0.001)
+    est.observe(100, 1e-9)  # tiny messages measure latency, not bandwidth: ignored
+    assert est.samples == 2
+
+
+def test_pipelined_chunks_are_measured_by_their_time_on_the_wire() -> None:
+    s = fixed(MiB, max_in_flight=2, initial_bandwidth=1.0)
+    s.add(1, KV, 2 * MiB, now=0.0)
+    a, b = s.next_chunk(0.0), s.next_chunk(0.0)
+    assert a is not None and b is not None
+    s.chunk_done(MiB, posted_at=0.0, now=0.010)
+    s.chunk_done(MiB, posted_at=0.0, now=0.020)  # queued behind `a`: its service time is 10 ms, not 20
+    assert s.bandwidth.value == pytest.approx(MiB / 0.010)
+
+
+def test_strict_priority_between_classes() -> None:
+    s = fixed(MiB)
+    s.add(1, W, 2 * MiB, 0.0)
+    s.add(2, KV, 2 * MiB, 0.0)
+    s.add(3, ACT, 1000, 0.0)
+    order = [tid for tid, _, _ in drain(s)]
+    assert order == [3, 2, 2, 1, 1]
+
+
+def test_activation_goes_out_at_the_next_chunk_boundary_of_a_bulk_transfer() -> None:
+    s = fixed(MiB, max_in_flight=1)
+    s.add(1, KV, 10 * MiB, 0.0)
+    for _ in range(3):
+        plan = s.next_chunk(0.0)
+        assert plan is not None and plan.tid == 1
+        s.chunk_done(plan.length, 0.0, 0.001)
+    inflight = s.next_chunk(0.0)  # the 4th KV chunk is on the wire when the activation arrives
+    s.add(2, ACT, 4096, now=0.5)
+    assert s.next_chunk(0.6) is None  # one chunk in flight: the link is full
+    assert inflight is not None
+    s.chunk_done(inflight.length, 0.0, 0.7)
+    act = s.next_chunk(0.7)
+    assert act is not None and act.tid == 2 and act.last
+    assert act.chunks_ahead == 0 and act.waited_s == pytest.approx(0.2)  # waited for that one chunk only
+    assert s.queued_bytes(KV) == 6 * MiB  # the KV transfer resumes afterwards
+
+
+def test_chunks_ahead_counts_chunks_posted_while_waiting() -> None:
+    s = fixed(MiB, max_in_flight=2)
+    s.add(1, KV, 10 * MiB, 0.0)
+    s.add(2, KV, MiB, 0.0)
+    first = s.next_chunk(0.0)
+    assert first is not None and first.tid == 1 and first.chunks_ahead == 0
+    second = s.next_chunk(0.0)
+    assert second is not None and second.tid == 2 and second.chunks_ahead == 1
+
+
+def test_round_robin_within_a_class() -> None:
+    s = fixed(MiB)
+    s.add(1, KV, 3 * MiB, 0.0)
+    s.add(2, KV, 3 * MiB, 0.0)
+    s.add(3, KV, 1 * MiB, 0.0)
+    assert [tid for tid, _, _ in drain(s)] == [1, 2, 3, 1, 2, 1, 2]
+
+
+def test_activations_are_not_chunked_but_bulk_is() -> None:
+    s = fixed(MiB)
+    s.add(1, ACT, 5 * MiB, 0.0)
+    s.add(2, KV, 5 * MiB, 0.0)
+    chunks = drain(s)
+    assert chunks[0] == (1, 0, 5 * MiB)
+    assert [length for tid, _, length in chunks if tid == 2] == [MiB] * 5
+
+
+def test_chunk_offsets_cover_the_transfer_exactly() -> None:
+    s = fixed(MiB)
+    s.add(1, KV, 3 * MiB + 7, 0.0)
+    plans = []
+    while (p := s.next_chunk(0.0)) is not None:
+        plans.append(p)
+        s.chunk_done(p.length, 0.0, 0.001)
+    assert [(p.offset, p.length, p.last) for p in plans] == [
+        (0, MiB, False), (MiB, MiB, False), (2 * MiB, MiB, False), (3 * MiB, 7, True)]
+    assert [p.index for p in plans] == [0, 1, 2, 3]
+
+
+def test_empty_transfer_is_one_empty_last_chunk() -> None:
+    s = fixed(MiB)
+    s.add(1, KV, 0, 0.0)
+    assert drain(s) == [(1, 0, 0)]
+    assert not s.has_work()
+
+
+def test_in_flight_limit() -> None:
+    s = fixed(MiB, max_in_flight=2)
+    s.add(1, KV, 8 * MiB, 0.0)
+    assert s.next_chunk(0.0) is not None and s.next_chunk(0.0) is not None
+    assert s.next_chunk(0.0) is None
+    s.chunk_failed()
+    assert s.next_chunk(0.0) is not None
+
+
+def test_cancel_drops_unsent_bytes() -> None:
+    s = fixed(MiB)
+    s.add(1, KV, 4 * MiB, 0.0)
+    s.add(2, KV, 2 * MiB, 0.0)
+    plan = s.next_chunk(0.0)
+    assert plan is not None and plan.tid == 1
+    assert s.cancel(1)
+    assert not s.cancel(1) and not s.cancel(99)
+    assert s.queued_bytes(KV) == 2 * MiB and s.depth(KV) == 1
+    s.chunk_done(plan.length, 0.0, 0.001)
+    assert {tid for tid, _, _ in drain(s)} == {2}
+
+
+def test_backpressure_bound_per_class() -> None:
+    s = fixed(MiB, queue_bound_bytes=4 * MiB)
+    assert s.can_admit(KV, 100 * MiB)  # an empty queue always admits: a big transfer still goes
+    s.add(1, KV, 3 * MiB, 0.0)
+    assert not s.can_admit(KV, 2 * MiB)
+    assert s.can_admit(KV, MiB)
+    assert s.can_admit(ACT, 3 * MiB)  # other classes have their own bound
+    drain(s)
+    assert s.can_admit(KV, 4 * MiB)
+
+
+def test_fifo_baseline_sends_whole_transfers_in_arrival_order() -> None:
+    s = fixed(MiB, fifo=True)
+    s.add(1, W, 3 * MiB, 0.0)
+    s.add(2, KV, 2 * MiB, 0.0)
+    s.add(3, ACT, 100, 0.0)
+    assert drain(s) == [(1, 0, 3 * MiB), (2, 0, 2 * MiB), (3, 0, 100)]
+
+
+def test_add_rejects_duplicates_and_negative_sizes() -> None:
+    s = fixed(MiB)
+    s.add(1, KV, 10, 0.0)
+    with pytest.raises(ValueError):
+        s.add(1, KV, 10, 0.0)
+    with pytest.raises(ValueError):
+        s.add(2, KV, -1, 0.0)
+    with pytest.raises(ValueError):
+        ChunkingConfig(min_chunk=2 * MiB, max_chunk=MiB)
