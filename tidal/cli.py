@@ -22,6 +22,7 @@ COMMANDS: list[str] = [
     "generate",
     "trace",
     "sim",
+    "profile",
 ]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCHES: list[str] = ["bus", "engine", "sim", "gateway"]
+BENCHES: list[str] = ["bus", "engine", "sim", "gateway", "serve", "fidelity"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:

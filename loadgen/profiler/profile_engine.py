@@ -1,0 +1,83 @@
+"""Measure one model on the real engine and build a `CostProfile` for the simulator."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loadgen.profiler.fit import fit_error, fit_step_cost
+from loadgen.profiler.measure import measure_copy, measure_decode, measure_prefill, measure_tcp
+from loadgen.sim.profile import CostProfile, LinkSpec, WorkerSpec
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    name: str
+    threads: int = 1
+    pool_bytes: int = 1 << 30
+    block_size: int = 16
+    max_batch: int = 32
+    max_batched_tokens: int = 512
+    max_model_len: int | None = None
+    batches: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    contexts: list[int] = field(default_factory=lambda: [32, 128, 384])
+    steps: int = 8
+    prefill: list[int] = field(default_factory=lambda: [8, 32, 64, 128, 256, 512])
+    repeats: int = 3
+    request_overhead_s: float = 0.002
+    links: bool = True
+
+
+def profile_engine(model_dir: Path, s: ProfileSettings) -> tuple[CostProfile, list[str]]:
+    """The fitted profile and lines describing the fit."""
+    import torch
+
+    from services.gpu_worker.engine.engine import EngineConfig, LLMEngine
+    from services.gpu_worker.engine.sampling_params import SamplingParams
+
+    torch.set_num_threads(s.threads)
+    engine = LLMEngine(EngineConfig(
+        model_dir=str(model_dir), pool_bytes=s.pool_bytes, block_size=s.block_size, max_num_seqs=s.max_batch,
+        max_num_batched_tokens=max(s.max_batched_tokens, s.max_batch), max_model_len=s.max_model_len,
+        num_threads=s.threads,
+    ))
+    cfg = engine.runner.cfg
+    vocab = cfg.vocab_size
+    engine.generate([[min(16, vocab - 1)] * 8], SamplingParams(temperature=0, max_tokens=4))  # warm-up
+    batches = [b for b in s.batches if b <= s.max_batch]
+    prefill = [p for p in s.prefill if p <= s.max_batched_tokens and p < engine.max_model_len]
+    if not batches or not prefill:
+        raise ValueError("no decode batch within --max-batch or no prefill length within the step budget")
+    decode = measure_decode(engine, batches, s.contexts, s.steps, vocab)
+    pre = measure_prefill(engine, prefill, s.repeats, vocab)
+    samples = decode + pre
+    step = fit_step_cost(samples)
+    med, worst = fit_error(step, samples)
+    memory = engine.stats()["memory"]
+    assert isinstance(memory, dict)
+    layers = len(list(engine.runner.kv_layers))
+    worker = WorkerSpec(
+        kv_blocks=engine.blocks.num_blocks if hasattr(engine.blocks, "num_blocks") else engine.runner.max_kv_blocks,
+        block_size=s.block_size, kv_bytes_per_token=engine.runner.kv_block_bytes * layers // s.block_size,
+        weights_bytes=int(memory.get("weights", 0)), max_batch=s.max_batch,
+        max_batched_tokens=max(s.max_batched_tokens, s.max_batch), max_model_len=engine.max_model_len,
+    )
+    lines = [f"model {cfg.name}: {cfg.num_layers} layers, hidden {cfg.hidden_size}, vocab {vocab}; "
+             f"{s.threads} torch thread(s)",
+             f"{len(decode)} decode points, {len(pre)} prefill points; fit error median {med:.1%}, max {worst:.1%}"]
+    lines += [f"  {name} = {getattr(step, name):.4g}" for name in step.__struct_fields__]
+    links = CostProfile().links
+    if s.links:
+        shm_lat, shm_bw = measure_copy()
+        tcp_lat, tcp_bw = measure_tcp()
+        links = [LinkSpec(name="tcp", latency_s=tcp_lat, bandwidth_bytes_per_s=tcp_bw),
+                 LinkSpec(name="shm", latency_s=shm_lat, bandwidth_bytes_per_s=shm_bw)]
+        lines.append(f"links: tcp {tcp_bw / 1e9:.2f} GB/s + {tcp_lat * 1e6:.0f} us, "
+                     f"shm {shm_bw / 1e9:.2f} GB/s + {shm_lat * 1e6:.1f} us (loopback, this host)")
+    profile = CostProfile(
+        name=s.name, description=f"fitted by `tidal profile` from {model_dir} ({s.threads} thread(s))",
+        request_overhead_s=s.request_overhead_s, step=step, worker=worker, links=links,
+    )
+    return profile, lines
+
+
+__all__ = ["ProfileSettings", "profile_engine"]

@@ -1,0 +1,162 @@
+"""`tidal bench fidelity`: the same small trace live (N CPU workers) and simulated (with a profile
+fitted by `tidal profile` on the same model, on this machine); P50 TTFT and TPOT side by side.
+
+Steps: generate (or take --model) a small llama checkpoint; fit its profile in process with
+one torch thread (as each worker runs: `TIDAL_WORKER_THREADS=1`); write a Poisson trace with
+fixed lengths; start nats + registry + dispatcher + N gpu_workers + gateway and run the
+trace open loop (`loadgen/runner`); simulate the same trace on N workers with the profile.
+The last line is the ratio simulated / live of P50 TTFT and TPOT (goal: each within 15%).
+Both runs' reports are written under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+from pathlib import Path
+
+CONFIG = """
+[cluster]
+data_dir = "{data}"
+
+[gateway]
+port = {port}
+
+[dispatcher]
+queue_bound = 4096
+
+[[models]]
+name = "fidelity"
+path = "{model}"
+max_context = {context}
+
+{workers}
+[policies]
+max_batch_size = {batch}
+step_token_budget = {budget}
+kv_block_tokens = 16
+
+[observability]
+log_level = "warning"
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fidelity", help="a small trace live and simulated: P50 TTFT/TPOT side by side")
+    p.add_argument("--model", help="checkpoint directory (default: generate a 4-layer llama, hidden 256)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--rate", type=float, default=3.0, help="requests per second")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of trace")
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--output-tokens", type=int, default=32)
+    p.add_argument("--batch", type=int, default=32, help="max batch per worker (both sides)")
+    p.add_argument("--budget", type=int, default=512, help="step token budget (both sides)")
+    p.add_argument("--memory", default="512MiB", help="each worker's pool")
+    p.add_argument("--request-overhead", type=float, default=None, metavar="S",
+                   help="the profile's per-request overhead (gateway, dispatch, delivery; default 2 ms)")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="simulate with the engine-only profile (no live per-step/per-request overhead added)")
+    p.add_argument("--calibration-requests", type=int, default=12,
+                   help="requests sent one at a time to measure the live path's overheads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/fidelity", help="reports: <out>/live and <out>/sim, plus the profile")
+    p.set_defaults(func=run)
+
+
+def _model(args: argparse.Namespace, root: Path) -> str:
+    if args.model:
+        return args.model
+    from services.gpu_worker.engine.checkpoint_gen import make_model
+
+    return str(make_model(root / "model", arch="llama", layers=4, hidden=256, heads=8, kv_heads=2,
+                          intermediate=704, vocab=2048, max_position=2048, seed=1))
+
+
+def _p50(summary, name: str) -> float:  # type: ignore[no-untyped-def]
+    stats = getattr(summary, name)
+    return stats.p50 if stats is not None else float("nan")
+
+
+def run(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from loadgen.profiler.profile_engine import ProfileSettings, profile_engine
+    from loadgen.report.write import write_report
+    from loadgen.profiler.calibrate import calibrate
+    from loadgen.runner.baseline import live_unloaded_baseline
+    from loadgen.runner.runner import LoadRunner, RunnerConfig, served_context
+    from loadgen.sim.profile import save_profile
+    from loadgen.sim.run import simulate
+    from loadgen.traces.generate import generate
+    from loadgen.traces.schema import PoissonParams
+    from shared.config_units import ByteSize
+    from tidal.bench.fidelity_cluster import MultiWorkerCluster
+    from tidal.bench.gateway import _free_port
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.TemporaryDirectory(prefix="tidal-bench-fidelity-")
+    root = Path(tmp.name)
+    model = _model(args, root)
+    context = args.prompt_tokens + args.output_tokens + 64
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    settings = ProfileSettings(
+        name="fidelity", threads=1, pool_bytes=int(ByteSize.parse(args.memory)), max_batch=args.batch,
+        max_batched_tokens=args.budget, max_model_len=context, contexts=[32, args.prompt_tokens],
+        batches=[b for b in (1, 2, 4, 8, 16, 32) if b <= args.batch], links=False,
+        prefill=[p for p in (8, 32, 64, 128, 256, 512) if p <= args.budget],
+    )
+    profile, lines = profile_engine(Path(model), settings)
+    if args.request_overhead is not None:
+        profile = msgspec.structs.replace(profile, request_overhead_s=args.request_overhead)
+    save_profile(out / "profile.json", profile)
+    print("\n".join(lines))
+    trace = generate(PoissonParams(seed=args.seed, duration_s=args.duration, rate=args.rate, model="fidelity",
+                                   prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens))
+    print(f"trace: {len(trace.records)} requests over {args.duration:.0f} s (Poisson {args.rate}/s), "
+          f"prompt {args.prompt_tokens}, output {args.output_tokens}; {args.workers} workers")
+
+    port = _free_port()
+    ids = [f"fid-{i}" for i in range(args.workers)]
+    workers = "".join(f'[[workers]]\nid = "{w}"\ndevice = "cpu"\nmemory = "{args.memory}"\nmodels = ["fidelity"]\n\n'
+                      for w in ids)
+    config = root / "cluster.toml"
+    config.write_text(CONFIG.format(data=root / "data", port=port, model=model, context=context, workers=workers,
+                                    batch=args.batch, budget=max(args.budget, args.batch)))
+    url = f"http://127.0.0.1:{port}"
+    cluster = MultiWorkerCluster(root, config, ids, threads=1)
+    try:
+        cluster.start(gateway_url=url)
+        ctx = served_context(url)
+        runner_config = RunnerConfig(url=url, seed=args.seed)
+        if not args.no_calibrate:
+            n = args.calibration_requests
+            alone = asyncio.run(live_unloaded_baseline(trace.records, runner_config, ctx, n))
+            together = asyncio.run(live_unloaded_baseline(trace.records, runner_config, ctx, n, parallel=args.workers))
+            profile, cal_lines = calibrate(profile, trace, alone, together)
+            print("\n".join(cal_lines))
+            save_profile(out / "profile.json", profile)
+        outcome = asyncio.run(LoadRunner(trace.records, runner_config, context=ctx).run())
+    finally:
+        cluster.stop()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    live = write_report(out / "live", outcome.records, title="fidelity: live",
+                        extra={"load average": load, **outcome.overhead.as_extra()})
+    sim_result = simulate(trace, profile, args.workers)
+    sim = write_report(out / "sim", sim_result.records, title="fidelity: simulated", extra={"profile": str(out / "profile.json")})
+
+    failed = live.requests - live.completed
+    print(f"load average after: {load}; live: {live.completed}/{live.requests} ok")
+    print("\n".join(outcome.overhead.lines()))
+    print(f"{'metric':<10} {'live ms':>10} {'sim ms':>10} {'sim/live':>9}")
+    ratios = {}
+    for name in ("ttft", "tpot", "e2e"):
+        a, b = _p50(live, name), _p50(sim, name)
+        ratios[name] = b / a if a > 0 else float("nan")
+        print(f"P50 {name.upper():<6} {a * 1000:>10.2f} {b * 1000:>10.2f} {ratios[name]:>9.2f}")
+    ok = all(abs(ratios[n] - 1) <= 0.15 for n in ("ttft", "tpot"))
+    print(f"fidelity: sim/live P50 TTFT {ratios['ttft']:.2f}, P50 TPOT {ratios['tpot']:.2f} "
+          f"(goal 0.85-1.15: {'met' if ok else 'missed'}){f'; {failed} live requests failed' if failed else ''}")
+    tmp.cleanup()
+    return 0 if failed == 0 else 1

@@ -1,0 +1,142 @@
+"""`tidal bench serve TRACE [--url URL] [--out DIR] [--slo-...]`: a trace, open loop, against a gateway.
+
+Every record of the trace is sent at its arrival time (divided by --time-scale) as a
+streaming completion (token-id prompt of its length, `max_tokens` = its output length,
+`ignore_eos`), whatever earlier requests are doing. While it runs: a progress bar and a
+table of the run so far. Then the report (`loadgen/report`: records.jsonl, summary.json,
+report.md, cdf.png, timeline.png with per-worker memory by kind and plan events when the
+bus is reachable), the client's own overhead, and on the last line SLO attainment and
+achieved vs offered throughput.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run a trace open-loop against a gateway; writes the SLO report")
+    p.add_argument("trace", help="trace file (from `tidal trace`)")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway (default: the local one)")
+    p.add_argument("--out", default=None, help="report directory (default: runs/serve-<time>)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="divide the trace's arrival times by this")
+    p.add_argument("--limit", type=int, default=None, help="only the first N requests of the trace")
+    p.add_argument("--slo-ttft", type=float, default=None, metavar="MS", help="TTFT SLO in milliseconds")
+    p.add_argument("--slo-tpot", type=float, default=None, metavar="MS", help="TPOT SLO in milliseconds")
+    p.add_argument("--slo-e2e", type=float, default=None, metavar="MS", help="end-to-end SLO in milliseconds")
+    p.add_argument("--slo-scale", type=float, default=None, metavar="K",
+                   help="TTFT and TPOT SLOs = K x their unloaded P50, measured first (KunServe uses 5)")
+    p.add_argument("--baseline-requests", type=int, default=10,
+                   help="requests sent one at a time for the unloaded P50 of --slo-scale")
+    p.add_argument("--nats", default=None, help="NATS url, to record worker memory and plan events "
+                   "(default: the local `tidal up` cluster's, if its state file is found)")
+    p.add_argument("--data-dir", default=".tidal", help="where `tidal up` keeps its state file")
+    p.add_argument("--no-bus", action="store_true", help="do not listen on the bus")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request counts as timeout")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt token ids")
+    p.add_argument("--no-live", action="store_true", help="no progress bar or live table (e.g. in CI logs)")
+    p.add_argument("--no-plots", action="store_true", help="do not draw PNG plots")
+    p.set_defaults(func=run)
+
+
+def _slo(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from loadgen.report.metrics import SloSpec
+
+    ms = {k: (None if v is None else v / 1000) for k, v in
+          (("ttft_s", args.slo_ttft), ("tpot_s", args.slo_tpot), ("e2e_s", args.slo_e2e))}
+    return SloSpec(**ms) if any(v is not None for v in ms.values()) else None
+
+
+async def _serve(args: argparse.Namespace, trace, slo):  # type: ignore[no-untyped-def]
+    from loadgen.report.metrics import SloSpec
+    from loadgen.runner.baseline import live_unloaded_baseline
+    from loadgen.runner.bus_watch import BusWatch, local_nats_url
+    from loadgen.runner.runner import LoadRunner, RunnerConfig, RunProgress, served_context
+
+    config = RunnerConfig(url=args.url, time_scale=args.time_scale, request_timeout_s=args.request_timeout,
+                          seed=args.seed)
+    context = await asyncio.to_thread(served_context, args.url)
+    missing = sorted({r.adapter or r.model for r in trace} - set(context))
+    if missing:
+        print(f"warning: the gateway does not list {', '.join(missing[:5])}; those requests will fail",
+              file=sys.stderr)
+    baseline = None
+    if args.slo_scale is not None:
+        baseline = await live_unloaded_baseline(trace, config, context, args.baseline_requests)
+        scaled = SloSpec.scaled(args.slo_scale, baseline)
+        slo = SloSpec(ttft_s=scaled.ttft_s, tpot_s=scaled.tpot_s, e2e_s=slo.e2e_s if slo else None)
+    watch = None
+    nats_url = None if args.no_bus else (args.nats or local_nats_url(args.data_dir))
+    if nats_url:
+        try:
+            watch = await BusWatch().start(nats_url)
+        except Exception as exc:  # the report is still useful without the overlay
+            print(f"warning: not recording worker memory ({nats_url}: {exc})", file=sys.stderr)
+            watch = None
+    progress = RunProgress()
+    runner = LoadRunner(trace, config, context=context, progress=progress)
+    if watch is not None:
+        watch.t0_unix = time.time() + config.lead_s
+    view_task = None
+    if not args.no_live:
+        from tidal.bench.serve_view import LiveView
+
+        view_task = asyncio.create_task(LiveView(progress, f"tidal bench serve {Path(args.trace).name}").run())
+    try:
+        outcome = await runner.run()
+    finally:
+        if view_task is not None:
+            view_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await view_task
+        if watch is not None:
+            await watch.stop()
+    return outcome, watch, slo, baseline
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from loadgen.report.markdown import render_markdown
+    from loadgen.report.write import write_report
+    from loadgen.traces.io import TraceFormatError, read_trace, scale_time
+
+    try:
+        loaded = read_trace(args.trace)
+        if args.time_scale != 1.0:
+            loaded = scale_time(loaded, args.time_scale)
+            args.time_scale = 1.0  # already applied to the records
+        trace = loaded.records[: args.limit] if args.limit is not None else loaded.records
+        if not trace:
+            raise ValueError(f"{args.trace}: no requests to send")
+        slo = _slo(args)
+        outcome, watch, slo, baseline = asyncio.run(_serve(args, trace, slo))
+    except (ValueError, TraceFormatError, ConnectionError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out or f"runs/serve-{time.strftime('%Y%m%d-%H%M%S')}")
+    records = outcome.records
+    end = max((r.finish_s or r.arrival_s) for r in records)
+    memory, plans = watch.window(end) if watch is not None else (None, None)
+    span = trace[-1].arrival_s - trace[0].arrival_s
+    offered = (len(trace) - 1) / span if span > 0 else float("nan")
+    extra = {"trace": str(args.trace), "gateway": args.url, "offered load": f"{offered:.3f} req/s",
+             "load average": " ".join(f"{x:.2f}" for x in os.getloadavg()), **outcome.overhead.as_extra()}
+    if outcome.clamped:
+        extra["clamped"] = f"{outcome.clamped} requests shortened to fit the model's context"
+    if baseline is not None and baseline.ttft is not None:
+        tpot = f"{baseline.tpot.p50 * 1000:.1f} ms" if baseline.tpot else "-"
+        extra["unloaded baseline"] = f"TTFT P50 {baseline.ttft.p50 * 1000:.1f} ms, TPOT P50 {tpot}"
+    summary = write_report(out, records, slo=slo, title=f"tidal bench serve {Path(args.trace).name}",
+                           memory=memory or None, plans=plans or None, extra=extra, plots=not args.no_plots)
+    print(render_markdown(summary, extra))
+    print(f"report in {out}")
+    attain = f"SLO attainment {summary.slo.attainment:.1%}, " if summary.slo is not None else ""
+    ratio = summary.request_throughput / offered if offered == offered and offered > 0 else float("nan")
+    print(f"serve: {summary.completed}/{summary.requests} ok, {attain}throughput {summary.request_throughput:.3f} "
+          f"req/s vs offered {offered:.3f} req/s (ratio {ratio:.2f})")
+    return 0 if summary.completed == summary.requests else 1
