@@ -125,3 +125,14 @@ def test_chains_stay_contiguous_while_there_is_room_and_degrade_gracefully() -> 
     assert bm.num_free_blocks == free % 2
     assert bm.free("a") == 80 and bm.allocate("e", 8 * 4, expected_tokens=400)
     assert all(contiguous(t) for t in bm.block_tables("e").values())  # reuses a's runs
+
+
+def test_reservations_cut_by_give_back_are_harmless() -> None:
+    pool, bm = make(capacity=100 * BLOCK, layers=range(1), block_size=4)
+    assert bm.allocate("a", 4, expected_tokens=400)  # block 0, the rest of the id space reserved
+    assert bm.give_back(90 * BLOCK) == 90 * BLOCK  # the highest ids go, reserved or not
+    assert bm.block_id_limit == 10
+    assert bm.allocate("a", 40, expected_tokens=400)  # grows in place up to the new limit
+    assert bm.block_tables("a")[0] == list(range(10))
+    assert bm.free("a") == 10 and bm.num_free_blocks == 10
+    assert bm.allocate("b", 40) and bm.num_free_blocks == 0

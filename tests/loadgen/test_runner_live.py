@@ -130,7 +130,7 @@ def test_bench_serve_runs_a_trace_and_writes_the_report(live: E2ECluster, tmp_pa
     from tidal.cli import main
 
     out = tmp_path / "report"
-    code = main(["bench", "serve", str(path), "--url", live.base_url, "--out", str(out), "--no-live",
+    code = main(["bench", "serve", str(path), "--url", live.base_url, "--out", str(out),
                  "--nats", live.nats_url, "--slo-ttft", "2000"])
     assert code == 0
     got = read_records(out / "records.jsonl")

@@ -60,7 +60,8 @@ class LLMEngine:
         )
         cfg = self.runner.cfg
         self.max_model_len = min(config.max_model_len or cfg.max_position, cfg.max_position)
-        self.pool.charge(MemoryKind.WORKSPACE, f"{cfg.name}:activations", config.workspace_bytes or self._workspace_estimate())
+        workspace = config.workspace_bytes if config.workspace_bytes is not None else self._workspace_estimate()
+        self.pool.charge(MemoryKind.WORKSPACE, f"{cfg.name}:activations", workspace)
         self.blocks = BlockManager(
             self.pool, block_size=config.block_size, block_bytes=self.runner.kv_block_bytes,
             layers=self.runner.kv_layers, owner=f"{cfg.name}:kv",
