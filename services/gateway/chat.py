@@ -17,9 +17,9 @@ from services.gateway.generation import Choice
 from services.gateway.logprobs import chat_logprobs
 from services.gateway.openapi import GenerationOperation, generation_responses
 from services.gateway.prep import Knobs, chat_prompt, check_request
-from services.gateway.sse import event, event_stream
+from services.gateway.sse import event
 from services.gateway.state import GatewayState
-from services.gateway.streaming import ClientGone, Metering, collect, encoder, sse_events, usage_info
+from services.gateway.streaming import ClientGone, Metering, collect, encoder, stream_response, usage_info
 from services.gateway.submit import build_submits, new_id, start_generation
 from services.gateway.tokenizers import Tokenizer, offload
 from shared.events.stream import TokenChunk
@@ -104,12 +104,7 @@ async def create_chat_completion(request: Request[Any, Any, Any], data: JSONBody
     fmt = ChatFormat(base_id, int(time.time()), data.model, tok, knobs.logprobs, len(submits))
     meter = Metering(ROUTE, arrival)
     if data.stream:
-        include_usage = bool(data.stream_options and data.stream_options.include_usage)
-
-        async def on_disconnect() -> None:
-            await gen.abandon("client_disconnected")
-
-        return event_stream(sse_events(gen, fmt, meter, include_usage=include_usage), on_disconnect, gen.close)
+        return stream_response(gen, fmt, meter, data.stream_options)
 
     texts: list[list[str]] = [[] for _ in submits]
     entries: list[list[LogprobEntry]] = [[] for _ in submits]

@@ -13,11 +13,11 @@ from typing import Any, Protocol
 
 import msgspec
 
-from services.gateway.api_common import UsageInfo
+from services.gateway.api_common import StreamOptions, UsageInfo
 from services.gateway.errors import ApiError
 from services.gateway.generation import Abandoned, Choice, Generation
 from services.gateway.metrics import GENERATED_TOKENS, TTFT_SECONDS
-from services.gateway.sse import DONE, event, wait_disconnect
+from services.gateway.sse import DONE, event, event_stream, wait_disconnect
 from shared.events.stream import StreamError, TokenChunk
 
 encoder = msgspec.json.Encoder()
@@ -75,6 +75,16 @@ class Metering:
                 self.first = True
                 self.ttft.observe(time.perf_counter() - self.arrival)
             self.tokens.inc(len(msg.token_ids))
+
+
+def stream_response(gen: Generation, fmt: Format, meter: Metering, options: StreamOptions | None) -> Any:
+    """The SSE response of a streaming request; a client that goes away aborts its generation."""
+
+    async def on_disconnect() -> None:
+        await gen.abandon("client_disconnected")
+
+    include_usage = bool(options and options.include_usage)
+    return event_stream(sse_events(gen, fmt, meter, include_usage=include_usage), on_disconnect, gen.close)
 
 
 async def sse_events(gen: Generation, fmt: Format, meter: Metering, *, include_usage: bool) -> AsyncIterator[bytes]:
