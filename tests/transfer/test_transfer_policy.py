@@ -21,8 +21,8 @@ def drain(s: LinkSchedule, now: float = 0.0) -> list[tuple[int, int, int]]:
     out = []
     while (plan := s.next_chunk(now)) is not None:
         out.append((plan.tid, plan.index, plan.length))
-        s.chunk_done(plan.length, now, now + 0.001)
         now += 0.001
+        s.chunk_done(plan.length, now)
     return out
 
 
@@ -35,24 +35,56 @@ def test_chunk_size_follows_bandwidth_and_target_delay() -> None:
     assert chunk_bytes(1e13, cfg) == 64 * MiB  # clamped down
 
 
-def test_bandwidth_estimate_is_an_ewma_of_service_times() -> None:
-    est = BandwidthEstimator(initial=1.0, alpha=0.5)
-    est.observe(MiB, 0.001)
-    assert est.value == pytest.approx(MiB / 0.001)  # the first sample replaces the guess
+def test_chunks_are_long_enough_to_amortise_the_fixed_cost_per_chunk() -> None:
+    cfg = ChunkingConfig(target_delay_s=0.002, max_in_flight=1, min_efficiency=0.9, min_chunk=ALIGN, max_chunk=1 << 30)
+    # 1 GB/s, 0.5 ms fixed per chunk: 90% efficiency needs 4.5 ms of data per chunk
+    assert chunk_bytes(1e9, cfg, overhead_s=0.0005) == 4_500_000 - 4_500_000 % ALIGN
+    assert chunk_bytes(1e9, cfg, overhead_s=0.00001) == 2_000_000 - 2_000_000 % ALIGN  # RDMA-like: the target decides
+
+
+def test_fixed_cost_per_chunk_is_the_intercept_of_time_vs_size() -> None:
+    est = BandwidthEstimator(initial=1.0)
+    for _ in range(4):  # 1 MiB/ms on the wire + 0.5 ms per chunk, at two sizes
+        est.observe(MiB, 0.0015)
+        est.observe(4 * MiB, 0.0045)
+    assert est.overhead == pytest.approx(0.0005)
+    for _ in range(64):  # then only one size: the intercept is undetermined, o is kept
+        est.observe(2 * MiB, 0.0025)
+    assert est.overhead == pytest.approx(0.0005)
+
+
+def test_bandwidth_estimate_is_a_decaying_peak_over_windows_of_busy_time() -> None:
+    est = BandwidthEstimator(initial=1.0, window_s=0.004, decay=0.5)
     est.observe(MiB, 0.002)
-    assert est.value == pytest.approx(0.5 * MiB / 0.002 + 0.5 * MiB / 0.001)
-    est.observe(100, 1e-9)  # tiny messages measure latency, not bandwidth: ignored
-    assert est.samples == 2
+    assert est.value == 1.0 and est.samples == 0  # half a window: no sample yet
+    est.observe(MiB, 0.002)
+    assert est.value == pytest.approx(2 * MiB / 0.004)  # the first sample replaces the guess
+    est.observe(MiB, 0.008)  # a slower window: the peak decays instead of dropping to it
+    assert est.value == pytest.approx(0.5 * 2 * MiB / 0.004)
+    est.observe(8 * MiB, 0.004)  # a faster window is taken at once
+    assert est.value == pytest.approx(8 * MiB / 0.004)
+    assert est.samples == 3
 
 
-def test_pipelined_chunks_are_measured_by_their_time_on_the_wire() -> None:
-    s = fixed(MiB, max_in_flight=2, initial_bandwidth=1.0)
+def test_link_rate_counts_busy_time_only() -> None:
+    """Chunks completing in a burst, and idle gaps between transfers, do not skew the rate."""
+    s = LinkSchedule(ChunkingConfig(min_chunk=MiB, max_chunk=MiB, max_in_flight=2, initial_bandwidth=1.0))
     s.add(1, KV, 2 * MiB, now=0.0)
-    a, b = s.next_chunk(0.0), s.next_chunk(0.0)
-    assert a is not None and b is not None
-    s.chunk_done(MiB, posted_at=0.0, now=0.010)
-    s.chunk_done(MiB, posted_at=0.0, now=0.020)  # queued behind `a`: its service time is 10 ms, not 20
+    s.next_chunk(0.0), s.next_chunk(0.0)
+    s.chunk_done(MiB, now=0.010)
     assert s.bandwidth.value == pytest.approx(MiB / 0.010)
+    s.chunk_done(MiB, now=0.0100001)  # completes right behind the first: 0.1 µs is no sample on its own
+    assert s.bandwidth.value == pytest.approx(MiB / 0.010)
+    s = LinkSchedule(ChunkingConfig(min_chunk=MiB, max_chunk=MiB, max_in_flight=1, initial_bandwidth=1.0))
+    s.bandwidth.window_s = 0.0
+    s.bandwidth.decay = 0.0  # follow every sample
+    s.add(1, KV, MiB, now=0.0)
+    s.next_chunk(0.0)
+    s.chunk_done(MiB, now=0.001)
+    s.add(2, KV, MiB, now=5.0)  # five idle seconds
+    s.next_chunk(5.0)
+    s.chunk_done(MiB, now=5.001)
+    assert s.bandwidth.value == pytest.approx(MiB / 0.001)
 
 
 def test_strict_priority_between_classes() -> None:
@@ -70,12 +102,12 @@ def test_activation_goes_out_at_the_next_chunk_boundary_of_a_bulk_transfer() -> 
     for _ in range(3):
         plan = s.next_chunk(0.0)
         assert plan is not None and plan.tid == 1
-        s.chunk_done(plan.length, 0.0, 0.001)
+        s.chunk_done(plan.length, 0.001)
     inflight = s.next_chunk(0.0)  # the 4th KV chunk is on the wire when the activation arrives
     s.add(2, ACT, 4096, now=0.5)
     assert s.next_chunk(0.6) is None  # one chunk in flight: the link is full
     assert inflight is not None
-    s.chunk_done(inflight.length, 0.0, 0.7)
+    s.chunk_done(inflight.length, 0.7)
     act = s.next_chunk(0.7)
     assert act is not None and act.tid == 2 and act.last
     assert act.chunks_ahead == 0 and act.waited_s == pytest.approx(0.2)  # waited for that one chunk only
@@ -115,7 +147,7 @@ def test_chunk_offsets_cover_the_transfer_exactly() -> None:
     plans = []
     while (p := s.next_chunk(0.0)) is not None:
         plans.append(p)
-        s.chunk_done(p.length, 0.0, 0.001)
+        s.chunk_done(p.length, 0.001)
     assert [(p.offset, p.length, p.last) for p in plans] == [
         (0, MiB, False), (MiB, MiB, False), (2 * MiB, MiB, False), (3 * MiB, 7, True)]
     assert [p.index for p in plans] == [0, 1, 2, 3]
@@ -146,7 +178,7 @@ def test_cancel_drops_unsent_bytes() -> None:
     assert s.cancel(1)
     assert not s.cancel(1) and not s.cancel(99)
     assert s.queued_bytes(KV) == 2 * MiB and s.depth(KV) == 1
-    s.chunk_done(plan.length, 0.0, 0.001)
+    s.chunk_done(plan.length, 0.001)
     assert {tid for tid, _, _ in drain(s)} == {2}
 
 

@@ -21,7 +21,7 @@ def _frame_buffer(frame: bytes) -> memoryview:
 
 
 def test_frames_round_trip_through_a_larger_receive_buffer() -> None:
-    start = TransferStart(transfer_id=7, kind="kv", key="kv:req-1:0-4", total_bytes=123, segments=[100, 23],
+    start = TransferStart(transfer_id=7, kind="kv", key="kv:req-1:0-4", total_bytes=123, chunk_bytes=64, segments=[100, 23],
                           layers=LayerRange(start=0, end=4), request_id="req-1")
     header = ChunkHeader(transfer_id=7, index=3, offset=99, length=24, checksum=2**64 - 1, last=True)
     assert decode_sender_frame(_frame_buffer(encode_frame(start))) == start
@@ -33,7 +33,7 @@ def test_frames_round_trip_through_a_larger_receive_buffer() -> None:
 def test_malformed_frames_are_rejected() -> None:
     with pytest.raises(msgspec.ValidationError):
         decode_sender_frame(_frame_buffer(encode_frame(TransferNack(transfer_id=1, reason="corrupt"))))
-    bad_kind = encode_frame(TransferStart(transfer_id=1, kind="kv", key="k", total_bytes=1)).replace(b"kv", b"zz")
+    bad_kind = encode_frame(TransferStart(transfer_id=1, kind="kv", key="k", total_bytes=1, chunk_bytes=1)).replace(b"kv", b"zz")
     with pytest.raises(msgspec.ValidationError):
         decode_sender_frame(_frame_buffer(bad_kind))
     lying_length = (MAX_FRAME).to_bytes(2, "little") + b"\x00"
@@ -43,7 +43,7 @@ def test_malformed_frames_are_rejected() -> None:
 
 def test_frame_size_is_bounded() -> None:
     with pytest.raises(ValueError):
-        encode_frame(TransferStart(transfer_id=1, kind="kv", key="k", total_bytes=10, segments=[1] * 5000))
+        encode_frame(TransferStart(transfer_id=1, kind="kv", key="k", total_bytes=10, chunk_bytes=1, segments=[1] * 5000))
 
 
 def test_byte_view_of_a_tensor_shares_its_memory() -> None:

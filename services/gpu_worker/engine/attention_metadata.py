@@ -12,6 +12,7 @@ cut into groups (`split_by_length`). Prefill chunks (more than one token) go one
 """
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -104,7 +105,7 @@ def build_step_layout(
     total = sum(q_lens)
     nbs = [-(-(s + q) // block_size) for s, q in zip(starts, q_lens)]
     n_per_layer = sum(nbs)
-    flat: list[int] = []
+    flat = array("q")  # int64; fromlist + frombuffer: ~4x cheaper than torch.tensor(list)
     for layer in layers:
         for c, nb in zip(chunks, nbs):
             table = c.block_tables.get(layer)
@@ -115,7 +116,11 @@ def build_step_layout(
                     f"block table of {c.seq_id!r} layer {layer} has {len(table)} blocks, "
                     f"needs {nb} for {c.start_pos + len(c.token_ids)} tokens"
                 )
-            flat.extend(table if len(table) == nb else table[:nb])
+            part = table if len(table) == nb else table[:nb]
+            if isinstance(part, list):
+                flat.fromlist(part)
+            else:
+                flat.extend(part)
     n_layers = len(layers)
     q_len_t = torch.tensor(q_lens, dtype=torch.long)
     starts_t = torch.tensor(starts, dtype=torch.long)
@@ -130,7 +135,9 @@ def build_step_layout(
     groups: list[DecodeGroup] = []
     prefill_tables: list[torch.Tensor] = []
     if n_layers:
-        tables_flat = torch.tensor(flat, dtype=torch.long).view(n_layers, n_per_layer)
+        # frombuffer shares the array's memory (the tensor keeps it alive); it refuses an empty one
+        tables_t = torch.frombuffer(flat, dtype=torch.long) if flat else torch.empty(0, dtype=torch.long)
+        tables_flat = tables_t.view(n_layers, n_per_layer)
         nbs_t = torch.tensor(nbs, dtype=torch.long)
         offsets = torch.cumsum(nbs_t, 0) - nbs_t
         block_of_token = offsets[tok_seq] + positions // block_size

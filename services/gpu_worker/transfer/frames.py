@@ -1,11 +1,19 @@
 """The small typed frames that travel beside the payloads on a data-plane endpoint.
 
-Three UCX tags per endpoint (tag matching keeps each tag's messages in posting order):
+UCX tags per endpoint (tag matching keeps each tag's messages in posting order):
 
 * `TAG_FRAME` sender -> receiver: `Hello`, `TransferStart`, `ChunkHeader`, `TransferAbort`;
-* `TAG_DATA` sender -> receiver: the raw payload of each `ChunkHeader`, in the same order,
-  received straight into the destination memory (no serialization);
+* one data tag per transfer (`TAG_DATA` hashed with the transfer id) sender -> receiver: the
+  raw payloads of its chunks, in order, received straight into the destination memory (no
+  serialization). Chunks have a fixed size per transfer (`TransferStart.chunk_bytes`), so
+  the receiver knows where chunk i lands and pre-posts up to `PREPOST` receives ahead of
+  the chunk headers it has seen: the payload never waits for its header to be processed;
 * `TAG_REPLY` receiver -> sender: `TransferAck`, `TransferNack`.
+
+A transfer that ends early (cancelled, or refused by a Nack) is closed with a
+`TransferAbort` that says how many payloads were posted and how many zero-length
+*fillers* follow it: they complete every receive the receiver may have pre-posted, so none
+stays pending (pinning memory, or writing into it later).
 
 A frame is a 2-byte little-endian length and a msgpack-encoded `msgspec.Struct`; the
 receiver posts a `MAX_FRAME`-byte buffer for it (UCX receives a shorter message into a
@@ -27,6 +35,7 @@ TAG_FRAME = 0x7444_0001
 TAG_DATA = 0x7444_0002
 TAG_REPLY = 0x7444_0003
 MAX_FRAME = 4096  # bytes, length prefix included
+PREPOST = 4  # receives a receiver may post beyond the chunk headers it has seen, per transfer
 
 TransferId = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 Bytes = Annotated[int, Meta(ge=0, le=MAX_BYTES)]
@@ -49,6 +58,7 @@ class TransferStart(Message, kw_only=True):
     kind: KindName
     key: Key
     total_bytes: Bytes
+    chunk_bytes: Annotated[int, Meta(ge=1, le=MAX_BYTES)]  # every chunk but the last is exactly this long
     segments: Annotated[list[Bytes], Meta(max_length=65_536)] = []  # sender's buffer sizes (a layout hint)
     layers: LayerRange | None = None
     request_id: Annotated[str, Meta(max_length=64)] = ""
@@ -67,11 +77,15 @@ class ChunkHeader(Message, kw_only=True):
 
 
 class TransferAbort(Message, kw_only=True):
-    """The sender gave up on a transfer (cancelled, or answered a Nack); no more chunks follow."""
+    """The sender gave up on a transfer (cancelled, or answered a Nack); no more chunks follow.
+
+    `chunks_posted` payloads were sent, then `fillers` zero-length messages on the same tag."""
 
     transfer_id: TransferId
     reason: FailureReason
     message: Reason = ""
+    chunks_posted: Annotated[int, Meta(ge=0, le=2**40)] = 0
+    fillers: Annotated[int, Meta(ge=0, le=PREPOST)] = 0
 
 
 class TransferAck(Message, kw_only=True):
@@ -94,6 +108,11 @@ ReplyFrame = TransferAck | TransferNack
 _ENCODER = msgspec.msgpack.Encoder()
 _SENDER_DECODER = msgspec.msgpack.Decoder(SenderFrame)
 _REPLY_DECODER = msgspec.msgpack.Decoder(ReplyFrame)
+
+
+def chunk_count(total_bytes: int, chunk_bytes: int) -> int:
+    """Chunks of a transfer: an empty transfer still sends one (empty) chunk."""
+    return max(1, -(-total_bytes // chunk_bytes))
 
 
 def encode_frame(frame: SenderFrame | ReplyFrame) -> bytes:

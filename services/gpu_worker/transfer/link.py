@@ -4,9 +4,9 @@
 posts the frames and payloads on the UCX endpoint, feeds completions back (bandwidth), and
 turns the receiver's Ack/Nack into the completion of each transfer's handle.
 
-Posting order is the wire order: every post is a task created in order on the event loop,
-and `ucxx.Endpoint.send` posts to UCX before its first await, so a chunk's header always
-precedes its payload, and a transfer's Start precedes its chunks.
+Posting order is the wire order: every send is posted to UCX when `_post` is called (no
+task in between), so a chunk's header always precedes its payload, and a transfer's Start
+precedes its chunks.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import msgspec
 import numpy as np
 
 from shared.events.common import LayerRange
@@ -24,14 +25,16 @@ from shared.logging import get_logger
 
 from . import metrics
 from .buffers import Segments, checksum_algorithm, checksum_of
+from .channel import Channel
 from .errors import FailureReason, TransferFailed
 from .frames import (
-    MAX_FRAME, TAG_DATA, TAG_FRAME, TAG_REPLY, ChunkHeader, Hello, TransferAbort, TransferAck, TransferStart,
-    decode_reply_frame, encode_frame,
+    MAX_FRAME, PREPOST, TAG_FRAME, TAG_REPLY, ChunkHeader, Hello, TransferAbort, TransferAck, TransferStart,
+    chunk_count, decode_reply_frame, encode_frame,
 )
 from .policy import ChunkingConfig, ChunkPlan, LinkSchedule, TrafficClass
 
 log = get_logger(__name__)
+_EMPTY = np.empty(0, dtype=np.uint8)
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,9 @@ class _Outgoing:
     start: TransferStart
     started: bool = False
     all_posted: bool = False
+    chunks_posted: int = 0
+    n_chunks: int = 0
+    data_tag: Any = None
 
 
 class Link:
@@ -106,7 +112,8 @@ class Link:
 
     def __init__(self, local_id: str, peer: str, endpoint: Any, cfg: ChunkingConfig, *,
                  on_dead: Callable[["Link"], None] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.local_id, self.peer, self.endpoint, self.clock = local_id, peer, endpoint, clock
+        self.local_id, self.peer, self.clock = local_id, peer, clock
+        self.channel = Channel(endpoint)
         self.schedule = LinkSchedule(cfg)
         self.sent_log: deque[tuple[int, int, int]] = deque(maxlen=100_000)  # (transfer, chunk, length) in post order
         self.backpressure_waits = 0
@@ -115,7 +122,7 @@ class Link:
         self._wake = asyncio.Event()
         self._space = asyncio.Event()
         self._dead: TransferFailed | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._posted_sends: set[asyncio.Future[Any]] = set()
         self._pump_task: asyncio.Task[None] | None = None
         self._reply_task: asyncio.Task[None] | None = None
 
@@ -145,9 +152,9 @@ class Link:
             raise TransferFailed(self._dead.reason, str(self._dead), peer=self.peer)
         tid = next(self._ids)
         handle = TransferHandle(self, tid, kind, key, segments.total)
-        start = TransferStart(
-            transfer_id=tid, kind=kind.name.lower(), key=key, total_bytes=segments.total, segments=segments.sizes,
-            layers=layers, request_id=request_id, checksum=checksum_algorithm(segments.views),
+        start = TransferStart(  # chunk_bytes is set when the first chunk goes
+            transfer_id=tid, kind=kind.name.lower(), key=key, total_bytes=segments.total, chunk_bytes=1,
+            segments=segments.sizes, layers=layers, request_id=request_id, checksum=checksum_algorithm(segments.views),
         )
         self._out[tid] = _Outgoing(handle, segments, start)
         self.schedule.add(tid, kind, segments.total, self.clock())
@@ -165,8 +172,12 @@ class Link:
         if out is None:
             return False
         self.schedule.cancel(tid)
-        if out.started:  # the receiver holds state for it: tell it to drop the transfer
-            self._post(encode_frame(TransferAbort(transfer_id=tid, reason=reason, message=message)), TAG_FRAME)
+        if out.started and self._dead is None:  # the receiver holds state for it: close it there
+            fillers = min(PREPOST, out.n_chunks - out.chunks_posted)
+            self._post(encode_frame(TransferAbort(transfer_id=tid, reason=reason, message=message[:2000],
+                                                  chunks_posted=out.chunks_posted, fillers=fillers)), TAG_FRAME)
+            for _ in range(fillers):  # complete the receives it may have pre-posted
+                self._post(_EMPTY, out.data_tag)
         self._finish(out, error=TransferFailed(reason, message, transfer_id=tid, peer=self.peer))
         self._signal_space()
         self._wake.set()
@@ -174,13 +185,14 @@ class Link:
 
     async def close(self, reason: FailureReason = "closed") -> None:
         self._die(TransferFailed(reason, "link closed", peer=self.peer))
-        for task in (self._pump_task, self._reply_task):
-            if task is not None:
-                task.cancel()
+        mine = [t for t in (self._pump_task, self._reply_task) if t is not None and t is not asyncio.current_task()]
+        for task in mine:
+            task.cancel()
+        await asyncio.gather(*mine, return_exceptions=True)
         try:
-            await asyncio.wait_for(self.endpoint.close(), 2.0)
+            await asyncio.wait_for(self.channel.close(), 2.0)
         except Exception:  # noqa: BLE001 - a dead peer's endpoint may fail to close; nothing to do
-            self.endpoint.abort()
+            self.channel.abort()
 
     # --- sending -----------------------------------------------------------------------
     async def _pump(self) -> None:
@@ -200,24 +212,27 @@ class Link:
             out.started = True
             out.handle.waited_s, out.handle.chunks_ahead = plan.waited_s, plan.chunks_ahead
             metrics.WAIT_SECONDS.labels(self.peer, cls).observe(plan.waited_s or 0.0)
+            out.start = msgspec.structs.replace(out.start, chunk_bytes=plan.chunk_size)
+            out.n_chunks = chunk_count(out.start.total_bytes, plan.chunk_size)
+            out.data_tag = self.channel.data_tags(plan.tid)[0]
             self._post(encode_frame(out.start), TAG_FRAME)
         payload = out.segments.gather(plan.offset, plan.length)
         header = ChunkHeader(transfer_id=plan.tid, index=plan.index, offset=plan.offset, length=plan.length,
                              checksum=checksum_of(payload, out.start.checksum), last=plan.last)
         self._post(encode_frame(header), TAG_FRAME)
-        posted_at = self.clock()
-        task = self._post(payload, TAG_DATA)
-        task.add_done_callback(lambda t: self._chunk_sent(plan, posted_at, t))
+        sent = self._post(payload, out.data_tag)
+        out.chunks_posted += 1
+        sent.add_done_callback(lambda f: self._chunk_sent(plan, f))
         self.sent_log.append((plan.tid, plan.index, plan.length))
         if plan.last:
             out.all_posted = True
         self._update_gauges()
 
-    def _chunk_sent(self, plan: ChunkPlan, posted_at: float, task: asyncio.Task[Any]) -> None:
-        if task.cancelled() or task.exception() is not None:
+    def _chunk_sent(self, plan: ChunkPlan, sent: "asyncio.Future[Any]") -> None:
+        if sent.cancelled() or sent.exception() is not None:
             self.schedule.chunk_failed()
             return  # _post's callback kills the link
-        self.schedule.chunk_done(plan.length, posted_at, self.clock())
+        self.schedule.chunk_done(plan.length, self.clock())
         out = self._out.get(plan.tid)
         if out is not None:
             out.handle.chunks_sent += 1
@@ -227,23 +242,28 @@ class Link:
         metrics.CHUNK_BYTES.labels(self.peer).set(self.schedule.chunk_limit(TrafficClass.KV))
         self._wake.set()
 
-    def _post(self, buf: Any, tag: int) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(self.endpoint.send(buf, tag=tag))
-        self._tasks.add(task)
-        task.add_done_callback(self._posted)
-        return task
+    def _post(self, buf: Any, tag: Any) -> "asyncio.Future[Any]":
+        """Post a send now (wire order = call order); a failure kills the link."""
+        try:
+            sent = self.channel.send(buf, tag) if isinstance(tag, int) else self.channel.send_tagged(buf, tag)
+        except Exception as exc:  # noqa: BLE001 - the endpoint is already broken
+            sent = asyncio.get_running_loop().create_future()
+            sent.set_exception(exc)
+        self._posted_sends.add(sent)
+        sent.add_done_callback(self._posted)
+        return sent
 
-    def _posted(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None and self._dead is None:
-            self._die(TransferFailed("peer_lost", f"send failed: {task.exception()}", peer=self.peer))
+    def _posted(self, sent: "asyncio.Future[Any]") -> None:
+        self._posted_sends.discard(sent)
+        if not sent.cancelled() and sent.exception() is not None and self._dead is None:
+            self._die(TransferFailed("peer_lost", f"send failed: {sent.exception()}", peer=self.peer))
 
     # --- replies -----------------------------------------------------------------------
     async def _replies(self) -> None:
         buf = np.empty(MAX_FRAME, dtype=np.uint8)
         try:
             while self._dead is None:
-                await self.endpoint.recv(buf, tag=TAG_REPLY)
+                await self.channel.recv(buf, TAG_REPLY)
                 self._on_reply(decode_reply_frame(memoryview(buf)))
         except asyncio.CancelledError:
             raise
@@ -286,8 +306,6 @@ class Link:
             self._finish(out, error=TransferFailed(error.reason, str(error), transfer_id=tid, peer=self.peer))
         self._signal_space()
         self._wake.set()
-        for task in list(self._tasks):
-            task.cancel()
         if self._on_dead is not None:
             self._on_dead(self)
 

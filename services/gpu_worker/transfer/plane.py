@@ -37,7 +37,6 @@ class DataPlaneConfig:
     ucx_tls: str | None = "tcp,self,sm"  # None: leave UCX_TLS as the environment has it
     connect_timeout_s: float = 10.0
     chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
-    max_outstanding_receives: int = 4  # per inbound connection
 
 
 def format_address(host: str, port: int) -> str:
@@ -66,27 +65,49 @@ def configure_ucx(tls: str | None) -> None:
 
 
 _bound_loop: asyncio.AbstractEventLoop | None = None
+_planes_open = 0
 
 
-def ucx_for_this_loop(tls: str | None) -> Any:
-    """The ucxx module, initialised for the running event loop.
+def acquire_ucx(tls: str | None) -> Any:
+    """The ucxx module, initialised for the running event loop; pair with `release_ucx()`.
 
-    ucxx's defaults poll every pending request with `asyncio.sleep(0)` — many pending
+    ucxx's defaults poll every pending request with `asyncio.sleep(0)`: many pending
     receives keep the loop (and a core) busy. Python futures completed by ucxx's notifier
-    thread cost nothing while idle and were 2-5x faster here. The notifier thread is bound to
-    one event loop, so a new loop (a new `asyncio.run`, a new test) re-initialises UCX; the
-    previous loop's planes must be closed by then."""
-    global _bound_loop
+    thread cost nothing while idle and were 2-5x faster here. That thread is bound to one
+    event loop and keeps the interpreter from exiting, so UCX is reset when the last plane
+    of the process closes, and initialised again by the next one (a new loop, a new test)."""
+    global _bound_loop, _planes_open
     loop = asyncio.get_running_loop()
     configure_ucx(tls)  # before ucxx's import reads the environment
     ucxx = _ucxx()
-    if _bound_loop is loop:
-        return ucxx
-    if _bound_loop is not None:
-        ucxx.reset()
-    ucxx.init(progress_mode="thread", enable_delayed_submission=False, enable_python_future=True)
-    _bound_loop = loop
+    if _bound_loop is not loop:
+        if _bound_loop is not None:
+            _reset(ucxx)
+        ucxx.init(
+            progress_mode=os.environ.get("UCXPY_PROGRESS_MODE", "thread"),
+            enable_delayed_submission=os.environ.get("UCXPY_ENABLE_DELAYED_SUBMISSION", "1") != "0",
+            enable_python_future=os.environ.get("UCXPY_ENABLE_PYTHON_FUTURE", "1") != "0",
+        )
+        _bound_loop = loop
+    _planes_open += 1
     return ucxx
+
+
+def release_ucx() -> None:
+    global _planes_open
+    _planes_open = max(0, _planes_open - 1)
+    if _planes_open == 0 and _bound_loop is not None:
+        _reset(_ucxx())
+
+
+def _reset(ucxx: Any) -> None:
+    global _bound_loop
+    _bound_loop = None
+    ucxx.stop_notifier_thread()  # first: whatever happens below, the process can exit
+    try:
+        ucxx.reset()
+    except Exception as exc:  # noqa: BLE001 - something still holds an endpoint; UCX stays up
+        log.warning("UCX not reset: endpoints still referenced", error=str(exc)[:500])
 
 
 class DataPlane:
@@ -101,7 +122,14 @@ class DataPlane:
         self._links: dict[str, Link] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
         self._inbound: set[asyncio.Task[None]] = set()
+        self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._ucx: Any = None
+
+    def _runtime(self) -> Any:
+        if self._ucx is None:
+            self._ucx = acquire_ucx(self.config.ucx_tls)
+        return self._ucx
 
     @property
     def address(self) -> str:
@@ -110,13 +138,12 @@ class DataPlane:
         return format_address(self.config.host, self._listener.port)
 
     async def start(self) -> "DataPlane":
-        self._listener = ucx_for_this_loop(self.config.ucx_tls).create_listener(self._accept, port=self.config.port)
+        self._listener = self._runtime().create_listener(self._accept, port=self.config.port)
         log.info("data plane listening", worker=self.worker_id, address=self.address)
         return self
 
     async def _accept(self, endpoint: Any) -> None:
-        conn = InboundConnection(endpoint, self.inbox, chunk_hook=self.chunk_hook,
-                                 max_outstanding=self.config.max_outstanding_receives)
+        conn = InboundConnection(endpoint, self.inbox, chunk_hook=self.chunk_hook)
         task = asyncio.current_task()
         if task is not None:
             self._inbound.add(task)
@@ -150,9 +177,8 @@ class DataPlane:
         if not address:
             raise TransferFailed("unreachable", "no data-plane address is known for this worker", peer=peer)
         host, port = parse_address(address)
-        ucxx = ucx_for_this_loop(self.config.ucx_tls)
         try:
-            endpoint = await asyncio.wait_for(ucxx.create_endpoint(host, port), self.config.connect_timeout_s)
+            endpoint = await asyncio.wait_for(self._runtime().create_endpoint(host, port), self.config.connect_timeout_s)
         except Exception as exc:  # noqa: BLE001 - refused, timed out, UCX error: all mean unreachable
             raise TransferFailed("unreachable", f"cannot connect to {address}: {exc!r}", peer=peer) from None
         link = Link(self.worker_id, peer, endpoint, self.config.chunking, on_dead=self._forget)
@@ -161,15 +187,22 @@ class DataPlane:
     def _forget(self, link: Link) -> None:
         if self._links.get(link.peer) is link:
             del self._links[link.peer]  # the next link() reconnects
-        asyncio.ensure_future(link.close())  # release the broken endpoint
+        task = asyncio.ensure_future(link.close())  # release the broken endpoint
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
         self._closed = True
         for link in list(self._links.values()):
             await link.close()
         self._links.clear()
+        await asyncio.gather(*self._closing, return_exceptions=True)
         for task in list(self._inbound):
             task.cancel()
+        await asyncio.gather(*self._inbound, return_exceptions=True)
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+        if self._ucx is not None:
+            self._ucx = None
+            release_ucx()

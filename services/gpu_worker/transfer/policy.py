@@ -6,8 +6,13 @@ out in chunks and the sender picks the next chunk by priority at every chunk bou
 
 * Priority classes: ACTIVATION > KV > WEIGHTS (strict).
 * Within a class: round-robin between transfers, one chunk each (fairness).
-* Chunk size = measured bandwidth x target preemption delay / chunks in flight, clamped, so
-  the bytes already on the wire ahead of a new activation take about `target_delay_s`.
+* Chunk size = measured bandwidth x target preemption delay / chunks in flight, so the
+  bytes already on the wire ahead of a new activation take about `target_delay_s` — but no
+  shorter than the measured fixed cost per chunk allows at `min_efficiency` (on a CPU host
+  over loopback TCP each UCX message costs ~0.5 ms: a 2 ms target there would halve the
+  throughput; on RDMA the cost is microseconds and the target decides). It is
+  fixed per transfer when its first chunk goes (announced to the receiver, which then
+  pre-posts its receives without waiting for each chunk's header).
   Activations themselves go out whole (up to `max_activation_chunk`): nothing outranks them.
 * Backpressure: a class's queued (not yet sent) bytes stay under `queue_bound_bytes`; a
   transfer is always admitted into an empty class queue, so one larger than the bound
@@ -38,12 +43,14 @@ ALIGN = 4096  # chunk sizes are multiples of a page (except a transfer's tail)
 @dataclass(frozen=True)
 class ChunkingConfig:
     target_delay_s: float = 0.002  # what an activation may wait behind bulk bytes already posted
+    min_efficiency: float = 0.9  # chunks at least this long: data time / (data time + fixed cost per chunk)
     min_chunk: int = 256 << 10
     max_chunk: int = 64 << 20
     max_activation_chunk: int = 64 << 20  # activations go out whole up to this size
-    max_in_flight: int = 2  # chunks posted and not yet completed (keeps the pipe full)
+    max_in_flight: int = 1  # chunks posted and not yet completed
     initial_bandwidth: float = 1e9  # bytes/s assumed until the first measurement
     ewma_alpha: float = 0.25
+    peak_decay: float = 0.97  # per 4 ms window of busy time
     queue_bound_bytes: int = 1 << 30  # per class: queued, not yet sent
     fifo: bool = False
 
@@ -54,27 +61,70 @@ class ChunkingConfig:
             raise ValueError("max_in_flight >= 1, target_delay_s > 0 and initial_bandwidth > 0 are required")
         if not 0 < self.ewma_alpha <= 1 or self.queue_bound_bytes <= 0:
             raise ValueError("need 0 < ewma_alpha <= 1 and queue_bound_bytes > 0")
+        if not 0 <= self.min_efficiency < 1:
+            raise ValueError("need 0 <= min_efficiency < 1")
 
 
 class BandwidthEstimator:
-    """EWMA of bytes/s over chunks' service times (time on the wire, not queueing)."""
+    """The link's rate B and its fixed cost per chunk o.
 
-    def __init__(self, initial: float, alpha: float) -> None:
-        self.value = initial
-        self.alpha = alpha
+    B is a slowly decaying *peak* of the rate over windows of at least `window_s` of busy
+    time (chunks in flight): bursts of completions are averaged, and the peak is kept because
+    what a window achieves includes the fixed costs — sizing chunks from the mean would
+    shrink them, which lowers the rate, which shrinks them further.
+
+    o is the intercept of a least-squares line through recent (chunk bytes, service time)
+    samples: time = bytes / B + o (UCX rendezvous round trips, completions crossing threads).
+    Sizes vary naturally (activations, the last chunk of each transfer, chunk sizes that
+    follow B); while they do not vary enough, o keeps its last value."""
+
+    def __init__(self, initial: float, alpha: float = 0.25, window_s: float = 0.004, decay: float = 0.97,
+                 history: int = 64) -> None:
+        self.value = initial  # B, bytes/s
+        self.overhead = 0.0  # o, seconds per chunk
+        self.alpha, self.window_s, self.decay = alpha, window_s, decay
         self.samples = 0
+        self._bytes = 0
+        self._busy = 0.0
+        self._points: deque[tuple[int, float]] = deque(maxlen=history)
 
     def observe(self, nbytes: int, seconds: float) -> None:
-        if nbytes < ALIGN or seconds <= 0:  # tiny messages measure latency, not bandwidth
+        """One chunk of `nbytes` completed after `seconds` of busy time."""
+        seconds = max(0.0, seconds)
+        self._points.append((nbytes, seconds))
+        self._fit_overhead()
+        self._bytes += nbytes
+        self._busy += seconds
+        if self._busy < self.window_s or self._bytes < ALIGN:
             return
-        rate = nbytes / seconds
-        self.value = rate if self.samples == 0 else self.alpha * rate + (1 - self.alpha) * self.value
+        rate = self._bytes / self._busy
+        self.value = rate if self.samples == 0 else max(rate, self.value * self.decay)
         self.samples += 1
+        self._bytes, self._busy = 0, 0.0
+
+    def _fit_overhead(self) -> None:
+        pts = self._points
+        if len(pts) < 8:
+            return
+        xs = [p[0] for p in pts]
+        if max(xs) < 1.5 * max(1, min(xs)):
+            return  # sizes too alike: the intercept is not determined
+        n = len(pts)
+        mx, my = sum(xs) / n, sum(p[1] for p in pts) / n
+        sxx = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
+        if slope <= 0:
+            return
+        self.overhead = max(0.0, my - slope * mx)
 
 
-def chunk_bytes(bandwidth: float, cfg: ChunkingConfig) -> int:
-    """Bulk chunk size for a link of `bandwidth` bytes/s (page-aligned, clamped)."""
-    raw = int(bandwidth * cfg.target_delay_s / cfg.max_in_flight)
+def chunk_bytes(bandwidth: float, cfg: ChunkingConfig, overhead_s: float = 0.0) -> int:
+    """Bulk chunk size: what `target_delay_s` of the link carries (shared by the chunks in
+    flight), but at least long enough that the fixed cost per chunk keeps the efficiency at
+    `min_efficiency`. Page-aligned and clamped."""
+    by_delay = bandwidth * cfg.target_delay_s / cfg.max_in_flight
+    by_efficiency = bandwidth * overhead_s * cfg.min_efficiency / (1 - cfg.min_efficiency)
+    raw = int(max(by_delay, by_efficiency))
     aligned = max(ALIGN, raw - raw % ALIGN)
     return max(cfg.min_chunk, min(cfg.max_chunk, aligned))
 
@@ -88,6 +138,7 @@ class _Pending:
     seq_at_submit: int  # link chunk counter when submitted
     offset: int = 0
     next_index: int = 0
+    chunk: int = 0  # fixed at the first chunk (the receiver pre-posts receives from it)
 
 
 @dataclass(frozen=True)
@@ -98,6 +149,7 @@ class ChunkPlan:
     offset: int
     length: int
     last: bool
+    chunk_size: int  # this transfer's chunk size: every chunk but the last has exactly this length
     waited_s: float | None  # set on a transfer's first chunk: submit -> first chunk
     chunks_ahead: int | None  # first chunk only: chunks of other transfers started since submit
 
@@ -107,14 +159,14 @@ class LinkSchedule:
     cfg: ChunkingConfig = field(default_factory=ChunkingConfig)
 
     def __post_init__(self) -> None:
-        self.bandwidth = BandwidthEstimator(self.cfg.initial_bandwidth, self.cfg.ewma_alpha)
+        self.bandwidth = BandwidthEstimator(self.cfg.initial_bandwidth, self.cfg.ewma_alpha, decay=self.cfg.peak_decay)
         self._queues: dict[TrafficClass, deque[int]] = {c: deque() for c in TrafficClass}
         self._fifo: deque[int] = deque()
         self._pending: dict[int, _Pending] = {}
         self._queued_bytes: dict[TrafficClass, int] = dict.fromkeys(TrafficClass, 0)
         self.in_flight = 0
         self.chunks_started = 0
-        self._last_done_at: float | None = None
+        self._busy_mark: float | None = None  # start of the busy time not yet accounted
 
     # --- admission -------------------------------------------------------------------
     def can_admit(self, cls: TrafficClass, nbytes: int) -> bool:
@@ -146,7 +198,7 @@ class LinkSchedule:
             return 1 << 62
         if cls is TrafficClass.ACTIVATION:
             return self.cfg.max_activation_chunk
-        return chunk_bytes(self.bandwidth.value, self.cfg)
+        return chunk_bytes(self.bandwidth.value, self.cfg, self.bandwidth.overhead)
 
     def next_chunk(self, now: float) -> ChunkPlan | None:
         """The next chunk to post, or None (nothing queued, or `max_in_flight` reached)."""
@@ -156,11 +208,13 @@ class LinkSchedule:
         if not queue:
             return None
         p = self._pending[queue[0]]
-        length = min(p.total - p.offset, self.chunk_limit(p.cls))
         first = p.next_index == 0
+        if first:  # one size per transfer, from the bandwidth known when it starts
+            p.chunk = max(1, min(p.total, self.chunk_limit(p.cls)))
+        length = min(p.total - p.offset, p.chunk)
         plan = ChunkPlan(
             tid=p.tid, cls=p.cls, index=p.next_index, offset=p.offset, length=length,
-            last=p.offset + length == p.total,
+            last=p.offset + length == p.total, chunk_size=p.chunk,
             waited_s=max(0.0, now - p.submitted_at) if first else None,
             chunks_ahead=self.chunks_started - p.seq_at_submit if first else None,
         )
@@ -168,6 +222,8 @@ class LinkSchedule:
         p.next_index += 1
         self._queued_bytes[p.cls] -= length
         self.chunks_started += 1
+        if self.in_flight == 0:
+            self._busy_mark = now  # the link was idle: busy time starts now
         self.in_flight += 1
         queue.popleft()
         if not plan.last:
@@ -176,18 +232,18 @@ class LinkSchedule:
             del self._pending[p.tid]
         return plan
 
-    def chunk_done(self, length: int, posted_at: float, now: float) -> None:
-        """A posted chunk completed: free its slot and measure the link.
-
-        Its service time starts when it was posted or when the previous chunk finished,
-        whichever is later (chunks in flight queue behind each other on the wire)."""
+    def chunk_done(self, length: int, now: float) -> None:
+        """A posted chunk completed: free its slot; the busy time since the last event is its
+        service time (chunks in flight queue behind each other on the wire)."""
         self.in_flight = max(0, self.in_flight - 1)
-        start = posted_at if self._last_done_at is None else max(posted_at, self._last_done_at)
-        self.bandwidth.observe(length, now - start)
-        self._last_done_at = now
+        if self._busy_mark is not None:
+            self.bandwidth.observe(length, now - self._busy_mark)
+        self._busy_mark = now if self.in_flight else None
 
     def chunk_failed(self) -> None:
         self.in_flight = max(0, self.in_flight - 1)
+        if not self.in_flight:
+            self._busy_mark = None
 
     # --- introspection (metrics, tests) ----------------------------------------------
     def queued_bytes(self, cls: TrafficClass) -> int:
