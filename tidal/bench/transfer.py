@@ -155,7 +155,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--activation-kib", type=int, default=256)
     parser.add_argument("--interval-ms", type=float, default=5.0, help="between activations during the bulk")
     parser.add_argument("--target-delay-ms", type=float, default=2.0, help="preemption delay the chunk size targets")
-    parser.add_argument("--in-flight", type=int, default=1, help="chunks posted and not yet completed, per link")
+    parser.add_argument("--in-flight", type=int, default=2, help="chunks posted and not yet completed, per link")
     parser.add_argument("--chunk-kib", type=int, default=0, help="pin the bulk chunk size (0: from bandwidth)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--blocks-total", type=int, default=4096, help="(d) blocks in each side's cache")

@@ -74,6 +74,8 @@ def _checked(request: Any, buffer: Any) -> "asyncio.Future[Any]":
     fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
     def done(f: "asyncio.Future[Any]", _keep: Any = (request, buffer)) -> None:
+        if not f.cancelled():
+            f.exception()  # retrieved here even when nobody waits any more (cancelled at close)
         if fut.done():
             return
         try:

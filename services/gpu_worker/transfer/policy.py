@@ -47,7 +47,7 @@ class ChunkingConfig:
     min_chunk: int = 256 << 10
     max_chunk: int = 64 << 20
     max_activation_chunk: int = 64 << 20  # activations go out whole up to this size
-    max_in_flight: int = 1  # chunks posted and not yet completed
+    max_in_flight: int = 2  # chunks posted and not yet completed (overlaps the fixed cost of the next)
     initial_bandwidth: float = 1e9  # bytes/s assumed until the first measurement
     ewma_alpha: float = 0.25
     peak_decay: float = 0.97  # per 4 ms window of busy time
