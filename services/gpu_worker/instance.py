@@ -8,6 +8,8 @@ an immutable `InstanceSnapshot` for the stats publisher to read.
 """
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import queue
 import threading
 import time
@@ -89,6 +91,13 @@ class ModelInstance:
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
 
+    def detach(self, request_id: str) -> "asyncio.Future[tuple[list[int], int] | None]":
+        """Take a request out between two steps WITHOUT ending its stream (migration): resolves
+        to (its output tokens so far, its stream's next seq), or None if it already ended."""
+        fut: concurrent.futures.Future[tuple[list[int], int] | None] = concurrent.futures.Future()
+        self._inbox.put(("detach", (request_id, fut)))
+        return asyncio.wrap_future(fut)
+
     @property
     def pending(self) -> int:
         """Commands queued for the engine thread (assignments accepted, not yet in the engine)."""
@@ -137,8 +146,20 @@ class ModelInstance:
                 return False
             if kind == "abort":
                 self.engine.abort(str(arg))  # its final "abort" output comes with the next step
+            elif kind == "detach":
+                self._detach(*arg)  # type: ignore[misc]
             elif kind == "add":
                 self._add(arg, payloads, ended)  # type: ignore[arg-type]
+
+    def _detach(self, request_id: str, fut: "concurrent.futures.Future[tuple[list[int], int] | None]") -> None:
+        stream = self.encoder.streams.pop(request_id, None)  # no final chunk: the stream goes on elsewhere
+        req = self.engine._requests.get(request_id)  # noqa: SLF001 - the engine has no read API for this yet
+        if stream is None or req is None:
+            fut.set_result(None)
+            return
+        tokens = list(req.seq.output_token_ids)
+        self.engine.abort(request_id)  # frees its blocks; its abort output finds no stream and is dropped
+        fut.set_result((tokens, stream.next_seq))
 
     def _add(self, a: Assignment, payloads: list[Payload], ended: list[str]) -> None:
         try:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import nats.errors
 from prometheus_client import Counter
 
+from services.gpu_worker import migration
 from services.gpu_worker.catalog import CatalogWriter
 from services.gpu_worker.instance import ModelInstance
 from services.gpu_worker.stats import StatsBuilder
@@ -34,7 +35,7 @@ from shared.bus import Delivery
 from shared.events import (
     AbortRequest, AssignAccepted, AssignRejected, AssignRejectReason, Assignment, CtlRefused, WorkerState,
 )
-from shared.events.ctl import CtlRequest
+from shared.events.ctl import CtlReply, CtlRequest, MigrateIn, MigrateOut
 from shared.logging import get_logger
 from shared.metrics import REGISTRY
 from shared.service import Service
@@ -56,6 +57,7 @@ class Active:
     instance: ModelInstance
     key: str
     deadline_ts: float | None
+    assignment: Assignment  # kept for migration (services/gpu_worker/migration.py)
     aborted: bool = False
 
 
@@ -145,7 +147,7 @@ class GpuWorker(Actor):
             return AssignRejected(request_id=a.request_id, worker_id=self.worker_id, reason=reason, message=message,
                                   retry_after_s=1.0 if reason in ("no_capacity", "draining") else None)
         inst = self.instances[a.instance_id]
-        self.active[a.request_id] = Active(inst, a.idempotency_key, a.deadline_ts)
+        self.active[a.request_id] = Active(inst, a.idempotency_key, a.deadline_ts, a)
         inst.submit(a)
         if a.request_id in self.early_aborts:  # its abort overtook it
             del self.early_aborts[a.request_id]
@@ -203,8 +205,18 @@ class GpuWorker(Actor):
             entry.aborted = True
             entry.instance.abort(request_id)
 
-    # --- control commands (the mechanisms arrive with later issues) -----------------------------
-    async def on_ctl(self, msg: object, _ctx: Delivery) -> CtlRefused:
+    def resume_here(self, a: Assignment) -> None:
+        """Run `a` (resume tokens, next_seq) on this worker again: a migration that failed."""
+        inst = self.instances[a.instance_id]
+        self.active[a.request_id] = Active(inst, a.idempotency_key, a.deadline_ts, a)
+        inst.submit(a)
+
+    # --- control commands (the other mechanisms arrive with later issues) -----------------------
+    async def on_ctl(self, msg: object, _ctx: Delivery) -> CtlReply:
+        if isinstance(msg, MigrateOut):
+            return await migration.migrate_out(self, msg)
+        if isinstance(msg, MigrateIn):
+            return migration.migrate_in(self, msg)
         return CtlRefused(idempotency_key=msg.idempotency_key, command=type(msg).__name__,  # type: ignore[attr-defined]
                           worker_id=self.worker_id, code="unsupported",
                           message=f"{type(msg).__name__} is not implemented by this worker yet")

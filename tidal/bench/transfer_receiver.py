@@ -69,7 +69,7 @@ class NixlSide:
 
         self.agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
         self.cache = cache
-        self.reg = self.agent.register_memory(self.agent.get_reg_descs(cache))
+        self.reg = self.agent.register_memory([(int(cache.ctypes.data), cache.nbytes, 0, "")], "DRAM")
         self.addr = int(cache.ctypes.data)
 
     def metadata(self) -> bytes:
@@ -80,6 +80,8 @@ def nixl_side(name: str, cache: np.ndarray) -> tuple[NixlSide | None, str]:
     """(agent, "") or (None, why nixl cannot be used here)."""
     try:
         return NixlSide(name, cache), ""
+    except ModuleNotFoundError as exc:
+        return None, f"{exc} (install it with: pip install --no-deps nixl nixl-cu12)"
     except Exception as exc:  # noqa: BLE001 - report exactly why nixl is unusable here
         return None, f"{type(exc).__name__}: {exc}"
 

@@ -34,6 +34,7 @@ from .frames import (
 from .policy import ChunkingConfig, ChunkPlan, LinkSchedule, TrafficClass
 
 log = get_logger(__name__)
+MAX_SEGMENT_HINT = 256  # buffer sizes announced in TransferStart (a layout hint; it must fit one frame)
 _EMPTY = np.empty(0, dtype=np.uint8)
 
 
@@ -154,7 +155,8 @@ class Link:
         handle = TransferHandle(self, tid, kind, key, segments.total)
         start = TransferStart(  # chunk_bytes is set when the first chunk goes
             transfer_id=tid, kind=kind.name.lower(), key=key, total_bytes=segments.total, chunk_bytes=1,
-            segments=segments.sizes, layers=layers, request_id=request_id, checksum=checksum_algorithm(segments.views),
+            segments=segments.sizes if len(segments.sizes) <= MAX_SEGMENT_HINT else [], layers=layers,
+            request_id=request_id, checksum=checksum_algorithm(segments.views),
         )
         self._out[tid] = _Outgoing(handle, segments, start)
         self.schedule.add(tid, kind, segments.total, self.clock())
@@ -202,7 +204,12 @@ class Link:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            self._post_chunk(plan)
+            try:
+                self._post_chunk(plan)
+            except Exception as exc:  # noqa: BLE001 - a bug or bad buffer fails that transfer, not the link
+                log.exception("could not post a chunk", peer=self.peer, transfer_id=plan.tid)
+                self.schedule.chunk_failed()
+                self.cancel(plan.tid, "protocol", f"could not post chunk {plan.index}: {exc!r}")
             self._signal_space()
 
     def _post_chunk(self, plan: ChunkPlan) -> None:
