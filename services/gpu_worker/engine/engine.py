@@ -2,7 +2,8 @@
 sample → postprocess; everything else (blocks, batching, KV, LoRA) lives in its own part.
 
 One owner drives an engine (the gpu_worker's actor, or `generate` offline): add_request,
-abort and step are called from that owner only, between steps.
+abort and step are called from that owner only, between steps. The live-migration calls
+(kv_progress, detach, reserve_kv, attach, release_kv, kv_views) are in `kv_handover`.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from services.gpu_worker.engine.batch import SchedulerOutput
 from services.gpu_worker.engine.block_manager import BlockManager
 from services.gpu_worker.engine.detokenizer import IncrementalDetokenizer
+from services.gpu_worker.engine.kv_handover import DetachedRequest, KvHandover, KvProgress
 from services.gpu_worker.engine.memory_pool import MemoryKind, MemoryPool
 from services.gpu_worker.engine.model_runner import ModelRunner
 from services.gpu_worker.engine.outputs import CompletionResult, RequestOutput
@@ -22,6 +24,8 @@ from services.gpu_worker.engine.sampling_params import SamplingParams
 from services.gpu_worker.engine.scheduler import Scheduler, SchedulerConfig
 from services.gpu_worker.engine.sequence import FinishReason, Sequence
 from services.gpu_worker.engine.tokenizer import EngineTokenizer
+
+__all__ = ["DetachedRequest", "EngineConfig", "KvProgress", "LLMEngine"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +52,7 @@ class _Request:
     detok: IncrementalDetokenizer | None
 
 
-class LLMEngine:
+class LLMEngine(KvHandover):
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.pool = MemoryPool(_pool_bytes(config), config.device)
@@ -78,6 +82,7 @@ class LLMEngine:
         self._pending: list[RequestOutput] = []  # aborts, reported by the next step
         self._order = itertools.count()
         self._sampled_ids: list[str] = []  # row order of the last step's sampled logits
+        self._held_kv: set[str] = set()  # ids whose blocks are held outside the scheduler (migration)
 
     # --- requests --------------------------------------------------------------------
     def add_request(
@@ -94,8 +99,7 @@ class LLMEngine:
         """Queue a request. `resume_token_ids`: outputs another engine already produced (a
         re-dispatch): they are prefilled with the prompt, count toward max_tokens, are not
         returned again, and generation continues as if this engine had made them."""
-        if request_id in self._requests:
-            raise ValueError(f"request id {request_id!r} is already in the engine")
+        self._check_new_id(request_id)
         params = params or SamplingParams()
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -103,31 +107,48 @@ class LLMEngine:
             token_ids = self.tokenizer.encode(prompt)
         else:
             token_ids = list(prompt)
+        req = self._make_request(request_id, token_ids, params, list(resume_token_ids or ()), adapter, priority, arrival_time)
+        self.scheduler.add(req.seq)
+        self._requests[request_id] = req
+
+    def _check_new_id(self, request_id: str) -> None:
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in the engine")
+        if request_id in self._held_kv:
+            raise ValueError(f"request id {request_id!r} holds KV blocks here (a migration): attach or release_kv it")
+
+    def _make_request(
+        self, request_id: str, token_ids: list[int], params: SamplingParams, outputs: list[int],
+        adapter: str | None, priority: int, arrival_time: float | None,
+    ) -> _Request:
+        """A validated sequence (with `outputs` already made elsewhere) and its detokenizer,
+        caught up on those outputs; touches no engine state."""
         vocab = self.runner.cfg.vocab_size
-        resume = list(resume_token_ids or ())
-        bad = [t for t in token_ids + resume if not isinstance(t, int) or not 0 <= t < vocab]
+        bad = [t for t in token_ids + outputs if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"request {request_id}: token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         if adapter is not None and adapter not in self.runner.lora.host:
             raise ValueError(f"request {request_id}: unknown LoRA adapter {adapter!r}; add it with add_lora first")
+        if len(token_ids) > self.max_model_len:
+            raise ValueError(
+                f"request {request_id}: prompt has {len(token_ids)} tokens, more than the context length {self.max_model_len}"
+            )
+        if outputs and (len(outputs) >= params.max_tokens or len(token_ids) + len(outputs) >= self.max_model_len):
+            raise ValueError(
+                f"request {request_id}: {len(outputs)} resumed tokens leave nothing to generate "
+                f"(max_tokens {params.max_tokens}, context {self.max_model_len})"
+            )
         seq = Sequence(
             seq_id=request_id, prompt_token_ids=token_ids, params=params,
             arrival_time=time.monotonic() if arrival_time is None else arrival_time,
             arrival_order=next(self._order), priority=priority, adapter=adapter, eos_token_ids=self.eos_token_ids,
         )
-        if resume:
-            if len(resume) >= params.max_tokens or len(token_ids) + len(resume) >= self.max_model_len:
-                raise ValueError(
-                    f"request {request_id}: {len(resume)} resumed tokens leave nothing to generate "
-                    f"(max_tokens {params.max_tokens}, context {self.max_model_len})"
-                )
-            seq.output_token_ids.extend(resume)
-        self.scheduler.add(seq)  # validates the length
+        seq.output_token_ids.extend(outputs)
         detok = IncrementalDetokenizer(self.tokenizer, token_ids, params) if self.tokenizer else None
         if detok is not None:
-            for token in resume:  # same state as the engine that emitted them; their text is not repeated
+            for token in outputs:  # same state as the engine that emitted them; their text is not repeated
                 detok.add(token)
-        self._requests[request_id] = _Request(seq, detok)
+        return _Request(seq, detok)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now: its KV blocks are free before the next step."""

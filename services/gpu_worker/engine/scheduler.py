@@ -61,6 +61,39 @@ class Scheduler:
         self._seqs[seq.seq_id] = seq
         bisect.insort(self.waiting, seq, key=_key)
 
+    def attach(self, seq: Sequence) -> None:
+        """Admit a sequence whose first `num_computed_tokens` tokens' KV is already in its
+        blocks (a live migration's destination): it runs from the next step, continuing from
+        there. It joins the running set at once, even if that briefly exceeds max_num_seqs:
+        its KV must not sit idle behind the waiting queue."""
+        if seq.num_computed_tokens == 0:
+            return self.add(seq)
+        if seq.seq_id in self._seqs:
+            raise ValueError(f"request id {seq.seq_id!r} is already in the engine")
+        if not 0 < seq.num_computed_tokens < seq.num_tokens or seq.num_tokens > self.config.max_model_len:
+            raise ValueError(
+                f"request {seq.seq_id}: {seq.num_computed_tokens} computed of {seq.num_tokens} tokens "
+                f"(context length {self.config.max_model_len}): nothing left to compute, or too long"
+            )
+        seq.status = SequenceStatus.RUNNING
+        self._seqs[seq.seq_id] = seq
+        self.running.append(seq)
+
+    def detach(self, seq_id: str, *, free_blocks: bool) -> Sequence | None:
+        """Take a sequence out WITHOUT finishing it (it continues elsewhere): nothing is
+        reported; its blocks are freed, or left in the block manager under its id, outside
+        the scheduler's reach, for the caller."""
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            return None
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        if free_blocks:
+            self.blocks.free(seq_id)
+        return seq
+
     def get(self, seq_id: str) -> Sequence | None:
         return self._seqs.get(seq_id)
 
