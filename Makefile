@@ -11,7 +11,7 @@ $(VENV)/bin/activate:
 	$(PY) -m pip install --upgrade pip setuptools wheel
 
 $(VENV)/.installed: $(VENV)/bin/activate pyproject.toml constraints.txt
-	$(PIP) -e '.[engine]'
+	$(PIP) -e '.[engine,dataplane]'
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/bin/activate pyproject.toml constraints.txt

@@ -11,6 +11,10 @@ Then it publishes a heartbeat every `heartbeat_interval` — `ServiceHeartbeat`,
 process's ServiceRecord alive from it) — and at once whenever the service's state changes,
 so the registry sees `ready` and `draining` without waiting. On a clean stop it deletes the
 ServiceRecord; a WorkerRecord stays (the registry marks it dead when heartbeats stop).
+
+A gpu_worker's data-plane address (`WorkerRecord.ucx_address`, how peers reach its UCX
+listener) is known only once its plane has started: `set_ucx_address` writes it into the
+WorkerRecord at the next heartbeat tick (or with the first registration, if that comes later).
 """
 from __future__ import annotations
 
@@ -67,6 +71,8 @@ class Announcer(Actor):
         self._seq = 0
         self._registered = asyncio.Event()
         self._last_state: str | None = None
+        self.ucx_address: str | None = None  # the worker's data-plane listener, once started
+        self._written_ucx_address: str | None = None  # what the registry has
 
     def install(self) -> "Announcer":
         self.service.add_actor(self)
@@ -104,14 +110,20 @@ class Announcer(Actor):
         return WorkerRecord(
             worker_id=self.worker.id, device=self.worker.device, host=self.host,
             memory_capacity_bytes=int(self.worker.memory), state=self._worker_state(), incarnation=self.service_id,
-            ucx_address=None, started_ts=self.started_ts, last_heartbeat_ts=time.time(),
+            ucx_address=self.ucx_address, started_ts=self.started_ts, last_heartbeat_ts=time.time(),
         )
+
+    def set_ucx_address(self, address: str | None) -> None:
+        """Publish the worker's data-plane address (None: it has none) in its WorkerRecord."""
+        self.ucx_address = address
 
     async def register(self) -> None:
         """Write this process's records (compare-and-set; overwrites a previous incarnation's)."""
         await self.catalog.modify(Bucket.SERVICES, self.service_id, lambda _current: self.service_record())
         if self.worker is not None:
+            written = self.ucx_address
             await self.catalog.modify(Bucket.WORKERS, self.worker.id, self.worker_record)
+            self._written_ucx_address = written
         self._registered.set()
         log.info("announced in the registry", service_id=self.service_id, worker=self.worker.id if self.worker else None)
 
@@ -151,7 +163,21 @@ class Announcer(Actor):
                 if beats_since_check >= 10:  # a record forgotten while we were away: announce again
                     beats_since_check = 0
                     await self._ensure_registered()
+            if self.worker is not None and self.ucx_address != self._written_ucx_address:
+                await self._write_ucx_address()
             await asyncio.sleep(step)
+
+    async def _write_ucx_address(self) -> None:
+        assert self.worker is not None
+        written = self.ucx_address
+        try:
+            await self.catalog.modify(Bucket.WORKERS, self.worker.id, self.worker_record)
+        except (TidalError, OSError) as exc:
+            log.warning("data-plane address not written to the registry; retrying", error=str(exc))
+            await asyncio.sleep(0.5)
+            return
+        self._written_ucx_address = written
+        log.info("data-plane address published", worker=self.worker.id, ucx_address=written)
 
     async def _ensure_registered(self) -> None:
         try:

@@ -115,6 +115,9 @@ class GatewaySection(Section, kw_only=True):
     limits: GatewayLimits = msgspec.field(default_factory=GatewayLimits)
     rate_limit: RateLimit = msgspec.field(default_factory=RateLimit)
     drain_timeout: Duration = 30.0
+    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING):
+    # they make the workers read any local path they are given, so off unless a config turns them on
+    allow_runtime_lora_updating: bool = False
 
 
 class DispatcherSection(Section, kw_only=True):
@@ -199,6 +202,9 @@ class WorkerSpec(Section, kw_only=True):
     memory: ByteSize  # the pool's capacity (on CUDA: at most the free HBM)
     models: list[Name] = []  # instances to load at start
     adapters: list[Name] = []  # adapters to make resident at start
+    # A request's tokens after its first go out at most once per this interval, coalesced into one
+    # chunk (vLLM's stream_interval, in time): fewer messages per token on every hop. 0: every step.
+    stream_interval: Duration = 0.0
 
 
 class PoliciesSection(Section, kw_only=True):
@@ -206,6 +212,7 @@ class PoliciesSection(Section, kw_only=True):
     step_token_budget: Annotated[int, Meta(ge=16, le=1 << 20)] = 2048  # chunked prefill
     kv_block_tokens: Annotated[int, Meta(ge=1, le=1024)] = 16
     lora_kernel: Literal["padded", "segmented"] = "segmented"
+    max_lora_rank: Annotated[int, Meta(ge=1, le=1024)] = 64  # adapters of a higher rank are refused at load
     cpu_lora_assist: bool = True  # CaraServe: cold adapters prefill on CPU while loading
     buddy_groups: bool = True  # KunServe: drop layers under KV pressure
     prewarm: bool = True  # WarmServe

@@ -135,12 +135,14 @@ def _subjects() -> list[Subject]:
           frozenset({"dispatcher"}), frozenset({"predictor", "planner", "scheduler"}),
           "Per-model arrivals, admissions and queues of one dispatcher, every stats interval."),
         S("worker.assign", f"{PREFIX}.worker.<worker_id>.assign", R, (ev.Assignment,),
-          frozenset({"dispatcher"}), frozenset({"gpu_worker"}),
-          "Hand one request to an instance on this worker (idempotent per key); tokens go to `req.<request_id>.out`.",
+          frozenset({"dispatcher", "gpu_worker"}), frozenset({"gpu_worker"}),
+          "Hand one request to an instance on this worker (idempotent per key); tokens go to `req.<request_id>.out`. "
+          "Workers send it to each other to hand over a migrated request (with `kv_computed_tokens` in KV mode).",
           reply=(ev.AssignAccepted, ev.AssignRejected)),
         S("worker.ctl", f"{PREFIX}.worker.<worker_id>.ctl", R, ev.ctl.CTL_COMMANDS,
-          frozenset({"planner", "scheduler"}), frozenset({"gpu_worker"}),
-          "Control command to one worker: load/evict, drop/restore layers, prewarm, groups, migration.",
+          frozenset({"planner", "scheduler", "gpu_worker"}), frozenset({"gpu_worker"}),
+          "Control command to one worker: load/evict, drop/restore layers, prewarm, groups, migration "
+          "(a migration's source sends MigrateIn/MigrateKvStage/MigrateKvCancel to its destination).",
           reply=(ev.CtlDone, ev.CtlRefused), stable=False),
         S("worker.stats", f"{PREFIX}.evt.worker.stats", P, (ev.WorkerStats,),
           frozenset({"gpu_worker"}), worker_readers,

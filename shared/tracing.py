@@ -10,11 +10,19 @@ the headers, and every received message starts a CONSUMER/SERVER span whose pare
 sender's span. With None, the bus builds no span and parses no header beyond forwarding an
 incoming `traceparent` unchanged (so a trace survives a hop through an untraced service).
 
+The gateway adds a SERVER span per HTTP request (`http_server_span`, OpenTelemetry's HTTP
+conventions: `http.request.method`, `http.route`, `http.response.status_code`, and
+`tidal.request_id` once a generation has one); the NATS spans of the work it causes are its
+children, so one trace runs HTTP → gateway → dispatcher → worker. A `traceparent` header sent by
+the HTTP client is honoured (the request joins the client's trace).
+
 Tests pass their own exporter: `setup_tracing("svc", exporter=InMemorySpanExporter())`.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Mapping, MutableMapping
 
@@ -28,7 +36,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 TRACING_ENV = "TIDAL_TRACING"
@@ -112,3 +120,35 @@ def extract(headers: Mapping[str, str] | None) -> Context | None:
     if not headers or "traceparent" not in headers:
         return None
     return _propagator.extract(headers)
+
+
+# --- HTTP (the gateway) ------------------------------------------------------------------------
+REQUEST_ID_ATTRIBUTE = "tidal.request_id"
+
+
+@contextmanager
+def http_server_span(tracing: Tracing, method: str, route: str | None, path: str,
+                     headers: Mapping[str, str] | None = None) -> Iterator[Span]:
+    """The SERVER span of one HTTP request, current while it is handled (`route`: the matched
+    route template, None when no route matched). Set the status with `end_http_span`."""
+    attributes = {"http.request.method": method, "url.path": path[:256]}
+    if route is not None:
+        attributes["http.route"] = route
+    with tracing.tracer.start_as_current_span(
+        f"{method} {route}" if route is not None else method, context=extract(headers), kind=SERVER,
+        attributes=attributes,
+    ) as span:
+        yield span
+
+
+def end_http_span(span: Span, status: int) -> None:
+    span.set_attribute("http.response.status_code", status)
+    if status >= 500:  # OpenTelemetry's HTTP conventions: 4xx is the client's error, not the server's
+        span.set_status(Status(StatusCode.ERROR))
+
+
+def annotate_request(request_id: str) -> None:
+    """Name the request on the current span (the HTTP one while a handler runs); no-op untraced."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attribute(REQUEST_ID_ATTRIBUTE, request_id)

@@ -1,9 +1,9 @@
 """The dispatcher's live view of workers and their model instances (pure; time passed in).
 
-Fed by `WorkerStats` (every 250 ms: instances, batch, queue, KV), `WorkerHeartbeat`s and the
-registry's worker records. Between two stats the view adds what this dispatcher assigned
-since the last one and subtracts what finished, so a burst of submits does not pile onto
-the instance that looked idle 250 ms ago.
+Fed by `WorkerStats` (every 250 ms: instances, their registered LoRA adapters, batch, queue,
+KV), `WorkerHeartbeat`s and the registry's worker records. Between two stats the view adds
+what this dispatcher assigned since the last one and subtracts what finished, so a burst of
+submits does not pile onto the instance that looked idle 250 ms ago.
 
 A worker is lost when it falls silent for `dead_after` (no heartbeat and no stats), when the
 registry marks it dead, or when it restarts (a new incarnation: the old process's requests
@@ -35,6 +35,7 @@ class WorkerView:
     stats_at: float | None = None
     instances: dict[str, InstanceStats] = field(default_factory=dict)
     resident_adapters: frozenset[str] = frozenset()
+    adapters: dict[str, frozenset[str]] = field(default_factory=dict)  # instance -> registered adapters
     lost: bool = False
 
 
@@ -67,6 +68,7 @@ class InstanceTable:
         w.last_heard, w.stats_at, w.state, w.lost = now, now, msg.state, False
         w.instances = {inst.instance_id: inst for inst in msg.instances}
         w.resident_adapters = frozenset(msg.resident_adapters)
+        w.adapters = {inst.instance_id: frozenset(inst.adapters) for inst in msg.instances}
         for iid in w.instances:
             self._instance_worker[iid] = msg.worker_id
             load = self.loads.get(iid)
@@ -156,7 +158,8 @@ class InstanceTable:
             instance_id=inst.instance_id, worker_id=w.worker_id, model=inst.model, live=True,
             kv_blocks_used=inst.kv_blocks_used, kv_blocks_total=inst.kv_blocks_total, block_size=self.block_size,
             queued_prompt_tokens=inst.queued_prompt_tokens + sum(load.since.values()), running_requests=running,
-            waiting_requests=total - running, resident_adapters=w.resident_adapters, max_batch=self.max_batch,
+            waiting_requests=total - running, resident_adapters=w.resident_adapters,
+            adapters=w.adapters.get(inst.instance_id, frozenset()), max_batch=self.max_batch,
         )
 
     def worker_of(self, instance_id: str) -> str | None:

@@ -3,7 +3,8 @@
 Two sources, merged: the cluster config (`[[models]]`, `[[adapters]]`: known from the first
 moment, even while the registry is down) and the registry catalog (`ModelRecord`,
 `AdapterRecord`, written by the workers that load them: authoritative for max_context).
-A model some live instance serves is known even if neither source names it.
+A model some live instance serves is known even if neither source names it. An adapter deleted
+from the registry (`POST /v1/unload_lora_adapter`) is unknown even if the config names it.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class ModelCatalog:
         self._config_adapters: dict[str, str] = {}  # name -> base
         self._registry_models: dict[str, int] = {}
         self._registry_adapters: dict[str, str] = {}
+        self._unloaded: set[str] = set()  # deleted from the registry (unloaded): the config no longer counts
 
     @classmethod
     def from_config(cls, cfg: ClusterConfig) -> "ModelCatalog":
@@ -41,14 +43,18 @@ class ModelCatalog:
 
     def put_adapter(self, record: AdapterRecord) -> None:
         self._registry_adapters[record.name] = record.base
+        self._unloaded.discard(record.name)
 
     def delete_adapter(self, name: str) -> None:
         self._registry_adapters.pop(name, None)
+        self._unloaded.add(name)
 
     def max_context(self, model: str) -> int | None:
         return self._registry_models.get(model, self._config_models.get(model))
 
     def base_of(self, adapter: str) -> str | None:
+        if adapter in self._unloaded:
+            return None
         return self._registry_adapters.get(adapter, self._config_adapters.get(adapter))
 
     def check(self, model: str, adapter: str | None, prompt_tokens: int, max_tokens: int,

@@ -17,6 +17,8 @@ from services.gateway.chat import create_chat_completion
 from services.gateway.completions import create_completion
 from services.gateway.edge import ASGIApp, Edge
 from services.gateway.errors import handle_exception
+from services.gateway.http_spans import HttpSpans
+from services.gateway.routes_adapters import load_lora_adapter, unload_lora_adapter
 from services.gateway.routes_misc import health, list_models, openapi_json, prometheus_metrics, ready
 from services.gateway.state import GatewayState
 from shared.config import ClusterConfig
@@ -35,7 +37,7 @@ def build_litestar(state: GatewayState) -> Litestar:
     )
     return Litestar(
         route_handlers=[create_completion, create_chat_completion, list_models, health, ready, prometheus_metrics,
-                        openapi_json],
+                        openapi_json, load_lora_adapter, unload_lora_adapter],
         exception_handlers={Exception: handle_exception},
         openapi_config=openapi,
         state=State({"gateway": state}),
@@ -46,7 +48,8 @@ def build_litestar(state: GatewayState) -> Litestar:
 
 
 def build_app(state: GatewayState) -> ASGIApp:
-    return Edge(build_litestar(state), state)  # type: ignore[arg-type]
+    edge = Edge(build_litestar(state), state)  # type: ignore[arg-type]
+    return HttpSpans(edge, lambda: state.hub.bus.tracing if state.hub is not None else None)
 
 
 def openapi_document(config: ClusterConfig) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from services.gateway.generation import Generation
 from services.gateway.prep import Knobs, sampling_for
 from services.gateway.state import GatewayState
 from shared.events.dispatch import SubmitRequest
+from shared.tracing import annotate_request
 
 MAX_SEQUENCES = 128  # prompts x n per HTTP request
 
@@ -29,6 +30,7 @@ def build_submits(state: GatewayState, target: Target, prompts: list[list[int]],
     if len(prompts) * knobs.n > MAX_SEQUENCES:
         raise ApiError.bad_request(f"prompts x n must be at most {MAX_SEQUENCES}, got {len(prompts) * knobs.n}",
                                    param="n")
+    annotate_request(base_id)  # on the HTTP request's span, when traced
     arrival = time.time()
     deadline = arrival + state.request_timeout_s
     adapter = target.adapter.name if target.adapter is not None else None

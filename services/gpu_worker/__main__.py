@@ -44,7 +44,7 @@ def main() -> None:
     threads = boot.args.threads or default_threads(cfg, spec)
     worker = GpuWorker(boot.service, worker_id, spec.device, stats_interval=boot.args.stats_interval,
                        max_waiting=4 * cfg.policies.max_batch_size)
-    boot.announce(worker=spec)
+    worker.announcer = boot.announce(worker=spec)  # it publishes the worker's data-plane address
     boot.service.add_actor(worker)
 
     async def load_and_serve(service: Service) -> None:

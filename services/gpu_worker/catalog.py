@@ -48,6 +48,7 @@ def instance_record(worker_id: str, inst: ModelInstance, state: str) -> Instance
     return InstanceRecord(
         instance_id=inst.instance_id, model=inst.model, worker_id=worker_id,
         layers=LayerRange(start=0, end=inst.num_layers), state=state,  # type: ignore[arg-type]
+        adapters=sorted(inst.adapters),  # config and runtime-loaded (services/gpu_worker/adapter_ctl.py)
     )
 
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from services.gpu_worker.engine.engine import LLMEngine
+from services.gpu_worker.engine.engine import DetachedRequest, KvProgress, LLMEngine
 from services.gpu_worker.engine.sampling_params import SamplingParams, SamplingParamsError
 from services.gpu_worker.stream import Payload, StreamEncoder
 from shared.events import Assignment
@@ -29,6 +31,7 @@ log = get_logger("tidal.gpu_worker.instance")
 Emit = Callable[[list[Payload], list[str]], None]
 Crashed = Callable[[str, BaseException], None]
 SNAPSHOT_EVERY_S = 0.02  # at most this stale while busy (fresh whenever the engine goes idle)
+GIL_SWITCH_S = 0.0002  # how long the event loop may wait for the GIL while the engine thread runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,26 @@ class InstanceSnapshot:
     resident_adapters: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class KvSnapshot:
+    """A running request's KV progress and views of the full blocks asked for (migration)."""
+
+    progress: KvProgress
+    views: list[object]
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """A request taken out for the final stop of a KV migration, its blocks still held."""
+
+    detached: DetachedRequest
+    next_seq: int  # its stream's next chunk
+    first_block: int  # views: blocks [first_block, last_block) on every layer, still to send
+    last_block: int
+    views: list[object]
+    stopped_at: float  # time.monotonic() when it left the engine
+
+
 def engine_params(p: WireSamplingParams) -> SamplingParams:
     """The wire's sampling parameters as the engine's (raises SamplingParamsError if inconsistent)."""
     return SamplingParams(
@@ -59,11 +82,12 @@ def engine_params(p: WireSamplingParams) -> SamplingParams:
 
 
 class ModelInstance:
-    def __init__(self, instance_id: str, model: str, engine: LLMEngine, worker_id: str) -> None:
+    def __init__(self, instance_id: str, model: str, engine: LLMEngine, worker_id: str, *,
+                 stream_interval_s: float = 0.0) -> None:
         self.instance_id = instance_id
         self.model = model
         self.engine = engine
-        self.encoder = StreamEncoder(worker_id)
+        self.encoder = StreamEncoder(worker_id, stream_interval_s)  # coalesces each request's tokens
         self.num_layers = engine.runner.cfg.num_layers
         self.block_bytes = engine.blocks.block_bytes
         self.adapters = frozenset(engine.runner.lora.host)  # registered (host) adapters
@@ -98,6 +122,96 @@ class ModelInstance:
         self._inbox.put(("detach", (request_id, fut)))
         return asyncio.wrap_future(fut)
 
+    def run_on_engine(self, fn: Callable[[LLMEngine], object]) -> "asyncio.Future[object]":
+        """Run `fn(engine)` on the engine thread between two steps (e.g. register or remove a LoRA
+        adapter); resolves to its result, or raises what it raised."""
+        fut: concurrent.futures.Future[object] = concurrent.futures.Future()
+        self._inbox.put(("call", (fn, fut)))
+        return asyncio.wrap_future(fut)
+
+    # --- live KV migration (services/gpu_worker/migration_kv.py): each is one engine-thread call --
+    def kv_snapshot(self, request_id: str, first_block: int) -> "asyncio.Future[KvSnapshot | None]":
+        """The request's progress and views of its full blocks [first_block, full_blocks) (sent
+        while it keeps decoding: full blocks never change); None if it is not running here."""
+        def snap(engine: LLMEngine) -> KvSnapshot | None:
+            progress = engine.kv_progress(request_id)
+            if progress is None or request_id not in self.encoder.streams:
+                return None
+            last = max(first_block, progress.full_blocks)
+            return KvSnapshot(progress, engine.kv_views(request_id, first_block, last) if last > first_block else [])
+        return self.run_on_engine(snap)  # type: ignore[return-value]
+
+    def stop_for_handover(self, request_id: str, sent_blocks: int, preemptions: int) -> "asyncio.Future[Stopped | None]":
+        """The final stop: take the request out keeping its KV blocks (no final chunk; its
+        coalesced tokens go out now) with views of the blocks still to send. Those are
+        [sent_blocks, blocks covering its computed tokens) — at least the last of them, so a
+        final transfer always happens — or from 0 when a preemption since the pre-copy
+        (`preemptions` differs) made the copied blocks stale. None if it ended."""
+        def stop(engine: LLMEngine) -> Stopped | None:
+            progress = engine.kv_progress(request_id)
+            if progress is None or request_id not in self.encoder.streams:
+                return None
+            detached = engine.detach(request_id, keep_kv=True)
+            assert detached is not None
+            stopped_at = time.monotonic()
+            taken = self.encoder.detach(request_id)
+            assert taken is not None
+            flushed, next_seq = taken
+            if flushed is not None:  # its coalesced tokens go out before the destination continues the stream
+                assert self._emit is not None
+                self._emit([flushed], [])
+            bs = engine.blocks.block_size
+            last = -(-detached.num_computed_tokens // bs)
+            stale = progress.num_preemptions != preemptions or detached.num_computed_tokens < sent_blocks * bs
+            first = 0 if stale else min(sent_blocks, max(0, last - 1))  # the last block always goes in the stop
+            views = engine.kv_views(request_id, first, last) if last > first else []
+            return Stopped(detached, next_seq, first, last, views, stopped_at)
+        return self.run_on_engine(stop)  # type: ignore[return-value]
+
+    def resume_detached(self, detached: DetachedRequest, next_seq: int) -> "asyncio.Future[None]":
+        """Run a request stopped by `stop_for_handover` here again, on its held blocks (a failed move)."""
+        def resume(engine: LLMEngine) -> None:
+            rid = detached.request_id
+            self.encoder.open(rid, next_seq, detached.params.logprobs is not None)
+            try:
+                engine.attach(rid, detached.prompt_token_ids, detached.params,
+                              output_token_ids=detached.output_token_ids,
+                              num_computed_tokens=detached.num_computed_tokens, adapter=detached.adapter,
+                              priority=detached.priority)
+            except ValueError:
+                self.encoder.streams.pop(rid, None)
+                raise
+        return self.run_on_engine(resume)  # type: ignore[return-value]
+
+    def reserve_kv(self, request_id: str, num_tokens: int, expected_tokens: int, first_block: int,
+                   last_block: int) -> "asyncio.Future[list[object] | None]":
+        """Destination: hold blocks for `num_tokens` (grown on repeat calls) and return views of
+        [first_block, last_block) to receive into; None if there is no room."""
+        def reserve(engine: LLMEngine) -> list[object] | None:
+            if engine.reserve_kv(request_id, num_tokens, expected_tokens=expected_tokens) is None:
+                return None
+            return list(engine.kv_views(request_id, first_block, last_block)) if last_block > first_block else []
+        return self.run_on_engine(reserve)  # type: ignore[return-value]
+
+    def release_kv(self, request_id: str) -> "asyncio.Future[int]":
+        """Free the blocks held/reserved under `request_id` (never a running request's)."""
+        return self.run_on_engine(lambda engine: engine.release_kv(request_id))  # type: ignore[return-value]
+
+    def attach(self, a: Assignment) -> "asyncio.Future[None]":
+        """Destination's commit: admit `a` on the blocks reserved for it, its stream opened at
+        `a.next_seq`. Raises ValueError/SamplingParamsError (nothing changed) if it cannot."""
+        def admit(engine: LLMEngine) -> None:
+            params = engine_params(a.sampling)
+            self.encoder.open(a.request_id, a.next_seq, params.logprobs is not None)
+            try:
+                engine.attach(a.request_id, list(a.prompt_token_ids), params,
+                              output_token_ids=list(a.resume_token_ids), num_computed_tokens=a.kv_computed_tokens,
+                              adapter=a.adapter, priority=-a.priority)
+            except ValueError:
+                self.encoder.streams.pop(a.request_id, None)
+                raise
+        return self.run_on_engine(admit)  # type: ignore[return-value]
+
     @property
     def pending(self) -> int:
         """Commands queued for the engine thread (assignments accepted, not yet in the engine)."""
@@ -111,6 +225,12 @@ class ModelInstance:
 
     # --- engine thread ----------------------------------------------------------------------
     def _run(self) -> None:
+        # The event loop thread publishes this thread's chunks and answers assignments; with the
+        # default 5 ms switch interval it can wait that long for the GIL while a step runs Python.
+        sys.setswitchinterval(GIL_SWITCH_S)
+        # The loaded model, tokenizer and libraries are millions of long-lived objects: a full
+        # collection scanning them stalls every thread of the worker for 100-200 ms mid-stream.
+        gc.freeze()
         try:
             while True:
                 payloads: list[Payload] = []
@@ -120,13 +240,15 @@ class ModelInstance:
                 if self.engine.has_unfinished:
                     outputs = self.engine.step()
                     self._steps += 1
-                    self.encoder.encode_outputs(outputs, payloads, ended)
-                now = time.monotonic()
-                if ended or now - self._snapshot_at >= SNAPSHOT_EVERY_S or not self.engine.has_unfinished:
-                    self._take_snapshot(now)
-                if payloads or ended:
+                    now = time.monotonic()
+                    self.encoder.encode_outputs(outputs, now, payloads, ended)
+                else:
+                    now = time.monotonic()
+                if payloads or ended:  # first: the snapshot can wait, the tokens should not
                     assert self._emit is not None
                     self._emit(payloads, ended)
+                if ended or now - self._snapshot_at >= SNAPSHOT_EVERY_S or not self.engine.has_unfinished:
+                    self._take_snapshot(now)
         except Exception as exc:  # the engine's state is unknown now: the worker must go
             log.exception("engine thread crashed", instance=self.instance_id)
             if self._crashed is not None:
@@ -146,20 +268,30 @@ class ModelInstance:
                 return False
             if kind == "abort":
                 self.engine.abort(str(arg))  # its final "abort" output comes with the next step
+            elif kind == "call":
+                fn, done = arg  # type: ignore[misc]
+                try:
+                    done.set_result(fn(self.engine))
+                except Exception as exc:  # the caller's to handle; the engine thread goes on
+                    done.set_exception(exc)
             elif kind == "detach":
                 self._detach(*arg)  # type: ignore[misc]
             elif kind == "add":
                 self._add(arg, payloads, ended)  # type: ignore[arg-type]
 
     def _detach(self, request_id: str, fut: "concurrent.futures.Future[tuple[list[int], int] | None]") -> None:
-        stream = self.encoder.streams.pop(request_id, None)  # no final chunk: the stream goes on elsewhere
-        req = self.engine._requests.get(request_id)  # noqa: SLF001 - the engine has no read API for this yet
-        if stream is None or req is None:
+        # an aborted request is out of the engine but keeps its stream until its final output
+        state = self.engine.detach(request_id, keep_kv=False) if request_id in self.encoder.streams else None
+        if state is None:
             fut.set_result(None)
             return
-        tokens = list(req.seq.output_token_ids)
-        self.engine.abort(request_id)  # frees its blocks; its abort output finds no stream and is dropped
-        fut.set_result((tokens, stream.next_seq))
+        detached = self.encoder.detach(request_id)  # no final chunk: the stream goes on elsewhere
+        assert detached is not None
+        flushed, next_seq = detached
+        if flushed is not None:  # its coalesced tokens go out before anyone continues the stream
+            assert self._emit is not None
+            self._emit([flushed], [])
+        fut.set_result((state.output_token_ids, next_seq))
 
     def _add(self, a: Assignment, payloads: list[Payload], ended: list[str]) -> None:
         try:

@@ -90,7 +90,8 @@ def load_instances(cfg: ClusterConfig, worker: WorkerSpec, *, threads: int | Non
             except (CheckpointError, MemoryError, ValueError, OSError) as exc:
                 raise LoadError(f"adapter {adapter.name!r} of {name!r} from {adapter.path}: {exc}") from exc
         engine.blocks.sync_with_pool()  # KV takes what the adapters left
-        inst = ModelInstance(instance_id(worker.id, name), name, engine, worker.id)
+        inst = ModelInstance(instance_id(worker.id, name), name, engine, worker.id,
+                             stream_interval_s=float(worker.stream_interval))
         log.info("model instance loaded", instance=inst.instance_id, model=name, pool_bytes=pool_bytes,
                  kv_blocks=engine.blocks.num_blocks, adapters=sorted(inst.adapters), threads=threads)
         instances.append(inst)

@@ -1,16 +1,22 @@
-"""Engine outputs → encoded `TokenChunk`s on `tidal.v1.req.<request_id>.out`.
+"""Engine outputs → encoded `TokenChunk`s on `tidal.v1.req.<request_id>.out`, coalesced.
 
 Runs on an instance's engine thread, right after each step, so the asyncio side only hands
-ready bytes to NATS: one chunk per request per step (that step's tokens and text), `seq`
-consecutive from the assignment's `next_seq`, `worker_id` set; the last chunk carries
-finish_reason + usage, or is a `StreamError` when the engine could not run the request.
+ready bytes to NATS. Every message costs CPU on each hop (worker publish, NATS twice, the
+gateway, the dispatcher, the client), so a request's tokens are coalesced (vLLM's
+`stream_interval`, in time): its first token goes out at once (TTFT), later tokens wait
+until `interval_s` has passed since its previous chunk, and whatever is pending goes out
+with the final chunk, before a `StreamError`, or when the request is detached (migration).
+Sequence numbers stay consecutive from the assignment's `next_seq`; `worker_id` is set; the
+last chunk carries finish_reason + usage, or is a `StreamError` when the engine could not
+run the request. `interval_s = 0` sends one chunk per request per step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.gpu_worker.engine.outputs import RequestOutput
 from shared.events import StreamError, TokenChunk, TokenLogprobs, TopLogprob, Usage
+from shared.events.base import MAX_CHUNK_TOKENS
 from shared.subjects import request_out
 from shared.wire import encode
 
@@ -22,21 +28,28 @@ _MAX_ERROR_CHARS = 2000
 
 @dataclass(slots=True)
 class RequestStream:
-    """What the worker remembers about one request's stream."""
+    """What the worker remembers about one request's stream, with its un-sent tokens."""
 
     request_id: str
     subject: str
     next_seq: int
     want_logprobs: bool
+    sent_at: float = -1.0  # when its last chunk went out (< 0: none yet, so the next token goes at once)
+    token_ids: list[int] = field(default_factory=list)  # pending: generated, not yet sent
+    text: str = ""
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
 
 
 class StreamEncoder:
-    """Per-instance stream state; owned by the engine thread."""
+    """Per-instance stream state; owned by the engine thread. Pure: time is passed in."""
 
-    def __init__(self, worker_id: str) -> None:
+    def __init__(self, worker_id: str, interval_s: float = 0.0) -> None:
         self.worker_id = worker_id
+        self.interval_s = interval_s
         self.streams: dict[str, RequestStream] = {}
-        self.tokens_emitted = 0  # every token published, for tokens/s in stats
+        self.tokens_emitted = 0  # every token generated for a served request, for tokens/s in stats
+        self._pending: dict[str, RequestStream] = {}  # streams holding un-sent tokens
+        self._sweep_at = 0.0
 
     def open(self, request_id: str, next_seq: int, want_logprobs: bool) -> None:
         self.streams[request_id] = RequestStream(request_id, request_out(request_id), next_seq, want_logprobs)
@@ -44,47 +57,92 @@ class StreamEncoder:
     def error(self, request_id: str, message: str, next_seq: int) -> Payload:
         """A stream that ends before it started (the engine refused the request)."""
         self.streams.pop(request_id, None)
+        self._pending.pop(request_id, None)
         msg = StreamError(request_id=request_id, seq=next_seq, code="internal", message=message[:_MAX_ERROR_CHARS])
         return request_out(request_id), encode(msg)
 
-    def encode_outputs(self, outputs: list[RequestOutput], payloads: list[Payload], ended: list[str]) -> None:
-        """Append one payload per output (in order) to `payloads`; finished ids to `ended`."""
-        streams = self.streams
+    def detach(self, request_id: str) -> tuple[Payload | None, int] | None:
+        """Forget a request whose stream goes on elsewhere (migration): its pending tokens as a
+        chunk to send first (None if none), and the seq its next chunk must have."""
+        stream = self.streams.pop(request_id, None)
+        if stream is None:
+            return None
+        self._pending.pop(request_id, None)
+        payload = self._chunk(stream, None, None) if stream.token_ids or stream.text else None
+        return payload, stream.next_seq
+
+    def encode_outputs(self, outputs: list[RequestOutput], now: float, payloads: list[Payload],
+                       ended: list[str]) -> None:
+        """Append the payloads due at `now` (monotonic seconds) in order; finished ids to `ended`."""
+        streams, pending, interval = self.streams, self._pending, self.interval_s
         for out in outputs:
-            stream = streams.get(out.request_id)
+            rid = out.request_id
+            stream = streams.get(rid)
             if stream is None:
-                continue  # not a served request (e.g. a warm-up)
+                continue  # not a served request (e.g. a warm-up), or detached
+            new = out.new_token_ids
+            self.tokens_emitted += len(new)
             if out.finished:
-                del streams[out.request_id]
-                ended.append(out.request_id)
-            if out.finish_reason == "error":
-                msg = StreamError(
-                    request_id=out.request_id, seq=stream.next_seq, code="internal",
-                    message=(out.error or "the engine could not run this request")[:_MAX_ERROR_CHARS],
-                    usage=Usage(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens),
-                )
-                payloads.append((stream.subject, encode(msg)))
-                continue
-            n = len(out.new_token_ids)
-            if not n and not out.new_text and not out.finished:
-                continue
-            self.tokens_emitted += n
-            usage = None
-            if out.finished:
+                del streams[rid]
+                ended.append(rid)
+                pending.pop(rid, None)
+                if out.finish_reason == "error":
+                    if new or stream.token_ids:
+                        self._add(stream, out)
+                        payloads.append(self._chunk(stream, None, None))
+                    msg = StreamError(
+                        request_id=rid, seq=stream.next_seq, code="internal",
+                        message=(out.error or "the engine could not run this request")[:_MAX_ERROR_CHARS],
+                        usage=Usage(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens),
+                    )
+                    payloads.append((stream.subject, encode(msg)))
+                    continue
+                self._add(stream, out)
                 usage = Usage(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens)
-            chunk = TokenChunk(
-                request_id=out.request_id, seq=stream.next_seq, token_ids=out.new_token_ids, text=out.new_text,
-                logprobs=_logprobs(out) if stream.want_logprobs else None,
-                finish_reason=out.finish_reason if out.finished else None,  # type: ignore[arg-type]
-                usage=usage, worker_id=self.worker_id,
-            )
-            stream.next_seq += 1
-            payloads.append((stream.subject, encode(chunk)))
+                payloads.append(self._chunk(stream, out.finish_reason, usage))
+                continue
+            if not new and not out.new_text:
+                continue
+            self._add(stream, out)
+            if now - stream.sent_at >= interval or stream.sent_at < 0 or len(stream.token_ids) >= MAX_CHUNK_TOKENS:
+                pending.pop(rid, None)
+                payloads.append(self._chunk(stream, None, None))
+                stream.sent_at = now
+            else:
+                pending[rid] = stream
+        if pending and now >= self._sweep_at:
+            self._sweep(now, payloads)
+
+    def _sweep(self, now: float, payloads: list[Payload]) -> None:
+        """Send what waited too long on a request that produced nothing since (preempted)."""
+        self._sweep_at = now + self.interval_s
+        for rid, stream in list(self._pending.items()):
+            if now - stream.sent_at >= self.interval_s:
+                del self._pending[rid]
+                payloads.append(self._chunk(stream, None, None))
+                stream.sent_at = now
+
+    @staticmethod
+    def _add(stream: RequestStream, out: RequestOutput) -> None:
+        if out.new_token_ids:
+            stream.token_ids.extend(out.new_token_ids)
+            if stream.want_logprobs:
+                stream.logprobs.extend(_logprobs(out))
+        stream.text += out.new_text
+
+    def _chunk(self, stream: RequestStream, finish_reason: str | None, usage: Usage | None) -> Payload:
+        """The pending tokens as the stream's next chunk (and reset them)."""
+        chunk = TokenChunk(
+            request_id=stream.request_id, seq=stream.next_seq, token_ids=stream.token_ids, text=stream.text,
+            logprobs=stream.logprobs if stream.want_logprobs else None,
+            finish_reason=finish_reason, usage=usage, worker_id=self.worker_id,  # type: ignore[arg-type]
+        )
+        stream.next_seq += 1
+        stream.token_ids, stream.text, stream.logprobs = [], "", []
+        return stream.subject, encode(chunk)
 
 
 def _logprobs(out: RequestOutput) -> list[TokenLogprobs]:
-    if not out.new_token_ids:
-        return []
     values = out.logprobs or [0.0] * len(out.new_token_ids)
     tops = out.top_logprobs or [None] * len(out.new_token_ids)
     return [

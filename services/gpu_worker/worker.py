@@ -12,6 +12,10 @@
 * drain (SIGTERM) — assignments are refused with `draining`; admitted requests run to
   the end or to the drain deadline; what is left then is re-dispatched by the dispatcher
   once this worker is marked dead (its chunks so far are not repeated: resume).
+* data plane — started with the worker (`dataplane.WorkerDataPlane`; without ucxx, KV
+  migration is refused as `unsupported`), its address published in the WorkerRecord,
+  closed at stop. Migrations: `migration.py` (MigrateOut runs as a task of its own and
+  answers when done), `migration_kv.py` (source), `migration_dest.py` (destination).
 
 The active-request table is touched only on the event loop, never across an await.
 """
@@ -19,14 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import nats.errors
 from prometheus_client import Counter
 
 from services.gpu_worker import migration
+from services.gpu_worker.adapter_ctl import AdapterControl
 from services.gpu_worker.catalog import CatalogWriter
+from services.gpu_worker.dataplane import WorkerDataPlane
+from services.gpu_worker.migration_dest import KvInbound
 from services.gpu_worker.instance import ModelInstance
 from services.gpu_worker.stats import StatsBuilder
 from services.gpu_worker.stream import Payload
@@ -35,9 +45,13 @@ from shared.bus import Delivery
 from shared.events import (
     AbortRequest, AssignAccepted, AssignRejected, AssignRejectReason, Assignment, CtlRefused, WorkerState,
 )
-from shared.events.ctl import CtlReply, CtlRequest, MigrateIn, MigrateOut
+from shared.announce import Announcer
+from shared.events.ctl import (
+    CtlReply, CtlRequest, EvictAdapter, LoadAdapter, MigrateIn, MigrateKvCancel, MigrateKvStage, MigrateOut,
+)
 from shared.logging import get_logger
 from shared.metrics import REGISTRY
+from shared.registry_client import RegistryClient
 from shared.service import Service
 from shared.subjects import CATALOG, worker_assign, worker_ctl, worker_stats
 from shared.wire import BadRequest, TidalError
@@ -80,6 +94,12 @@ class GpuWorker(Actor):
         self._outbox: collections.deque[tuple[list[Payload], list[str]]] = collections.deque()
         self._outbox_ready = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.adapter_ctl = AdapterControl(self)  # LoadAdapter / EvictAdapter (services/gpu_worker/adapter_ctl.py)
+        self.announcer: Announcer | None = None  # publishes the data-plane address (set by __main__)
+        self.dataplane = WorkerDataPlane(worker_id)
+        self.kv_inbound = KvInbound(self)  # KV migrations into this worker
+        self.migrating: set[str] = set()  # requests a MigrateOut is moving away from here
+        self._tasks: set[asyncio.Task[Any]] = set()  # migrations under way (answered when done)
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def on_start(self) -> None:
@@ -89,6 +109,9 @@ class GpuWorker(Actor):
         await self.bind(worker_ctl(self.worker_id), CtlRequest, self.on_ctl)
         self.spawn("publisher", self._publish_loop)
         self.spawn("stats", self._stats_loop)
+        await self.dataplane.start(RegistryClient(self.bus, timeout=2.0))
+        if self.announcer is not None:
+            self.announcer.set_ucx_address(self.dataplane.address)
 
     async def activate(self, instances: list[ModelInstance], *, catalog: CatalogWriter | None = None) -> None:
         """Serve these (loaded) instances: start their engine threads and register them."""
@@ -99,6 +122,7 @@ class GpuWorker(Actor):
         self._stats = StatsBuilder(self.worker_id, self.device, list(self.instances.values()))
         if self.catalog is not None:
             self.spawn("catalog", self.catalog.register_until_done)
+            self.spawn("adapters", self.adapter_ctl.adopt_catalog_adapters)  # ones loaded at runtime before we came
 
     async def drain(self, service: Service) -> None:
         """on_drain hook: refuse new work; let admitted requests finish up to the drain deadline."""
@@ -116,7 +140,12 @@ class GpuWorker(Actor):
         await asyncio.sleep(2 * self.stats_interval)  # let the last chunks and stats go out
 
     async def on_stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.kv_inbound.close()
         await asyncio.gather(*(asyncio.to_thread(inst.stop) for inst in self.instances.values()))
+        await self.dataplane.close()
         if self.catalog is not None:
             await self._catalog_state("stopped", timeout=1.0)
 
@@ -135,6 +164,8 @@ class GpuWorker(Actor):
 
     # --- assignments ----------------------------------------------------------------------------
     async def on_assign(self, a: Assignment, _ctx: Delivery) -> AssignAccepted | AssignRejected:
+        """A request to run here: from the dispatcher, or a migration's hand-over from another worker
+        (`kv_computed_tokens`, or a KV reservation held here: attach on the moved blocks)."""
         done = self.accepted.get(a.idempotency_key)
         if done is not None:
             ASSIGNMENTS.labels("replayed").inc()
@@ -147,8 +178,15 @@ class GpuWorker(Actor):
             return AssignRejected(request_id=a.request_id, worker_id=self.worker_id, reason=reason, message=message,
                                   retry_after_s=1.0 if reason in ("no_capacity", "draining") else None)
         inst = self.instances[a.instance_id]
-        self.active[a.request_id] = Active(inst, a.idempotency_key, a.deadline_ts, a)
-        inst.submit(a)
+        if a.kv_computed_tokens or a.request_id in self.kv_inbound.reservations:
+            rejected = await self.kv_inbound.commit(a)  # the engine holds it when this returns None
+            if rejected is not None:
+                ASSIGNMENTS.labels(rejected.reason).inc()
+                return rejected
+            self.active[a.request_id] = Active(inst, a.idempotency_key, a.deadline_ts, a)
+        else:
+            self.active[a.request_id] = Active(inst, a.idempotency_key, a.deadline_ts, a)
+            inst.submit(a)
         if a.request_id in self.early_aborts:  # its abort overtook it
             del self.early_aborts[a.request_id]
             self._abort(a.request_id)
@@ -212,14 +250,37 @@ class GpuWorker(Actor):
         inst.submit(a)
 
     # --- control commands (the other mechanisms arrive with later issues) -----------------------
-    async def on_ctl(self, msg: object, _ctx: Delivery) -> CtlReply:
-        if isinstance(msg, MigrateOut):
-            return await migration.migrate_out(self, msg)
+    async def on_ctl(self, msg: object, _ctx: Delivery) -> CtlReply | None:
+        if isinstance(msg, (LoadAdapter, EvictAdapter)):
+            return await self.adapter_ctl.handle(msg, _ctx)  # may answer later, from its own task
+        if isinstance(msg, MigrateOut):  # answered when the move is over; the worker serves meanwhile
+            self.spawn_task(self._migrate_out(msg, _ctx))
+            return None
         if isinstance(msg, MigrateIn):
-            return migration.migrate_in(self, msg)
+            return await migration.migrate_in(self, msg)
+        if isinstance(msg, MigrateKvStage):
+            return await self.kv_inbound.stage(msg)
+        if isinstance(msg, MigrateKvCancel):
+            return await self.kv_inbound.cancel(msg)
         return CtlRefused(idempotency_key=msg.idempotency_key, command=type(msg).__name__,  # type: ignore[attr-defined]
                           worker_id=self.worker_id, code="unsupported",
                           message=f"{type(msg).__name__} is not implemented by this worker yet")
+
+    async def _migrate_out(self, msg: MigrateOut, ctx: Delivery) -> None:
+        try:
+            reply = await migration.migrate_out(self, msg)
+        except Exception as exc:  # a bug: say so rather than leave the caller waiting
+            log.exception("migration failed unexpectedly", request_id=msg.request_id)
+            reply = migration.refused(self, msg, "busy", f"internal error migrating {msg.request_id}: {exc!r}")
+        if ctx.reply:
+            await self.bus.respond(ctx, reply)
+
+    def spawn_task(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run `coro` beside the mailbox (a fresh context: not bound to the deadline of the message
+        that started it); cancelled at stop."""
+        task = asyncio.get_running_loop().create_task(coro, context=contextvars.Context())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # --- chunks: engine thread → event loop → NATS ---------------------------------------------
     def _emitted(self, payloads: list[Payload], ended: list[str]) -> None:

@@ -5,7 +5,9 @@ names what to do to which model/adapter/layers/request, carries an idempotency k
 retried command with the same key is applied once and answered `replayed=True`), and is
 answered with `CtlDone` or `CtlRefused`. They are declared here as the public contract;
 the mechanisms behind them arrive with later issues (engine residency, buddy groups, live
-migration) and until then a worker answers `CtlRefused(code="unsupported")`.
+migration) and until then a worker answers `CtlRefused(code="unsupported")`. Implemented
+today: `LoadAdapter`/`EvictAdapter` (services/gpu_worker/adapter_ctl.py) and
+`MigrateIn`/`MigrateOut` (services/gpu_worker/migration.py).
 """
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ from typing import Annotated, Literal
 from msgspec import Meta
 
 from shared.events.base import (
-    AdapterName, ByteCount, GroupId, IdempotencyKey, InstanceId, Message, ModelName, PlanId, Reason, RequestId,
-    WorkerId,
+    AdapterName, ByteCount, Count, FilePath, GroupId, IdempotencyKey, InstanceId, Message, ModelName, PlanId, Reason,
+    RequestId, Seconds, Value, WorkerId,
 )
 from shared.events.common import GroupMember, LayerRange
 from shared.events.worker import PoolBreakdown
@@ -48,13 +50,18 @@ class EvictModel(CtlCommand, kw_only=True):
 
 
 class LoadAdapter(CtlCommand, kw_only=True):
-    """Make `adapter` resident on the device (it is served from host memory until then)."""
+    """Register `adapter` (a PEFT directory) with the worker's instances of `base`, so requests may
+    name it (the gateway's `POST /v1/load_lora_adapter`); it is made resident on the device on use."""
 
     adapter: AdapterName
     base: ModelName
+    path: FilePath | None = None  # as the worker sees it; None: the path in the adapter's catalog record
 
 
 class EvictAdapter(CtlCommand, kw_only=True):
+    """Unregister `adapter`: new requests naming it are refused at once; it is removed from the
+    engine (and its device bytes freed) when the requests already running with it have finished."""
+
     adapter: AdapterName
 
 
@@ -97,7 +104,9 @@ class LeaveGroup(CtlCommand, kw_only=True):
 
 
 class MigrateOut(CtlCommand, kw_only=True):
-    """Move running request `request_id` from this worker to `destination` (prepared by MigrateIn)."""
+    """Move running request `request_id` from this worker to `destination`. Answered when the move
+    is over: `CtlDone.migration` says how (KV, or tokens after a fallback) and the downtime;
+    `CtlRefused` when the request stays here (it goes on, nothing lost)."""
 
     request_id: RequestId
     destination: WorkerId
@@ -105,13 +114,50 @@ class MigrateOut(CtlCommand, kw_only=True):
     mode: MigrationMode = "kv"
 
 
+BlockIndex = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+
+
 class MigrateIn(CtlCommand, kw_only=True):
-    """Prepare to receive `request_id` from `source` into `instance_id` (sent before MigrateOut)."""
+    """Prepare to receive `request_id` from `source` into `instance_id`.
+
+    From a planner (optional, before MigrateOut): a readiness check. From the source of a KV
+    migration, with `reserve_tokens > 0`: allocate KV blocks for that many tokens (held under
+    the request id; later stages grow them), released unless committed within `hold_s`."""
 
     request_id: RequestId
     source: WorkerId
     instance_id: InstanceId
     mode: MigrationMode = "kv"
+    reserve_tokens: Count = 0
+    expected_tokens: Count = 0  # prompt + max_tokens: lets the destination keep the chain contiguous
+    kv_block_tokens: Annotated[int, Meta(ge=0, le=1024)] = 0  # the source's block size; must match (0: unchecked)
+    adapter: AdapterName | None = None  # the request's adapter: refused at once if not registered here
+    hold_s: Annotated[float, Meta(gt=0, le=3600)] = 30.0
+
+
+class MigrateKvStage(CtlCommand, kw_only=True):
+    """Source → destination of a KV migration, one per pre-copy stage (and the final stop): grow
+    the reservation to `reserve_tokens` and expect the data-plane transfer `key` into the
+    request's blocks [first_block, last_block) (every layer, `transfer.kv_blocks` order).
+    Answered CtlDone once the destination is ready; the source then sends."""
+
+    request_id: RequestId
+    source: WorkerId
+    stage: Annotated[int, Meta(ge=0, le=1000)]
+    key: Annotated[str, Meta(min_length=1, max_length=256)]
+    first_block: BlockIndex
+    last_block: BlockIndex
+    reserve_tokens: Count
+    final: bool = False  # the source has stopped the request: this is the last transfer
+
+
+class MigrateKvCancel(CtlCommand, kw_only=True):
+    """Source → destination: the KV migration is off; drop the expected transfers and free the
+    reserved blocks (answered once nothing more can be written into them)."""
+
+    request_id: RequestId
+    source: WorkerId
+    reason: Reason = ""
 
 
 CtlRequest = (
@@ -126,7 +172,23 @@ CtlRequest = (
     | LeaveGroup
     | MigrateOut
     | MigrateIn
+    | MigrateKvStage
+    | MigrateKvCancel
 )
+
+
+class MigrationReport(Value, kw_only=True):
+    """How a MigrateOut went (on its CtlDone). Times are measured on the source's clock."""
+
+    requested_mode: MigrationMode
+    mode: MigrationMode  # how it moved: "tokens" after a KV fallback
+    fallback: Reason = ""  # why KV mode fell back to tokens ("corrupt: ...")
+    stages: Count = 0  # data-plane transfers, the final stop's included
+    kv_bytes: ByteCount = 0  # KV bytes the destination acknowledged
+    tokens: Count = 0  # prompt + output tokens of the request when it stopped
+    kv_tokens: Count = 0  # of those, tokens whose KV moved (the rest is computed on the destination)
+    downtime_s: Seconds = 0.0  # source stopped the request -> the destination's engine took it over
+    total_s: Seconds = 0.0  # MigrateOut received -> done
 
 
 class CtlDone(Message, kw_only=True):
@@ -138,6 +200,7 @@ class CtlDone(Message, kw_only=True):
     replayed: bool = False
     pool: PoolBreakdown | None = None
     detail: Reason = ""
+    migration: MigrationReport | None = None  # MigrateOut only
 
 
 CtlRefusedCode = Literal[
@@ -178,7 +241,10 @@ __all__ = [
     "LoadAdapter",
     "LoadModel",
     "MigrateIn",
+    "MigrateKvCancel",
+    "MigrateKvStage",
     "MigrateOut",
+    "MigrationReport",
     "MigrationMode",
     "Prewarm",
     "RestoreLayers",

@@ -86,6 +86,8 @@ class InstanceRecord(Message, kw_only=True):
     layers: LayerRange  # whose weights it holds (all, unless dropped into a buddy group)
     state: InstanceState = "loading"
     group_id: GroupId | None = None
+    # LoRA adapters registered on it (from the config, or loaded at runtime): requests naming one may run here
+    adapters: Annotated[list[AdapterName], Meta(max_length=MAX_LIST)] = []
 
 
 GroupState = Literal["forming", "active", "restoring", "dissolved"]

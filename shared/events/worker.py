@@ -47,6 +47,10 @@ class Assignment(Message, kw_only=True):
     attempt: Annotated[int, Meta(ge=0, le=100)] = 0  # 0 on the first dispatch, +1 per re-dispatch
     resume_token_ids: Annotated[list[TokenId], Meta(max_length=262_144)] = []
     next_seq: Seq = 0
+    # KV migration's commit (worker to worker, never from a dispatcher): the KV of the first N
+    # tokens of prompt + resume_token_ids is already in blocks reserved here under request_id
+    # (MigrateIn/MigrateKvStage); the engine continues on top of them instead of re-prefilling.
+    kv_computed_tokens: Count = 0
 
 
 class AssignAccepted(Message, kw_only=True):
@@ -61,6 +65,7 @@ AssignRejectReason = Literal[
     "model_not_loaded",  # this worker holds no such instance
     "adapter_unavailable",  # the adapter is unknown to this worker or cannot be loaded
     "draining",
+    "kv_unavailable",  # a KV migration's commit found no (complete) reservation for the request
 ]
 
 
@@ -122,6 +127,7 @@ class InstanceStats(Value, kw_only=True):
     kv_block_bytes: ByteCount = 0
     kv_growth_blocks_per_s: Annotated[float, Meta(ge=-1e9, le=1e9)] = 0.0
     tokens_per_s: Rate = 0.0  # generated, over the last stats interval
+    adapters: Annotated[list[AdapterName], Meta(max_length=MAX_LIST)] = []  # registered here: routable
 
 
 class WorkerStats(Message, kw_only=True):

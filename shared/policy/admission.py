@@ -17,9 +17,10 @@ from shared.policy.routing import InstanceView, RequestView, candidates
 def serving(request: RequestView, instances: Sequence[InstanceView]) -> list[InstanceView]:
     """Live instances able to serve the request at all (its model; its adapter, if any).
 
-    For an adapter request, instances on workers where the adapter is resident are preferred;
-    when none has it resident, every instance of the base model is a candidate (a worker can
-    load it, or rejects the assignment with `adapter_unavailable` and the dispatcher moves on).
+    For an adapter request, only instances that have the adapter registered are candidates
+    (`InstanceView.adapters`; when unknown, every instance of the base model: a worker without
+    it rejects the assignment with `adapter_unavailable` and the dispatcher moves on); among
+    them, instances on workers where the adapter is resident are preferred.
     """
     able = candidates(request, instances)
     if request.adapter is None:

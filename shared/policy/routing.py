@@ -39,6 +39,7 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
     running_requests: int = 0  # sequences in the batch
     waiting_requests: int = 0  # assigned, not yet in the batch
     resident_adapters: frozenset[str] = frozenset()
+    adapters: frozenset[str] | None = None  # LoRA adapters registered on it; None: unknown (any may be tried)
     max_batch: int = 64
 
     @property
@@ -65,11 +66,13 @@ class RoutingPolicy(Protocol):
 
 
 def candidates(request: RequestView, instances: Sequence[InstanceView]) -> list[InstanceView]:
-    """Live instances of the request's model whose whole KV could ever hold its prompt."""
-    need = request.prompt_tokens
+    """Live instances of the request's model (with its adapter registered, if it names one) whose
+    whole KV could ever hold its prompt."""
+    need, adapter = request.prompt_tokens, request.adapter
     return [
         inst for inst in instances
         if inst.live and inst.model == request.model and inst.kv_blocks_total * inst.block_size >= need
+        and (adapter is None or inst.adapters is None or adapter in inst.adapters)
     ]
 
 

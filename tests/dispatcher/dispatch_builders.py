@@ -50,9 +50,10 @@ def submit(rid: str, *, model: str = "m", adapter: str | None = None, prompt: in
 
 
 def instance(iid: str, *, model: str = "m", running: int = 0, waiting: int = 0, used: int = 0,
-             total: int = 64) -> InstanceStats:
+             total: int = 64, adapters: tuple[str, ...] = ("m-lora",)) -> InstanceStats:
+    """`adapters`: registered on the instance (routable there); `stats(adapters=...)`: resident."""
     return InstanceStats(instance_id=iid, model=model, layers=LayerRange(start=0, end=2), running=running,
-                         waiting=waiting, kv_blocks_used=used, kv_blocks_total=total)
+                         waiting=waiting, kv_blocks_used=used, kv_blocks_total=total, adapters=list(adapters))
 
 
 def stats(worker: str, *instances: InstanceStats, state: WorkerState = WorkerState.READY,

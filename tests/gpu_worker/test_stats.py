@@ -23,6 +23,7 @@ class Instance:  # what StatsBuilder reads from a ModelInstance
     block_bytes: int = 100
     pending: int = 0
     snapshot: InstanceSnapshot = field(default_factory=InstanceSnapshot)
+    adapters: frozenset[str] = frozenset()
 
 
 def snap(ts: float, used: int, emitted: int, **kw: object) -> InstanceSnapshot:

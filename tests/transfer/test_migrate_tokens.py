@@ -36,7 +36,7 @@ dead_after = "1s"
 [[models]]
 name = "tiny"
 path = "{model}"
-max_context = 512
+max_context = 1024
 
 [[adapters]]
 name = "tiny-lora"
@@ -147,7 +147,7 @@ async def test_migrated_greedy_request_yields_the_unmigrated_tokens(bus: Bus, re
                                                                     when: str) -> None:
     rid = f"mig-{when}-{adapter or 'base'}"
     prompt = PROMPT * 40 if when == "mid-prefill" else PROMPT  # 320 tokens: 5 prefill steps of 64
-    max_tokens = 150
+    max_tokens = 400  # long enough to be still running when the migration arrives on a loaded machine
     stream = Stream()
     await bus.subscribe(request_out(rid), TokenChunk | StreamError, stream.on)
     reply = await bus.request(worker_assign("w0"), assign(rid, prompt, adapter, max_tokens), AssignReply)
@@ -190,10 +190,10 @@ async def test_destination_that_cannot_take_it_leaves_the_request_on_the_source(
     assert [t for c in chunks for t in c.token_ids] == reference.generate([PROMPT], params)[0].token_ids
 
 
-async def test_kv_mode_and_unknown_requests_are_refused(bus: Bus) -> None:
+async def test_unknown_requests_are_refused(bus: Bus) -> None:
     kv = await bus.request(worker_ctl("w0"), MigrateOut(idempotency_key="kv-1", request_id="nope", destination="w1",
                                                        destination_instance="w1-tiny", mode="kv"), CtlReply)
-    assert isinstance(kv, CtlRefused) and kv.code == "unsupported"
+    assert isinstance(kv, CtlRefused) and kv.code == "not_found"  # KV mode: tests/transfer/test_migrate_kv.py
     gone = await bus.request(worker_ctl("w0"), MigrateOut(idempotency_key="t-1", request_id="nope", destination="w1",
                                                          destination_instance="w1-tiny", mode="tokens"), CtlReply)
     assert isinstance(gone, CtlRefused) and gone.code == "not_found"

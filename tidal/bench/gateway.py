@@ -44,7 +44,7 @@ id = "bench-0"
 device = "cpu"
 memory = "{memory}"
 models = ["bench"]
-
+{worker_extra}
 [policies]
 max_batch_size = {batch}
 step_token_budget = {budget}
@@ -64,6 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--unloaded", type=int, default=10, help="sequential requests for the unloaded TTFT")
     p.add_argument("--threads", type=int, help="engine torch threads, both paths (default: the worker's default)")
     p.add_argument("--memory", default="1GiB", help="the worker's pool")
+    p.add_argument("--stream-interval", help="the worker's stream_interval, e.g. 0 or 10ms (default: the config's)")
     p.add_argument("--repeat", type=int, default=3, help="alternating repeats of both paths (medians reported)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
@@ -187,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
     context = args.prompt_len + args.output_len + 16
     port = _free_port()
     text = CONFIG.format(data=root / "data", port=port, model=model, context=context, memory=args.memory,
-                         batch=max(args.streams, 1), budget=max(2048, args.streams))
+                         batch=max(args.streams, 1), budget=max(2048, args.streams),
+                         worker_extra=f'stream_interval = "{args.stream_interval}"\n' if args.stream_interval else "")
     cfg = parse_config(text, base_dir=root)
     worker = cfg.worker("bench-0")
     threads = args.threads or default_threads(cfg, worker)

@@ -24,7 +24,10 @@ import numpy as np
 
 from services.gpu_worker.transfer import ChunkingConfig, DataPlane, DataPlaneConfig, TrafficClass
 from tidal.bench.transfer_nixl import kv_blocks_bench
+from services.gpu_worker.transfer import timeline
 from tidal.bench.transfer_proc import ReceiverProcess
+from tidal.bench.transfer_receiver import ReceiverCommand
+from tidal.bench.transfer_timeline import breakdown, report
 
 MiB = 1 << 20
 
@@ -47,17 +50,18 @@ def _load() -> str:
 
 
 async def _activations_during_kv(plane: DataPlane, address: str, kv: np.ndarray, act: np.ndarray,
-                                 interval_s: float) -> tuple[list[float], float]:
-    """Latencies of activations submitted every `interval_s` while `kv` is in flight; KV seconds."""
+                                 interval_s: float) -> tuple[list[float], set[int], int]:
+    """Latencies of activations submitted every `interval_s` while `kv` is in flight; their
+    transfer ids and the KV transfer's."""
     link = await plane.link("bench-receiver", address)
     bulk = await link.submit(kv, kind=TrafficClass.KV, key="kv")
     handles = []
     while not bulk.done():
         handles.append(await link.submit(act, kind=TrafficClass.ACTIVATION, key="act"))
         await asyncio.sleep(interval_s)
-    kv_receipt = await bulk.wait(600)
+    await bulk.wait(600)
     latencies = [(await h.wait(600)).seconds for h in handles]
-    return latencies, kv_receipt.seconds
+    return latencies, {h.transfer_id for h in handles}, bulk.transfer_id
 
 
 async def bench_activation_latency(args: argparse.Namespace, rx: ReceiverProcess) -> None:
@@ -69,9 +73,17 @@ async def bench_activation_latency(args: argparse.Namespace, rx: ReceiverProcess
     await link.send(kv[: 64 * MiB], kind=TrafficClass.KV, key="warmup")  # measure the link first
     await (await fifo.link("bench-receiver", rx.ready.address)).send(kv[: 64 * MiB], kind=TrafficClass.KV, key="w")
     rows: dict[str, list[float]] = {"scheduler": [], "fifo": []}
+    traced: list[dict[str, float]] = []
     for _ in range(args.repeats):
         for name, plane in (("scheduler", sched), ("fifo", fifo)):
-            lat, _kv_s = await _activations_during_kv(plane, rx.ready.address, kv, act, args.interval_ms / 1000)
+            tracing = args.trace and name == "scheduler"
+            if tracing:
+                await rx.command(ReceiverCommand(command="trace_on"))
+                timeline.enable()
+            lat, act_ids, kv_id = await _activations_during_kv(plane, rx.ready.address, kv, act, args.interval_ms / 1000)
+            if tracing:
+                theirs = (await rx.command(ReceiverCommand(command="trace_off"))).steps
+                traced += breakdown(timeline.disable(), theirs, act_ids, {kv_id})
             rows[name] += lat
     chunk = link.schedule.chunk_limit(TrafficClass.KV)
     bw = link.schedule.bandwidth.value
@@ -89,6 +101,9 @@ async def bench_activation_latency(args: argparse.Namespace, rx: ReceiverProcess
     goal = chunk_ms + 1.0
     print(f"    goal P99 <= chunk time + 1 ms = {goal:.2f} ms: {'met' if p99['scheduler'] <= goal else 'NOT met'}; "
           f"FIFO/scheduler P99 = {p99['fifo'] / p99['scheduler']:.1f}x (goal >= 10x)")
+    if args.trace:
+        print("    where the scheduler's activation latency goes (--trace; steps in tidal/bench/transfer_timeline.py):")
+        print(report(traced))
     await sched.close()
     await fifo.close()
 
@@ -163,4 +178,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--block-kib", type=int, default=64, help="(d) bytes per KV block")
     parser.add_argument("--skip-blocks", action="store_true", help="skip (d)")
     parser.add_argument("--only", default="abd", help="which parts to run, e.g. 'ab'")
+    parser.add_argument("--trace", action="store_true", help="(a) split the scheduler's activation latency into steps")
     parser.set_defaults(func=run_bench)

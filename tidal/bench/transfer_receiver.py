@@ -46,14 +46,15 @@ class BlockSet(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class ReceiverCommand(msgspec.Struct, kw_only=True, frozen=True):
-    command: Literal["expect_blocks", "check_blocks"]
-    blocks: BlockSet
+    command: Literal["expect_blocks", "check_blocks", "trace_on", "trace_off"]
+    blocks: BlockSet | None = None
     key: str = ""
 
 
 class ReceiverReply(msgspec.Struct, kw_only=True, frozen=True):
     event: Literal["done"] = "done"
     ok: bool = True
+    steps: list[tuple[str, int, int, float]] = []  # trace_off: the receiver's timeline (transfer/timeline.py)
 
 
 def _emit(obj: msgspec.Struct) -> None:
@@ -88,6 +89,7 @@ def nixl_side(name: str, cache: np.ndarray) -> tuple[NixlSide | None, str]:
 
 async def serve(cache_bytes: int) -> None:
     from services.gpu_worker.transfer import DataPlane, DataPlaneConfig, TrafficClass
+    from services.gpu_worker.transfer import timeline
     from services.gpu_worker.transfer.sink import Sink
 
     kv_dest = np.empty(KV_BYTES, dtype=np.uint8)
@@ -126,7 +128,15 @@ async def serve(cache_bytes: int) -> None:
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     while line := await reader.readline():
         cmd = msgspec.json.decode(line, type=ReceiverCommand)
+        if cmd.command == "trace_on":
+            timeline.enable()
+            _emit(ReceiverReply())
+            continue
+        if cmd.command == "trace_off":
+            _emit(ReceiverReply(steps=timeline.disable()))
+            continue
         b = cmd.blocks
+        assert b is not None
         blocks = cache[: b.n_total * b.block_bytes].reshape(b.n_total, b.block_bytes)
         if cmd.command == "expect_blocks":  # the data plane receives straight into the blocks
             plane.inbox.expect(cmd.key, [blocks[i] for i in b.ids()])

@@ -21,7 +21,7 @@ larger buffer, and reports none of its length: hence the prefix).
 """
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta
@@ -45,10 +45,11 @@ PeerName = Annotated[str, Meta(min_length=1, max_length=64)]
 
 
 class Hello(Message, kw_only=True):
-    """First frame on a new endpoint: who is sending."""
+    """First frame on a new endpoint: who is sending, and which of its link's lanes this is."""
 
     worker_id: PeerName
     protocol: Annotated[int, Meta(ge=1, le=1000)] = 1
+    lane: Literal["bulk", "express"] = "bulk"  # express: the link's endpoint for activations
 
 
 class TransferStart(Message, kw_only=True):

@@ -22,7 +22,7 @@ import numpy as np
 
 from shared.logging import get_logger
 
-from . import metrics
+from . import metrics, timeline
 from .buffers import ByteView, checksum_of, empty_like_device
 from .channel import Channel
 from .errors import FailureReason, TransferFailed
@@ -63,6 +63,7 @@ class InboundConnection:
         self.channel = Channel(endpoint)
         self.inbox = inbox
         self.peer = "unknown"
+        self.lane = "bulk"  # which lane of the peer's link this endpoint is (Hello)
         self.chunk_hook = chunk_hook
         self._rx: dict[int, _Rx] = {}
 
@@ -103,11 +104,13 @@ class InboundConnection:
         elif isinstance(frame, TransferAbort):
             self._on_abort(frame)
         elif isinstance(frame, Hello):
-            self.peer = frame.worker_id
+            self.peer, self.lane = frame.worker_id, frame.lane
 
     # --- frames ------------------------------------------------------------------------
     def _on_start(self, start: TransferStart) -> None:
         tid = start.transfer_id
+        if timeline.EVENTS is not None:
+            timeline.mark("start", tid)
         rx = _Rx(start, self.inbox.open(start, self.peer), self.channel.data_tags(tid)[1],
                  chunk_count(start.total_bytes, start.chunk_bytes))
         self._rx[tid] = rx
@@ -119,6 +122,8 @@ class InboundConnection:
         self._post_up_to(rx, min(rx.n_chunks, PREPOST))
 
     def _on_header(self, h: ChunkHeader) -> None:
+        if timeline.EVENTS is not None:
+            timeline.mark("header", h.transfer_id, h.index)
         rx = self._rx.get(h.transfer_id)
         if rx is None:
             return  # a transfer that already ended here; its payload receive was posted before
@@ -167,6 +172,8 @@ class InboundConnection:
 
     def _landed(self, rx: _Rx, index: int, dest: ByteView, staged: bool, f: "asyncio.Future[Any]") -> None:
         rx.outstanding -= 1
+        if timeline.EVENTS is not None:
+            timeline.mark("landed", rx.start.transfer_id, index)
         error = None if f.cancelled() else f.exception()
         if f.cancelled() or error is not None:
             truncated = type(error).__name__ == "UCXXMessageTruncatedError"
@@ -191,11 +198,15 @@ class InboundConnection:
         if staged:
             rx.sink.segments.scatter(h.offset, dest)  # type: ignore[union-attr]
         rx.verified += 1
+        if timeline.EVENTS is not None:
+            timeline.mark("verified", h.transfer_id, h.index)
         metrics.BYTES.labels(self.peer, rx.start.kind, "received").inc(h.length)
         metrics.CHUNKS.labels(self.peer, "received").inc()
         if rx.verified == rx.n_chunks:
             s = rx.start
             self._reply(TransferAck(transfer_id=s.transfer_id, chunks=rx.n_chunks, total_bytes=s.total_bytes))
+            if timeline.EVENTS is not None:
+                timeline.mark("ack_sent", s.transfer_id)
             rx.closed_by_sender = True
             self._maybe_close(rx)
 

@@ -1,16 +1,18 @@
 """The sending side of one link (this worker -> one peer): the transfer scheduler's I/O.
 
-`LinkSchedule` (pure, `policy.py`) decides which chunk goes next and how big; this class
-posts the frames and payloads on the UCX endpoint, feeds completions back (bandwidth), and
-turns the receiver's Ack/Nack into the completion of each transfer's handle.
+`LinkSchedule` (pure, `policy.py`) decides which chunk goes next, how big, and on which
+lane; this class posts the frames and payloads on the lane's UCX endpoint (bulk, or the
+express endpoint of activations), feeds completions back (bandwidth), and turns the
+receiver's Ack/Nack into the completion of each transfer's handle.
 
 Posting order is the wire order: every send is posted to UCX when `_post` is called (no
 task in between), so a chunk's header always precedes its payload, and a transfer's Start
-precedes its chunks.
+precedes its chunks. A transfer stays on one lane (one endpoint) from Start to Ack.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections import deque
@@ -23,7 +25,7 @@ import numpy as np
 from shared.events.common import LayerRange
 from shared.logging import get_logger
 
-from . import metrics
+from . import metrics, timeline
 from .buffers import Segments, checksum_algorithm, checksum_of
 from .channel import Channel
 from .errors import FailureReason, TransferFailed
@@ -104,6 +106,7 @@ class _Outgoing:
     chunks_posted: int = 0
     n_chunks: int = 0
     data_tag: Any = None
+    channel: Channel | None = None  # the lane's endpoint, from its first chunk on
 
 
 class Link:
@@ -111,10 +114,13 @@ class Link:
 
     _ids = itertools.count(1)
 
-    def __init__(self, local_id: str, peer: str, endpoint: Any, cfg: ChunkingConfig, *,
+    def __init__(self, local_id: str, peer: str, endpoint: Any, cfg: ChunkingConfig, *, express_endpoint: Any = None,
                  on_dead: Callable[["Link"], None] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.local_id, self.peer, self.clock = local_id, peer, clock
-        self.channel = Channel(endpoint)
+        self.channel = Channel(endpoint)  # bulk lane (and everything, without an express endpoint)
+        self.express = Channel(express_endpoint) if express_endpoint is not None else None
+        if self.express is None and cfg.express_activations:
+            cfg = dataclasses.replace(cfg, express_activations=False)
         self.schedule = LinkSchedule(cfg)
         self.sent_log: deque[tuple[int, int, int]] = deque(maxlen=100_000)  # (transfer, chunk, length) in post order
         self.backpressure_waits = 0
@@ -125,16 +131,20 @@ class Link:
         self._dead: TransferFailed | None = None
         self._posted_sends: set[asyncio.Future[Any]] = set()
         self._pump_task: asyncio.Task[None] | None = None
-        self._reply_task: asyncio.Task[None] | None = None
+        self._reply_tasks: list[asyncio.Task[None]] = []
 
     @property
     def alive(self) -> bool:
         return self._dead is None
 
+    def _lanes(self) -> list[tuple[str, Channel]]:
+        return [("bulk", self.channel)] + ([("express", self.express)] if self.express is not None else [])
+
     async def start(self) -> "Link":
-        self._post(encode_frame(Hello(worker_id=self.local_id)), TAG_FRAME)
+        for lane, channel in self._lanes():
+            self._post(encode_frame(Hello(worker_id=self.local_id, lane=lane)), TAG_FRAME, channel)
+            self._reply_tasks.append(asyncio.create_task(self._replies(channel), name=f"transfer-replies-{self.peer}-{lane}"))
         self._pump_task = asyncio.create_task(self._pump(), name=f"transfer-pump-{self.peer}")
-        self._reply_task = asyncio.create_task(self._replies(), name=f"transfer-replies-{self.peer}")
         return self
 
     # --- API ---------------------------------------------------------------------------
@@ -160,6 +170,8 @@ class Link:
         )
         self._out[tid] = _Outgoing(handle, segments, start)
         self.schedule.add(tid, kind, segments.total, self.clock())
+        if timeline.EVENTS is not None:
+            timeline.mark("submit", tid)
         self._update_gauges()
         self._wake.set()
         return handle
@@ -174,12 +186,12 @@ class Link:
         if out is None:
             return False
         self.schedule.cancel(tid)
-        if out.started and self._dead is None:  # the receiver holds state for it: close it there
+        if out.started and out.channel is not None and self._dead is None:  # the receiver holds state: close it
             fillers = min(PREPOST, out.n_chunks - out.chunks_posted)
             self._post(encode_frame(TransferAbort(transfer_id=tid, reason=reason, message=message[:2000],
-                                                  chunks_posted=out.chunks_posted, fillers=fillers)), TAG_FRAME)
+                                                  chunks_posted=out.chunks_posted, fillers=fillers)), TAG_FRAME, out.channel)
             for _ in range(fillers):  # complete the receives it may have pre-posted
-                self._post(_EMPTY, out.data_tag)
+                self._post(_EMPTY, out.data_tag, out.channel)
         self._finish(out, error=TransferFailed(reason, message, transfer_id=tid, peer=self.peer))
         self._signal_space()
         self._wake.set()
@@ -187,14 +199,15 @@ class Link:
 
     async def close(self, reason: FailureReason = "closed") -> None:
         self._die(TransferFailed(reason, "link closed", peer=self.peer))
-        mine = [t for t in (self._pump_task, self._reply_task) if t is not None and t is not asyncio.current_task()]
+        mine = [t for t in (self._pump_task, *self._reply_tasks) if t is not None and t is not asyncio.current_task()]
         for task in mine:
             task.cancel()
         await asyncio.gather(*mine, return_exceptions=True)
-        try:
-            await asyncio.wait_for(self.channel.close(), 2.0)
-        except Exception:  # noqa: BLE001 - a dead peer's endpoint may fail to close; nothing to do
-            self.channel.abort()
+        for _lane, channel in self._lanes():
+            try:
+                await asyncio.wait_for(channel.close(), 2.0)
+            except Exception:  # noqa: BLE001 - a dead peer's endpoint may fail to close; nothing to do
+                channel.abort()
 
     # --- sending -----------------------------------------------------------------------
     async def _pump(self) -> None:
@@ -208,7 +221,7 @@ class Link:
                 self._post_chunk(plan)
             except Exception as exc:  # noqa: BLE001 - a bug or bad buffer fails that transfer, not the link
                 log.exception("could not post a chunk", peer=self.peer, transfer_id=plan.tid)
-                self.schedule.chunk_failed()
+                self.schedule.chunk_failed(express=plan.express)
                 self.cancel(plan.tid, "protocol", f"could not post chunk {plan.index}: {exc!r}")
             self._signal_space()
 
@@ -217,29 +230,37 @@ class Link:
         cls = plan.cls.name.lower()
         if plan.index == 0:
             out.started = True
+            out.channel = self.express if plan.express and self.express is not None else self.channel
             out.handle.waited_s, out.handle.chunks_ahead = plan.waited_s, plan.chunks_ahead
             metrics.WAIT_SECONDS.labels(self.peer, cls).observe(plan.waited_s or 0.0)
             out.start = msgspec.structs.replace(out.start, chunk_bytes=plan.chunk_size)
             out.n_chunks = chunk_count(out.start.total_bytes, plan.chunk_size)
-            out.data_tag = self.channel.data_tags(plan.tid)[0]
-            self._post(encode_frame(out.start), TAG_FRAME)
+            out.data_tag = out.channel.data_tags(plan.tid)[0]
+            self._post(encode_frame(out.start), TAG_FRAME, out.channel)
+        channel = out.channel
+        assert channel is not None
         payload = out.segments.gather(plan.offset, plan.length)
         header = ChunkHeader(transfer_id=plan.tid, index=plan.index, offset=plan.offset, length=plan.length,
                              checksum=checksum_of(payload, out.start.checksum), last=plan.last)
-        self._post(encode_frame(header), TAG_FRAME)
-        sent = self._post(payload, out.data_tag)
+        self._post(encode_frame(header), TAG_FRAME, channel)
+        sent = self._post(payload, out.data_tag, channel)
+        posted_at = self.clock()
+        if timeline.EVENTS is not None:
+            timeline.mark("post", plan.tid, plan.index)
         out.chunks_posted += 1
-        sent.add_done_callback(lambda f: self._chunk_sent(plan, f))
+        sent.add_done_callback(lambda f: self._chunk_sent(plan, f, posted_at))
         self.sent_log.append((plan.tid, plan.index, plan.length))
         if plan.last:
             out.all_posted = True
         self._update_gauges()
 
-    def _chunk_sent(self, plan: ChunkPlan, sent: "asyncio.Future[Any]") -> None:
+    def _chunk_sent(self, plan: ChunkPlan, sent: "asyncio.Future[Any]", posted_at: float) -> None:
         if sent.cancelled() or sent.exception() is not None:
-            self.schedule.chunk_failed()
+            self.schedule.chunk_failed(express=plan.express)
             return  # _post's callback kills the link
-        self.schedule.chunk_done(plan.length, self.clock())
+        self.schedule.chunk_done(plan.length, self.clock(), express=plan.express, posted_at=posted_at)
+        if timeline.EVENTS is not None:
+            timeline.mark("sent", plan.tid, plan.index)
         out = self._out.get(plan.tid)
         if out is not None:
             out.handle.chunks_sent += 1
@@ -249,10 +270,10 @@ class Link:
         metrics.CHUNK_BYTES.labels(self.peer).set(self.schedule.chunk_limit(TrafficClass.KV))
         self._wake.set()
 
-    def _post(self, buf: Any, tag: Any) -> "asyncio.Future[Any]":
-        """Post a send now (wire order = call order); a failure kills the link."""
+    def _post(self, buf: Any, tag: Any, channel: Channel) -> "asyncio.Future[Any]":
+        """Post a send now (wire order = call order, per lane); a failure kills the link."""
         try:
-            sent = self.channel.send(buf, tag) if isinstance(tag, int) else self.channel.send_tagged(buf, tag)
+            sent = channel.send(buf, tag) if isinstance(tag, int) else channel.send_tagged(buf, tag)
         except Exception as exc:  # noqa: BLE001 - the endpoint is already broken
             sent = asyncio.get_running_loop().create_future()
             sent.set_exception(exc)
@@ -266,11 +287,11 @@ class Link:
             self._die(TransferFailed("peer_lost", f"send failed: {sent.exception()}", peer=self.peer))
 
     # --- replies -----------------------------------------------------------------------
-    async def _replies(self) -> None:
+    async def _replies(self, channel: Channel) -> None:
         buf = np.empty(MAX_FRAME, dtype=np.uint8)
         try:
             while self._dead is None:
-                await self.channel.recv(buf, TAG_REPLY)
+                await channel.recv(buf, TAG_REPLY)
                 self._on_reply(decode_reply_frame(memoryview(buf)))
         except asyncio.CancelledError:
             raise
@@ -278,6 +299,8 @@ class Link:
             self._die(TransferFailed("peer_lost", f"connection to {self.peer} broke: {exc}", peer=self.peer))
 
     def _on_reply(self, frame: Any) -> None:
+        if timeline.EVENTS is not None:
+            timeline.mark("ack", frame.transfer_id)
         out = self._out.get(frame.transfer_id)
         if out is None:
             return  # cancelled here already; the receiver's answer crossed our Abort

@@ -177,11 +177,20 @@ class DataPlane:
         if not address:
             raise TransferFailed("unreachable", "no data-plane address is known for this worker", peer=peer)
         host, port = parse_address(address)
-        try:
-            endpoint = await asyncio.wait_for(self._runtime().create_endpoint(host, port), self.config.connect_timeout_s)
-        except Exception as exc:  # noqa: BLE001 - refused, timed out, UCX error: all mean unreachable
-            raise TransferFailed("unreachable", f"cannot connect to {address}: {exc!r}", peer=peer) from None
-        link = Link(self.worker_id, peer, endpoint, self.config.chunking, on_dead=self._forget)
+        chunking = self.config.chunking
+        lanes = 2 if chunking.express_activations and not chunking.fifo else 1  # bulk (+ express: activations)
+        opening = [asyncio.ensure_future(asyncio.wait_for(self._runtime().create_endpoint(host, port),
+                                                          self.config.connect_timeout_s)) for _ in range(lanes)]
+        results = await asyncio.gather(*opening, return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            for ep in results:
+                if not isinstance(ep, BaseException):
+                    ep.abort()
+            # refused, timed out, UCX error: all mean unreachable
+            raise TransferFailed("unreachable", f"cannot connect to {address}: {failed[0]!r}", peer=peer) from None
+        link = Link(self.worker_id, peer, results[0], chunking, express_endpoint=results[1] if lanes == 2 else None,
+                    on_dead=self._forget)
         return await link.start()
 
     def _forget(self, link: Link) -> None:

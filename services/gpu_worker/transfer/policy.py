@@ -5,6 +5,12 @@ a bulk transfer must not block an activation (head-of-line blocking), so bulk tr
 out in chunks and the sender picks the next chunk by priority at every chunk boundary.
 
 * Priority classes: ACTIVATION > KV > WEIGHTS (strict).
+* Activations have a lane of their own (`express_activations`): the link opens a second UCX
+  endpoint for them, with its own in-flight slots, so an activation never queues behind bulk
+  chunks already posted — neither in this scheduler nor inside UCX, which sends the
+  messages of one endpoint in order (over TCP: one socket; over RDMA: one QP). Bulk chunks
+  only share the wire's bandwidth with it. Without it (or in `fifo`), activations take the
+  next free slot of the bulk lane: they wait behind the chunks in flight.
 * Within a class: round-robin between transfers, one chunk each (fairness).
 * Chunk size = measured bandwidth x target preemption delay / chunks in flight, so the
   bytes already on the wire ahead of a new activation take about `target_delay_s` — but no
@@ -47,7 +53,9 @@ class ChunkingConfig:
     min_chunk: int = 4 << 20  # ~2.6 ms on CPU loopback (1.5 GiB/s), ~0.2 ms on a 25 GB/s link
     max_chunk: int = 64 << 20
     max_activation_chunk: int = 64 << 20  # activations go out whole up to this size
-    max_in_flight: int = 2  # chunks posted and not yet completed (overlaps the fixed cost of the next)
+    max_in_flight: int = 2  # bulk chunks posted and not yet completed (overlaps the fixed cost of the next)
+    express_activations: bool = True  # activations on an endpoint of their own (see the module doc)
+    max_express_in_flight: int = 4  # activations posted and not yet completed, on that lane
     initial_bandwidth: float = 1e9  # bytes/s assumed until the first measurement
     ewma_alpha: float = 0.25
     peak_decay: float = 0.97  # per 4 ms window of busy time
@@ -57,8 +65,10 @@ class ChunkingConfig:
     def __post_init__(self) -> None:
         if not 0 < self.min_chunk <= self.max_chunk:
             raise ValueError(f"need 0 < min_chunk <= max_chunk (got {self.min_chunk}, {self.max_chunk})")
-        if self.max_in_flight < 1 or self.target_delay_s <= 0 or self.initial_bandwidth <= 0:
-            raise ValueError("max_in_flight >= 1, target_delay_s > 0 and initial_bandwidth > 0 are required")
+        if self.max_in_flight < 1 or self.max_express_in_flight < 1 or self.target_delay_s <= 0 \
+                or self.initial_bandwidth <= 0:
+            raise ValueError("max_in_flight >= 1, max_express_in_flight >= 1, target_delay_s > 0 and "
+                             "initial_bandwidth > 0 are required")
         if not 0 < self.ewma_alpha <= 1 or self.queue_bound_bytes <= 0:
             raise ValueError("need 0 < ewma_alpha <= 1 and queue_bound_bytes > 0")
         if not 0 <= self.min_efficiency < 1:
@@ -92,8 +102,7 @@ class BandwidthEstimator:
     def observe(self, nbytes: int, seconds: float) -> None:
         """One chunk of `nbytes` completed after `seconds` of busy time."""
         seconds = max(0.0, seconds)
-        self._points.append((nbytes, seconds))
-        self._fit_overhead()
+        self.observe_cost(nbytes, seconds)
         self._bytes += nbytes
         self._busy += seconds
         if self._busy < self.window_s or self._bytes < ALIGN:
@@ -102,6 +111,12 @@ class BandwidthEstimator:
         self.value = rate if self.samples == 0 else max(rate, self.value * self.decay)
         self.samples += 1
         self._bytes, self._busy = 0, 0.0
+
+    def observe_cost(self, nbytes: int, seconds: float) -> None:
+        """A (size, time) point for the fixed-cost fit only (an express-lane activation: its time
+        overlaps the bulk lane's busy time, so it is no rate sample)."""
+        self._points.append((nbytes, max(0.0, seconds)))
+        self._fit_overhead()
 
     def _fit_overhead(self) -> None:
         pts = self._points
@@ -155,6 +170,7 @@ class ChunkPlan:
     chunk_size: int  # this transfer's chunk size: every chunk but the last has exactly this length
     waited_s: float | None  # set on a transfer's first chunk: submit -> first chunk
     chunks_ahead: int | None  # first chunk only: chunks of other transfers started since submit
+    express: bool = False  # goes on the link's activation endpoint (its own in-flight slots)
 
 
 @dataclass
@@ -167,7 +183,9 @@ class LinkSchedule:
         self._fifo: deque[int] = deque()
         self._pending: dict[int, _Pending] = {}
         self._queued_bytes: dict[TrafficClass, int] = dict.fromkeys(TrafficClass, 0)
-        self.in_flight = 0
+        self.express = self.cfg.express_activations and not self.cfg.fifo
+        self.in_flight = 0  # bulk lane
+        self.express_in_flight = 0
         self.chunks_started = 0
         self._busy_mark: float | None = None  # start of the busy time not yet accounted
 
@@ -204,12 +222,23 @@ class LinkSchedule:
         return chunk_bytes(self.bandwidth.value, self.cfg, self.bandwidth.overhead)
 
     def next_chunk(self, now: float) -> ChunkPlan | None:
-        """The next chunk to post, or None (nothing queued, or `max_in_flight` reached)."""
+        """The next chunk to post, or None (nothing queued, or the lane's in-flight slots are full).
+
+        An activation on the express lane goes first whenever that lane has a free slot,
+        whatever the bulk lane is doing."""
+        if self.express and self._queues[TrafficClass.ACTIVATION] \
+                and self.express_in_flight < self.cfg.max_express_in_flight:
+            return self._plan(self._queues[TrafficClass.ACTIVATION], now, express=True)
         if self.in_flight >= self.cfg.max_in_flight:
             return None
-        queue = self._fifo if self.cfg.fifo else next((q for q in self._queues.values() if q), None)
-        if not queue:
-            return None
+        if self.cfg.fifo:
+            queue = self._fifo
+        else:
+            bulk = [q for c, q in self._queues.items() if not (self.express and c is TrafficClass.ACTIVATION)]
+            queue = next((q for q in bulk if q), None)
+        return self._plan(queue, now, express=False) if queue else None
+
+    def _plan(self, queue: deque[int], now: float, *, express: bool) -> ChunkPlan:
         p = self._pending[queue[0]]
         first = p.next_index == 0
         if first:  # one size per transfer, from the bandwidth known when it starts
@@ -220,14 +249,18 @@ class LinkSchedule:
             last=p.offset + length == p.total, chunk_size=p.chunk,
             waited_s=max(0.0, now - p.submitted_at) if first else None,
             chunks_ahead=self.chunks_started - p.seq_at_submit if first else None,
+            express=express,
         )
         p.offset += length
         p.next_index += 1
         self._queued_bytes[p.cls] -= length
         self.chunks_started += 1
-        if self.in_flight == 0:
-            self._busy_mark = now  # the link was idle: busy time starts now
-        self.in_flight += 1
+        if express:
+            self.express_in_flight += 1
+        else:
+            if self.in_flight == 0:
+                self._busy_mark = now  # the bulk lane was idle: busy time starts now
+            self.in_flight += 1
         queue.popleft()
         if not plan.last:
             queue.append(p.tid)  # round-robin: back of its class's queue
@@ -235,15 +268,24 @@ class LinkSchedule:
             del self._pending[p.tid]
         return plan
 
-    def chunk_done(self, length: int, now: float) -> None:
-        """A posted chunk completed: free its slot; the busy time since the last event is its
-        service time (chunks in flight queue behind each other on the wire)."""
+    def chunk_done(self, length: int, now: float, *, express: bool = False, posted_at: float | None = None) -> None:
+        """A posted chunk completed: free its slot. On the bulk lane the busy time since the
+        last event is its service time (chunks in flight queue behind each other on the
+        wire); an express chunk's post -> done time (`posted_at`) only feeds the fixed-cost fit."""
+        if express:
+            self.express_in_flight = max(0, self.express_in_flight - 1)
+            if posted_at is not None:
+                self.bandwidth.observe_cost(length, now - posted_at)
+            return
         self.in_flight = max(0, self.in_flight - 1)
         if self._busy_mark is not None:
             self.bandwidth.observe(length, now - self._busy_mark)
         self._busy_mark = now if self.in_flight else None
 
-    def chunk_failed(self) -> None:
+    def chunk_failed(self, *, express: bool = False) -> None:
+        if express:
+            self.express_in_flight = max(0, self.express_in_flight - 1)
+            return
         self.in_flight = max(0, self.in_flight - 1)
         if not self.in_flight:
             self._busy_mark = None

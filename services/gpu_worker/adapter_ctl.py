@@ -1,0 +1,270 @@
+"""LoRA adapters registered and removed at runtime: the worker's `LoadAdapter` / `EvictAdapter`.
+
+* `LoadAdapter(adapter, base, path)`: the PEFT directory is read and checked off the event loop
+  (once per instance of `base`: each engine keeps the layers it holds), then installed on the
+  instance's engine thread between two steps. From then on the instance takes assignments
+  naming it; a `WorkerStats` listing it goes out at once (before the reply, so a dispatcher
+  knows the adapter is routable here by the time the gateway answers its client) and the
+  instance's registry record names it.
+* At start, `adopt_catalog_adapters` registers the adapters of the catalog (loaded at runtime
+  before this worker started) whose base model it serves: workers that join later serve them too.
+* `EvictAdapter(adapter)`: drain, then evict. Assignments naming it are refused at once (stats
+  published at once); requests already running with it finish normally, and the adapter leaves
+  the engine (its device bytes go back to the pool) when the last of them ends. The reply does
+  not wait for that drain. vLLM's unload likewise never cuts a running request.
+
+Replies can take a while (a large adapter is read from disk), so each command runs in a task of
+its own and answers with `bus.respond`: the worker's mailbox goes on with assignments and
+aborts meanwhile. Idempotent per key: a retry gets the first outcome with `replayed=True`
+(waiting for it while it runs); a key reused for another command is refused `conflict`. One
+command per adapter at a time: another one meanwhile is refused `busy` (retry later).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from services.gpu_worker.engine.engine import LLMEngine
+from services.gpu_worker.engine.lora import LoRAAdapter, load_adapter
+from services.gpu_worker.instance import ModelInstance
+from shared.bus import Delivery
+from shared.events import AdapterRecord, Bucket, InstanceRecord
+from shared.events.ctl import CtlDone, CtlRefused, CtlRefusedCode, CtlReply, EvictAdapter, LoadAdapter
+from shared.logging import get_logger
+from shared.subjects import worker_stats
+from shared.wire import INTERNAL, ErrorReply, TidalError
+
+if TYPE_CHECKING:
+    from services.gpu_worker.worker import GpuWorker
+
+log = get_logger("tidal.gpu_worker.adapters")
+
+AdapterCommand = LoadAdapter | EvictAdapter
+MEMORY = 10_000  # outcomes remembered, by idempotency key
+DRAIN_POLL_S = 0.05
+REGISTRY_TIMEOUT_S = 2.0
+MAX_DETAIL = 1000  # characters of an error kept in a reply (Reason allows 2048)
+
+
+def _install(engine: LLMEngine, adapter: LoRAAdapter) -> None:
+    """On the engine thread: `LoRAManager.register` without the read (done off the thread)."""
+    lora = engine.runner.lora
+    lora.unregister(adapter.name)
+    lora.host[adapter.name] = adapter
+
+
+class AdapterControl:
+    def __init__(self, worker: GpuWorker) -> None:
+        self.worker = worker
+        self.outcomes: collections.OrderedDict[str, tuple[AdapterCommand, asyncio.Future[CtlReply]]] = (
+            collections.OrderedDict())
+        self.loading: set[str] = set()
+        self.evicting: set[str] = set()  # refusing new requests; removed once its running ones end
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- the handler (called from GpuWorker.on_ctl, in the worker's mailbox) ----------------------
+    async def handle(self, msg: AdapterCommand, ctx: Delivery) -> CtlReply | None:
+        seen = self.outcomes.get(msg.idempotency_key)
+        if seen is not None:
+            if seen[0] != msg:
+                return self._refused(msg, "conflict", f"idempotency key {msg.idempotency_key!r} was already used "
+                                                      f"for another command")
+            self._spawn(self._answer(ctx, seen[1], replayed=True))
+            return None
+        outcome: asyncio.Future[CtlReply] = asyncio.get_running_loop().create_future()
+        self.outcomes[msg.idempotency_key] = (msg, outcome)
+        if len(self.outcomes) > MEMORY:
+            self.outcomes.popitem(last=False)
+        self._spawn(self._run(msg, outcome))
+        self._spawn(self._answer(ctx, outcome, replayed=False))
+        return None
+
+    def _spawn(self, work: object) -> None:
+        task = asyncio.ensure_future(work)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, ctx: Delivery, outcome: asyncio.Future[CtlReply], *, replayed: bool) -> None:
+        try:
+            reply = await asyncio.shield(outcome)
+        except Exception:  # logged by _run; the caller gets a typed internal error
+            if ctx.reply:
+                error = ErrorReply(code=INTERNAL, message="adapter command failed")
+                await self.worker.bus.respond_error(ctx.reply, error)
+            return
+        if replayed and isinstance(reply, CtlDone):
+            reply = msgspec.structs.replace(reply, replayed=True)
+        if ctx.reply:
+            await self.worker.bus.respond(ctx, reply)
+
+    async def _run(self, msg: AdapterCommand, outcome: asyncio.Future[CtlReply]) -> None:
+        try:
+            reply = await (self._load(msg) if isinstance(msg, LoadAdapter) else self._evict(msg))
+        except Exception as exc:
+            log.exception("adapter command failed", command=type(msg).__name__, adapter=msg.adapter)
+            self.outcomes.pop(msg.idempotency_key, None)  # not applied as far as we know: a retry runs it again
+            outcome.set_exception(exc)
+            return
+        outcome.set_result(reply)
+
+    # --- load -------------------------------------------------------------------------------------
+    async def _load(self, msg: LoadAdapter) -> CtlReply:
+        name, worker = msg.adapter, self.worker
+        instances = [inst for inst in worker.instances.values() if inst.model == msg.base]
+        if not instances:
+            return self._refused(msg, "not_found", f"worker {worker.worker_id} serves no instance of {msg.base!r}")
+        if worker.draining:
+            return self._refused(msg, "busy", f"worker {worker.worker_id} is draining")
+        if name in self.loading or name in self.evicting:
+            return self._refused(msg, "busy", f"adapter {name!r} is being loaded or evicted here; retry later")
+        running = self._users(name)
+        if running:  # a re-load would change the weights under them
+            return self._refused(msg, "busy", f"{len(running)} running requests use adapter {name!r}; retry later")
+        self.loading.add(name)
+        try:
+            path = msg.path or await self._catalog_path(name)
+            if path is None:
+                return self._refused(msg, "not_found", f"adapter {name!r}: no path given and no catalog record")
+            for inst in instances:
+                lora = inst.engine.runner.lora
+                try:
+                    adapter = await asyncio.to_thread(load_adapter, Path(path), name, lora.cfg, lora.layers)
+                except Exception as exc:  # CheckpointError, OSError, bad JSON, a safetensors error, ...
+                    return self._refused(msg, "invalid", f"adapter {name!r} from {path}: {exc}"[:MAX_DETAIL])
+                await inst.run_on_engine(lambda engine, a=adapter: _install(engine, a))
+                inst.adapters = inst.adapters | {name}
+                rank = adapter.rank
+        finally:
+            self.loading.discard(name)
+        await self._changed(instances)
+        log.info("LoRA adapter loaded", adapter=name, base=msg.base, path=path, rank=rank,
+                 instances=[i.instance_id for i in instances])
+        return self._done(msg, f"adapter {name!r} (rank {rank}) registered on "
+                               f"{', '.join(i.instance_id for i in instances)}")
+
+    async def _catalog_path(self, name: str) -> str | None:
+        catalog = self.worker.catalog
+        if catalog is None:
+            return None
+        try:
+            entry = await asyncio.wait_for(catalog.registry.get(Bucket.ADAPTERS, name), REGISTRY_TIMEOUT_S)
+        except (asyncio.TimeoutError, TidalError, OSError):
+            return None
+        record = entry.record if entry is not None else None
+        return record.path if isinstance(record, AdapterRecord) else None
+
+    async def adopt_catalog_adapters(self) -> None:
+        """At start: register the catalog's adapters of the models served here that the config did
+        not list (loaded at runtime before this worker started), so a worker that joins or restarts
+        serves every adapter its peers serve."""
+        catalog = self.worker.catalog
+        if catalog is None:
+            return
+        backoff = 0.1
+        while True:
+            try:
+                entries = await catalog.registry.list(Bucket.ADAPTERS)
+                break
+            except (TidalError, OSError):
+                await asyncio.sleep(backoff)
+                backoff = min(2.0, backoff * 2)
+        for entry in entries:
+            record = entry.record
+            if not isinstance(record, AdapterRecord):
+                continue
+            serving = [i for i in self.worker.instances.values() if i.model == record.base]
+            if not serving or all(record.name in i.adapters for i in serving):
+                continue
+            reply = await self._load(LoadAdapter(idempotency_key=f"adopt-{record.name}"[:128], adapter=record.name,
+                                                 base=record.base, path=record.path))
+            if isinstance(reply, CtlRefused):
+                log.warning("catalog adapter not registered here", adapter=record.name, code=reply.code,
+                            error=reply.message)
+
+    # --- evict ------------------------------------------------------------------------------------
+    async def _evict(self, msg: EvictAdapter) -> CtlReply:
+        name = msg.adapter
+        instances = [inst for inst in self.worker.instances.values() if name in inst.adapters]
+        if name in self.loading:
+            return self._refused(msg, "busy", f"adapter {name!r} is being loaded here; retry later")
+        if not instances:
+            if name in self.evicting:
+                return self._done(msg, f"adapter {name!r} is already being evicted")
+            return self._refused(msg, "not_found", f"adapter {name!r} is not registered on {self.worker.worker_id}")
+        for inst in instances:  # from now on every assignment naming it is refused
+            inst.adapters = inst.adapters - {name}
+        self.evicting.add(name)
+        running = self._users(name)
+        if running:
+            self._spawn(self._remove_after_drain(name, instances))
+            detail = f"adapter {name!r} takes no new requests; removed once its {len(running)} running ones finish"
+        else:
+            try:
+                await self._remove(name, instances)
+            finally:
+                self.evicting.discard(name)
+            detail = f"adapter {name!r} removed"
+        await self._changed(instances)
+        log.info("LoRA adapter evicted", adapter=name, running=len(running),
+                 instances=[i.instance_id for i in instances])
+        return self._done(msg, detail)
+
+    async def _remove_after_drain(self, name: str, instances: list[ModelInstance]) -> None:
+        try:
+            while self._users(name):
+                await asyncio.sleep(DRAIN_POLL_S)
+            await self._remove(name, instances)
+            log.info("LoRA adapter removed after its requests finished", adapter=name)
+        except Exception:
+            log.exception("LoRA adapter not removed", adapter=name)
+        finally:
+            self.evicting.discard(name)
+
+    @staticmethod
+    async def _remove(name: str, instances: list[ModelInstance]) -> None:
+        for inst in instances:
+            await inst.run_on_engine(lambda engine: engine.remove_lora(name))
+
+    # --- shared -----------------------------------------------------------------------------------
+    def _users(self, name: str) -> list[str]:
+        """Requests admitted here (running or queued for the engine) that name `name`."""
+        return [rid for rid, entry in self.worker.active.items() if entry.assignment.adapter == name]
+
+    async def _changed(self, instances: list[ModelInstance]) -> None:
+        """Tell the dispatchers now (stats) and the catalog (instance records) what the instances serve."""
+        worker = self.worker
+        try:
+            await worker.bus.publish(worker_stats(), worker._stats.build(worker.state, time.time()))  # noqa: SLF001
+        except Exception as exc:  # the regular stats loop carries it within one interval anyway
+            log.warning("stats not published after an adapter change", error=repr(exc))
+        if worker.catalog is None:
+            return
+        for inst in instances:
+            adapters = sorted(inst.adapters)
+
+            def change(current: InstanceRecord | None, adapters: list[str] = adapters) -> InstanceRecord | None:
+                if current is None or current.adapters == adapters:
+                    return None  # not registered yet (it will be, with them) or already so
+                return msgspec.structs.replace(current, adapters=adapters)
+
+            try:
+                await asyncio.wait_for(worker.catalog.registry.modify(Bucket.INSTANCES, inst.instance_id, change),
+                                       REGISTRY_TIMEOUT_S)
+            except (asyncio.TimeoutError, TidalError, OSError) as exc:
+                log.warning("instance record not updated", instance=inst.instance_id, error=repr(exc))
+
+    def _done(self, msg: AdapterCommand, detail: str) -> CtlDone:
+        return CtlDone(idempotency_key=msg.idempotency_key, command=type(msg).__name__,
+                       worker_id=self.worker.worker_id, detail=detail[:MAX_DETAIL])
+
+    def _refused(self, msg: AdapterCommand, code: CtlRefusedCode, message: str) -> CtlRefused:
+        return CtlRefused(idempotency_key=msg.idempotency_key, command=type(msg).__name__,
+                          worker_id=self.worker.worker_id, code=code, message=message[:MAX_DETAIL])
+
+
+__all__ = ["AdapterControl"]

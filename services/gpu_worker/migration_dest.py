@@ -1,0 +1,202 @@
+"""The destination of a KV migration: reservations, expected transfers, the commit.
+
+    MigrateIn(reserve_tokens=N)   hold KV blocks for N tokens under the request id
+    MigrateKvStage(key, [a, b))   grow them if needed; expect data-plane transfer `key` into blocks [a, b)
+    Assignment(kv_computed_tokens=N)   the commit (worker.assign): admit the request on those blocks
+    MigrateKvCancel               drop the expected transfers, free the blocks
+
+A reservation not committed within its `hold_s` (renewed by every stage) is released: its
+source died or gave up without saying so. Blocks are freed only once nothing can still be
+written into them: a transfer already under way is awaited until the data plane hands its
+destination back (it does so only when no receive into it is posted).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from services.gpu_worker.engine.sampling_params import SamplingParamsError
+from shared.events import AssignAccepted, AssignRejected, Assignment
+from shared.events.ctl import CtlDone, CtlRefused, CtlReply, MigrateIn, MigrateKvCancel, MigrateKvStage
+from shared.logging import get_logger
+
+if TYPE_CHECKING:
+    from services.gpu_worker.instance import ModelInstance
+    from services.gpu_worker.worker import GpuWorker
+
+log = get_logger("tidal.gpu_worker.migration")
+
+SINK_SETTLE_S = 30.0  # a transfer under way when a reservation is dropped: how long to wait for it to end
+
+
+@dataclass(slots=True)
+class Reservation:
+    request_id: str
+    source: str
+    instance: "ModelInstance"
+    tokens: int
+    expected_tokens: int
+    hold_s: float
+    expires_at: float  # monotonic
+    sinks: dict[str, Any] = field(default_factory=dict)  # key -> transfer.Sink
+
+
+class KvInbound:
+    """The worker's reservations for incoming KV migrations (touched on the event loop only)."""
+
+    def __init__(self, worker: "GpuWorker") -> None:
+        self.worker = worker
+        self.reservations: dict[str, Reservation] = {}
+        self._expiry: asyncio.Task[None] | None = None
+
+    def _done(self, msg: MigrateIn | MigrateKvStage | MigrateKvCancel, detail: str) -> CtlDone:
+        return CtlDone(idempotency_key=msg.idempotency_key, command=type(msg).__name__,
+                       worker_id=self.worker.worker_id, detail=detail)
+
+    def _refused(self, msg: MigrateIn | MigrateKvStage | MigrateKvCancel, code: str, message: str) -> CtlRefused:
+        return CtlRefused(idempotency_key=msg.idempotency_key, command=type(msg).__name__,
+                          worker_id=self.worker.worker_id, code=code, message=message)  # type: ignore[arg-type]
+
+    # --- MigrateIn(reserve_tokens > 0) ------------------------------------------------------------
+    async def reserve(self, msg: MigrateIn) -> CtlReply:
+        w = self.worker
+        inst = w.instances.get(msg.instance_id)
+        if inst is None:
+            return self._refused(msg, "not_found", f"no instance {msg.instance_id} on {w.worker_id}")
+        if w.draining:
+            return self._refused(msg, "busy", f"worker {w.worker_id} is draining")
+        if msg.kv_block_tokens and msg.kv_block_tokens != inst.engine.blocks.block_size:
+            return self._refused(msg, "invalid", f"KV blocks hold {inst.engine.blocks.block_size} tokens here, "
+                                                 f"{msg.kv_block_tokens} on {msg.source}: KV cannot move as is")
+        if msg.adapter is not None and msg.adapter not in inst.adapters:
+            return self._refused(msg, "not_found", f"adapter {msg.adapter!r} is not registered on {w.worker_id}")
+        if msg.request_id in w.active:
+            return self._refused(msg, "busy", f"request {msg.request_id} already runs on {w.worker_id}")
+        held = self.reservations.get(msg.request_id)
+        if held is not None and held.source != msg.source:
+            return self._refused(msg, "busy", f"{msg.request_id} is being received from {held.source}")
+        views = await inst.reserve_kv(msg.request_id, msg.reserve_tokens, msg.expected_tokens, 0, 0)
+        if views is None:
+            if held is None:
+                await inst.release_kv(msg.request_id)  # nothing was held before: leave nothing
+            return self._refused(msg, "insufficient_memory",
+                                 f"no room for {msg.reserve_tokens} tokens of KV on {inst.instance_id}")
+        if held is None:
+            held = Reservation(msg.request_id, msg.source, inst, msg.reserve_tokens, msg.expected_tokens, msg.hold_s, 0.0)
+            self.reservations[msg.request_id] = held
+        held.tokens = max(held.tokens, msg.reserve_tokens)
+        self._renew(held)
+        return self._done(msg, f"KV for {held.tokens} tokens of {msg.request_id} reserved on {inst.instance_id}")
+
+    # --- MigrateKvStage ----------------------------------------------------------------------------
+    async def stage(self, msg: MigrateKvStage) -> CtlReply:
+        held = self.reservations.get(msg.request_id)
+        if held is None or held.source != msg.source:
+            return self._refused(msg, "not_found", f"no KV reservation for {msg.request_id} from {msg.source}")
+        plane = self.worker.dataplane.plane
+        if plane is None:
+            return self._refused(msg, "unsupported", self.worker.dataplane.unavailable or "no data plane")
+        if msg.first_block > msg.last_block:
+            return self._refused(msg, "invalid", f"block range [{msg.first_block}, {msg.last_block}) is empty")
+        bs = held.instance.engine.blocks.block_size
+        tokens = max(held.tokens, msg.reserve_tokens, msg.last_block * bs)
+        views = await held.instance.reserve_kv(msg.request_id, tokens, held.expected_tokens, msg.first_block,
+                                               msg.last_block)
+        if self.reservations.get(msg.request_id) is not held:  # cancelled meanwhile
+            return self._refused(msg, "not_found", f"the reservation for {msg.request_id} was released")
+        if views is None:
+            return self._refused(msg, "insufficient_memory", f"no room for {tokens} tokens of KV")
+        held.tokens = tokens
+        if msg.key in held.sinks and not held.sinks[msg.key].done:  # a retried stage: already expected
+            return self._done(msg, f"expecting {msg.key}")
+        held.sinks[msg.key] = plane.inbox.expect(msg.key, views)
+        self._renew(held)
+        return self._done(msg, f"expecting {msg.key}: blocks [{msg.first_block}, {msg.last_block})")
+
+    # --- MigrateKvCancel / expiry ------------------------------------------------------------------
+    async def cancel(self, msg: MigrateKvCancel) -> CtlReply:
+        held = self.reservations.get(msg.request_id)
+        if held is None or held.source != msg.source:
+            return self._done(msg, f"no reservation for {msg.request_id}: nothing to release")
+        freed = await self._release(held, f"cancelled by {msg.source}: {msg.reason}")
+        return self._done(msg, f"released {freed} KV blocks of {msg.request_id}")
+
+    async def _release(self, held: Reservation, why: str) -> int:
+        if self.reservations.get(held.request_id) is held:
+            del self.reservations[held.request_id]
+        plane = self.worker.dataplane.plane
+        for key, sink in held.sinks.items():
+            if plane is not None:
+                plane.inbox.forget(key)  # not started yet: fails the sink now
+            try:
+                await sink.wait(timeout=SINK_SETTLE_S)  # under way: ends once no receive is posted into it
+            except Exception:  # noqa: BLE001 - failed or timed out: either way it is over for us
+                pass
+        freed = await held.instance.release_kv(held.request_id)
+        log.info("KV reservation released", request_id=held.request_id, source=held.source, blocks=freed, why=why)
+        return freed
+
+    def _renew(self, held: Reservation) -> None:
+        held.expires_at = time.monotonic() + held.hold_s
+        if self._expiry is None or self._expiry.done():
+            self._expiry = asyncio.get_running_loop().create_task(self._expire_loop())
+
+    async def _expire_loop(self) -> None:
+        while self.reservations:
+            now = time.monotonic()
+            soonest = min(h.expires_at for h in self.reservations.values())
+            if soonest > now:
+                await asyncio.sleep(min(1.0, soonest - now))
+                continue
+            for held in [h for h in self.reservations.values() if h.expires_at <= now]:
+                log.warning("KV reservation not committed in time; releasing it", request_id=held.request_id,
+                            source=held.source, hold_s=held.hold_s)
+                await self._release(held, f"not committed within {held.hold_s}s")
+
+    # --- the commit (worker.assign with kv_computed_tokens) ----------------------------------------
+    async def commit(self, a: Assignment) -> AssignAccepted | AssignRejected | None:
+        """Admit `a` on its reserved blocks; None: accepted (the caller records it)."""
+        w = self.worker
+        held = self.reservations.get(a.request_id)
+        if held is None or held.instance.instance_id != a.instance_id:
+            return self._rejected(a, f"no KV reservation for {a.request_id} on {a.instance_id}")
+        held.expires_at = float("inf")  # not released under the commit's feet
+        why = await self._admit(held, a)
+        if why is not None:
+            self._renew(held)  # the source cancels it (or it expires)
+            return self._rejected(a, why)
+        if self.reservations.get(a.request_id) is held:
+            del self.reservations[a.request_id]
+        log.info("KV migration committed", request_id=a.request_id, source=held.source, kv_tokens=a.kv_computed_tokens,
+                 next_seq=a.next_seq, worker=w.worker_id)
+        return None
+
+    async def _admit(self, held: Reservation, a: Assignment) -> str | None:
+        for key, sink in held.sinks.items():
+            try:
+                await sink.wait(timeout=5.0)  # acknowledged to the source already: settles at once
+            except Exception as exc:  # noqa: BLE001
+                return f"KV transfer {key} did not complete here: {exc}"
+        try:
+            await held.instance.attach(a)
+        except (ValueError, SamplingParamsError) as exc:
+            return f"the engine cannot continue {a.request_id} on the moved KV: {exc}"
+        return None
+
+    def _rejected(self, a: Assignment, message: str) -> AssignRejected:
+        log.warning("KV migration commit refused", request_id=a.request_id, error=message)
+        return AssignRejected(request_id=a.request_id, worker_id=self.worker.worker_id, reason="kv_unavailable",
+                              message=message[:2000])
+
+    async def close(self) -> None:
+        """At stop: expect nothing more (the blocks go with the engine; nothing waits on transfers)."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+        plane = self.worker.dataplane.plane
+        for held in self.reservations.values():
+            for key in held.sinks:
+                if plane is not None:
+                    plane.inbox.forget(key)
+        self.reservations.clear()

@@ -1,0 +1,286 @@
+"""KV-mode live migration (Llumnix pre-copy) between real worker processes over the data plane.
+
+A running greedy request moves with its KV blocks: the client's stream goes on with
+consecutive sequence numbers and exactly the tokens of an unmigrated run (mid-decode and
+mid-prefill, with and without a LoRA adapter), later chunks carry the new worker_id, and the
+source's blocks are freed. A destination killed during the pre-copy leaves the request on
+the source, exact; a corrupted chunk (TIDAL_FAULT_CORRUPT_INBOUND_KV on the destination)
+makes the move fall back to token mode, exact; an uncommitted reservation expires.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from service_procs import ServiceProcess, wait_ready
+from services.gpu_worker.dataplane import FAULT_CORRUPT_INBOUND_KV
+from services.gpu_worker.engine.checkpoint_gen import make_lora, make_model
+from services.gpu_worker.engine.engine import LLMEngine
+from services.gpu_worker.instance import engine_params
+from services.gpu_worker.loading import engine_config
+from shared.bus import Bus, BusSettings, Delivery
+from shared.config import load_config
+from shared.events import (
+    AssignAccepted, AssignReply, Assignment, SamplingParams, StreamError, TokenChunk, WorkerStats,
+)
+from shared.events.ctl import CtlDone, CtlRefused, CtlReply, CtlRequest, MigrateIn, MigrateKvStage, MigrateOut
+from shared.nats_server import NatsServer
+from shared.subjects import request_out, worker_assign, worker_ctl, worker_stats
+
+pytestmark = pytest.mark.timeout(180)
+
+WORKERS = ("w0", "w1", "w2", "w3", "w4")  # w0 source, w1 destination, w2 corrupts inbound KV, w3/w4 are killed
+CONFIG = """
+[cluster]
+data_dir = "data"
+
+[registry]
+heartbeat_interval = "200ms"
+dead_after = "1s"
+
+[[models]]
+name = "tiny"
+path = "{model}"
+max_context = 2048
+
+[[adapters]]
+name = "tiny-lora"
+base = "tiny"
+path = "{adapter}"
+rank = 4
+targets = ["q_proj", "v_proj"]
+{workers}
+[policies]
+max_batch_size = 16
+step_token_budget = 32
+kv_block_tokens = 8
+"""
+WORKER = """
+[[workers]]
+id = "{id}"
+device = "cpu"
+memory = "64MiB"
+models = ["tiny"]
+adapters = ["tiny-lora"]
+"""
+PROMPT = [1, 40, 41, 42, 43, 44, 45, 46]
+MAX_TOKENS = 1000  # ~1 ms a token here: long enough to still run when the move is done, under load too
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, dict[str, ServiceProcess]]]:
+    directory = tmp_path_factory.mktemp("migrate-kv")
+    model = make_model(directory / "tiny", arch="llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3)
+    adapter = make_lora(directory / "tiny-lora", model, rank=4, targets=["q", "v"], seed=9)
+    config = directory / "cluster.toml"
+    config.write_text(CONFIG.format(model=model, adapter=adapter, workers="".join(WORKER.format(id=w) for w in WORKERS)))
+    nats = NatsServer(store_dir=directory / "nats").start()
+    procs = {"registry": ServiceProcess("registry", nats.url, config, "registry-k").start()}
+    for w in WORKERS:
+        proc = ServiceProcess("gpu_worker", nats.url, config, f"worker-{w}", "--worker-id", w, "--threads", "1")
+        if w == "w2":  # the environment is read at Popen
+            os.environ[FAULT_CORRUPT_INBOUND_KV] = "1"
+        try:
+            procs[w] = proc.start()
+        finally:
+            os.environ.pop(FAULT_CORRUPT_INBOUND_KV, None)
+
+    async def ready() -> None:
+        bus = await Bus.connect(BusSettings(url=nats.url), service="test")
+        try:
+            for proc in procs.values():
+                await wait_ready(bus, proc, timeout=120)
+        finally:
+            await bus.close()
+
+    try:
+        asyncio.run(ready())
+        yield nats.url, config, procs
+    finally:
+        for proc in reversed(list(procs.values())):
+            proc.stop()
+        nats.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(cluster: tuple[str, Path, dict[str, ServiceProcess]]) -> LLMEngine:
+    cfg = load_config(cluster[1])
+    worker = cfg.worker("w0")
+    engine = LLMEngine(engine_config(cfg, worker, cfg.model("tiny"), int(worker.memory), threads=1))
+    engine.add_lora("tiny-lora", str(cfg.adapter("tiny-lora").path))
+    return engine
+
+
+@pytest.fixture
+async def bus(cluster: tuple[str, Path, dict[str, ServiceProcess]]):  # type: ignore[no-untyped-def]
+    bus = await Bus.connect(BusSettings(url=cluster[0]), service="test")
+    yield bus
+    await bus.close()
+
+
+class Stream:
+    def __init__(self) -> None:
+        self.chunks: list[TokenChunk] = []
+        self.errors: list[StreamError] = []
+        self.done = asyncio.Event()
+
+    async def on(self, msg: TokenChunk | StreamError, _ctx: Delivery) -> None:
+        (self.chunks if isinstance(msg, TokenChunk) else self.errors).append(msg)  # type: ignore[arg-type]
+        if msg.final:
+            self.done.set()
+
+
+class Stats:
+    """The latest WorkerStats of every worker."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, WorkerStats] = {}
+
+    async def on(self, msg: WorkerStats, _ctx: Delivery) -> None:
+        self.latest[msg.worker_id] = msg
+
+    async def kv_used(self, worker: str, *, after: float) -> int:
+        """KV blocks in use on `worker` in its first stats published after `after` (time.time())."""
+        while True:
+            msg = self.latest.get(worker)
+            if msg is not None and msg.ts > after:
+                return sum(i.kv_blocks_used for i in msg.instances)
+            await asyncio.sleep(0.02)
+
+
+async def start(bus: Bus, rid: str, prompt: list[int], adapter: str | None) -> Stream:
+    stream = Stream()
+    await bus.subscribe(request_out(rid), TokenChunk | StreamError, stream.on)
+    a = Assignment(idempotency_key=f"{rid}:0", request_id=rid, instance_id="w0-tiny", model="tiny", adapter=adapter,
+                   prompt_token_ids=prompt, arrival_ts=time.time(),
+                   sampling=SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+    reply = await bus.request(worker_assign("w0"), a, AssignReply)
+    assert isinstance(reply, AssignAccepted), reply
+    return stream
+
+
+async def migrate_out(bus: Bus, rid: str, destination: str) -> CtlReply:
+    return await bus.request(worker_ctl("w0"), MigrateOut(
+        idempotency_key=f"out-{rid}", request_id=rid, destination=destination,
+        destination_instance=f"{destination}-tiny", mode="kv"), CtlReply, timeout=60)
+
+
+async def finished(stream: Stream, reference: LLMEngine, prompt: list[int], adapter: str | None) -> list[TokenChunk]:
+    """The stream's chunks once it ended: consecutive seqs, the unmigrated run's tokens, full usage."""
+    await asyncio.wait_for(stream.done.wait(), 120)
+    await asyncio.sleep(0.2)  # a duplicate or late chunk would show up now
+    chunks = sorted(stream.chunks, key=lambda c: c.seq)
+    assert not stream.errors
+    assert [c.seq for c in chunks] == list(range(len(chunks)))  # consecutive: no gap, no duplicate
+    params = engine_params(SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+    assert [t for c in chunks for t in c.token_ids] == reference.generate([prompt], params, adapters=[adapter])[0].token_ids
+    final = chunks[-1]
+    assert final.finish_reason == "length" and final.usage is not None
+    assert final.usage.completion_tokens == MAX_TOKENS and final.usage.prompt_tokens == len(prompt)
+    return chunks
+
+
+@pytest.mark.parametrize("adapter", [None, "tiny-lora"], ids=["base", "lora"])
+@pytest.mark.parametrize("when", ["mid-decode", "mid-prefill"])
+async def test_kv_migrated_greedy_request_yields_the_unmigrated_tokens(bus: Bus, reference: LLMEngine,
+                                                                       adapter: str | None, when: str) -> None:
+    rid = f"kv-{when}-{adapter or 'base'}"
+    prompt = PROMPT * 40 if when == "mid-prefill" else PROMPT * 6  # 320 tokens: 10 prefill steps of 32
+    stats = Stats()
+    await bus.subscribe(worker_stats(), WorkerStats, stats.on)
+    stream = await start(bus, rid, prompt, adapter)
+    if when == "mid-decode":
+        while len(stream.chunks) < 5:
+            await asyncio.sleep(0.002)
+    moved = await migrate_out(bus, rid, "w1")
+    assert isinstance(moved, CtlDone), moved
+    report = moved.migration
+    assert report is not None and report.mode == "kv" and report.requested_mode == "kv" and not report.fallback
+    assert report.stages >= 1 and report.kv_bytes > 0 and 0 < report.kv_tokens < report.tokens
+    assert 0 < report.downtime_s < report.total_s
+    if when == "mid-decode":
+        assert report.kv_tokens > len(prompt)  # its decoded tokens' KV moved too
+    moved_at = time.time()
+    assert await stats.kv_used("w0", after=moved_at) == 0  # the source freed its blocks at once
+    chunks = await finished(stream, reference, prompt, adapter)
+    owners = [c.worker_id for c in chunks]
+    assert owners[-1] == "w1" and owners == sorted(owners)  # w0's chunks (if any), then only w1's
+    if when == "mid-decode":
+        assert owners[0] == "w0"
+    assert await stats.kv_used("w1", after=time.time()) == 0  # the reservation became the request's; freed at its end
+
+
+@pytest.mark.parametrize("when", ["first-stage", "final-stop"])
+async def test_destination_killed_during_the_migration_leaves_the_request_on_the_source(
+        bus: Bus, reference: LLMEngine, cluster: tuple[str, Path, dict[str, ServiceProcess]], when: str) -> None:
+    """Killed at the first pre-copy stage, the request never stopped; killed at the final stop,
+    the source has taken it out of its engine and must attach it back on its held blocks."""
+    rid = f"kv-dest-killed-{when}"
+    prompt = PROMPT * 30
+    victim_id = "w3" if when == "first-stage" else "w4"
+    victim = cluster[2][victim_id]
+
+    async def kill(msg: object, _ctx: Delivery) -> None:  # we see the victim's ctl traffic too
+        if isinstance(msg, MigrateKvStage) and (msg.final or when == "first-stage") and victim.proc.poll() is None:
+            os.killpg(victim.pid, signal.SIGKILL)
+
+    assert victim.proc is not None
+    await bus.subscribe(worker_ctl(victim_id), CtlRequest, kill)
+    stats = Stats()
+    await bus.subscribe(worker_stats(), WorkerStats, stats.on)
+    stream = await start(bus, rid, prompt, None)
+    while len(stream.chunks) < 3:
+        await asyncio.sleep(0.002)
+    refused = await migrate_out(bus, rid, victim_id)
+    assert victim.proc.wait(10) == -signal.SIGKILL  # it really died mid-migration
+    assert isinstance(refused, CtlRefused) and refused.code == "busy", refused
+    chunks = await finished(stream, reference, prompt, None)
+    assert {c.worker_id for c in chunks} == {"w0"}
+    assert await stats.kv_used("w0", after=time.time()) == 0  # nothing left held after it ended
+
+
+async def test_corrupted_chunk_falls_back_to_token_mode(bus: Bus, reference: LLMEngine) -> None:
+    rid = "kv-corrupt"
+    prompt = PROMPT * 6
+    stats = Stats()
+    await bus.subscribe(worker_stats(), WorkerStats, stats.on)
+    stream = await start(bus, rid, prompt, "tiny-lora")
+    while len(stream.chunks) < 3:
+        await asyncio.sleep(0.002)
+    moved = await migrate_out(bus, rid, "w2")  # w2 flips a byte of every inbound transfer's first chunk
+    assert isinstance(moved, CtlDone), moved
+    report = moved.migration
+    assert report is not None and report.requested_mode == "kv" and report.mode == "tokens"
+    assert report.fallback.startswith("corrupt"), report.fallback
+    chunks = await finished(stream, reference, prompt, "tiny-lora")
+    owners = [c.worker_id for c in chunks]
+    assert owners[0] == "w0" and owners[-1] == "w2" and owners == sorted(owners)
+    after = time.time()
+    assert await stats.kv_used("w0", after=after) == 0 and await stats.kv_used("w2", after=after) == 0
+
+
+async def test_uncommitted_reservation_is_released_after_its_hold(bus: Bus) -> None:
+    stats = Stats()
+    await bus.subscribe(worker_stats(), WorkerStats, stats.on)
+    reply = await bus.request(worker_ctl("w1"), MigrateIn(
+        idempotency_key="kv-hold", request_id="kv-hold", source="w0", instance_id="w1-tiny", mode="kv",
+        reserve_tokens=100, kv_block_tokens=8, hold_s=0.6), CtlReply)
+    assert isinstance(reply, CtlDone), reply
+    assert await stats.kv_used("w1", after=time.time()) == 13 * 2  # 100 tokens: 13 blocks on each of 2 layers
+    await asyncio.sleep(1.2)  # nobody sends a stage or a commit: the source is "dead"
+    assert await stats.kv_used("w1", after=time.time()) == 0
+    mismatch = await bus.request(worker_ctl("w1"), MigrateIn(
+        idempotency_key="kv-bs", request_id="kv-bs", source="w0", instance_id="w1-tiny", mode="kv",
+        reserve_tokens=100, kv_block_tokens=16), CtlReply)
+    assert isinstance(mismatch, CtlRefused) and mismatch.code == "invalid"
+
+
+async def test_kv_migration_of_an_unknown_request_is_refused(bus: Bus) -> None:
+    gone = await migrate_out(bus, "nope", "w1")
+    assert isinstance(gone, CtlRefused) and gone.code == "not_found"
