@@ -202,9 +202,10 @@ class WorkerSpec(Section, kw_only=True):
     memory: ByteSize  # the pool's capacity (on CUDA: at most the free HBM)
     models: list[Name] = []  # instances to load at start
     adapters: list[Name] = []  # adapters to make resident at start
-    # A request's tokens after its first go out at most once per this interval, coalesced into one
-    # chunk (vLLM's stream_interval, in time): fewer messages per token on every hop. 0: every step.
-    stream_interval: Duration = 0.0
+    # A request's tokens after its first are held up to about this long and sent together, one
+    # chunk per request per flush (vLLM's stream_interval, in time): fewer messages per token on
+    # every hop (docs/benchmarks.md "## gateway"). 0: one chunk per request per engine step.
+    stream_interval: Duration = 0.02
 
 
 class PoliciesSection(Section, kw_only=True):

@@ -140,9 +140,13 @@ def _subjects() -> list[Subject]:
           "Workers send it to each other to hand over a migrated request (with `kv_computed_tokens` in KV mode).",
           reply=(ev.AssignAccepted, ev.AssignRejected)),
         S("worker.ctl", f"{PREFIX}.worker.<worker_id>.ctl", R, ev.ctl.CTL_COMMANDS,
-          frozenset({"planner", "scheduler", "gpu_worker"}), frozenset({"gpu_worker"}),
-          "Control command to one worker: load/evict, drop/restore layers, prewarm, groups, migration "
-          "(a migration's source sends MigrateIn/MigrateKvStage/MigrateKvCancel to its destination).",
+          frozenset({"planner", "scheduler"}), frozenset({"gpu_worker"}),
+          "Control command to one worker: load/evict, drop/restore layers, prewarm, groups, migration.",
+          reply=(ev.CtlDone, ev.CtlRefused), stable=False),
+        S("worker.migrate", f"{PREFIX}.worker.<worker_id>.migrate", R, ev.ctl.MIGRATE_MESSAGES,
+          frozenset({"gpu_worker"}), frozenset({"gpu_worker"}),
+          "Worker to worker, a KV migration's source to its destination: reserve blocks (MigrateIn), expect a "
+          "pre-copy stage's data-plane transfer (MigrateKvStage), release them (MigrateKvCancel).",
           reply=(ev.CtlDone, ev.CtlRefused), stable=False),
         S("worker.stats", f"{PREFIX}.evt.worker.stats", P, (ev.WorkerStats,),
           frozenset({"gpu_worker"}), worker_readers,
@@ -229,6 +233,10 @@ def worker_assign(worker_id: str) -> str:
 
 def worker_ctl(worker_id: str) -> str:
     return CATALOG["worker.ctl"].subject(worker_id=worker_id)
+
+
+def worker_migrate(worker_id: str) -> str:
+    return CATALOG["worker.migrate"].subject(worker_id=worker_id)
 
 
 def worker_stats() -> str:

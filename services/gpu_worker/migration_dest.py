@@ -163,6 +163,7 @@ class KvInbound:
         if held is None or held.instance.instance_id != a.instance_id:
             return self._rejected(a, f"no KV reservation for {a.request_id} on {a.instance_id}")
         held.expires_at = float("inf")  # not released under the commit's feet
+        started = time.monotonic()
         why = await self._admit(held, a)
         if why is not None:
             self._renew(held)  # the source cancels it (or it expires)
@@ -170,7 +171,7 @@ class KvInbound:
         if self.reservations.get(a.request_id) is held:
             del self.reservations[a.request_id]
         log.info("KV migration committed", request_id=a.request_id, source=held.source, kv_tokens=a.kv_computed_tokens,
-                 next_seq=a.next_seq, worker=w.worker_id)
+                 next_seq=a.next_seq, worker=w.worker_id, attach_ms=round((time.monotonic() - started) * 1e3, 2))
         return None
 
     async def _admit(self, held: Reservation, a: Assignment) -> str | None:

@@ -36,7 +36,7 @@ from shared.events.ctl import (
     CtlDone, CtlRefused, CtlReply, MigrateIn, MigrateKvCancel, MigrateKvStage, MigrateOut, MigrationReport,
 )
 from shared.logging import get_logger
-from shared.subjects import worker_assign, worker_ctl
+from shared.subjects import worker_assign, worker_migrate
 from shared.wire import TidalError
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ class KvMove:
                  transfer_ms=round(receipt.seconds * 1e3, 2))
 
     async def _ctl(self, cmd: msgspec.Struct, timeout: float = CTL_TIMEOUT_S) -> CtlDone:
-        reply = await self.worker.bus.request(worker_ctl(self.msg.destination), cmd, CtlReply, timeout=timeout)
+        reply = await self.worker.bus.request(worker_migrate(self.msg.destination), cmd, CtlReply, timeout=timeout)
         if isinstance(reply, CtlRefused):
             raise _Refused(reply.code, reply.message)
         return reply
@@ -265,7 +265,7 @@ class KvMove:
 
     async def _ctl_quietly(self, cmd: msgspec.Struct) -> None:
         try:
-            await self.worker.bus.request(worker_ctl(self.msg.destination), cmd, CtlReply, timeout=35.0)
+            await self.worker.bus.request(worker_migrate(self.msg.destination), cmd, CtlReply, timeout=35.0)
         except (TidalError, OSError) as exc:
             log.info("destination not told to release its KV reservation (it expires there)", request_id=self.rid,
                      error=repr(exc))

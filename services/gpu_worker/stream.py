@@ -1,14 +1,16 @@
 """Engine outputs → encoded `TokenChunk`s on `tidal.v1.req.<request_id>.out`, coalesced.
 
 Runs on an instance's engine thread, right after each step, so the asyncio side only hands
-ready bytes to NATS. Every message costs CPU on each hop (worker publish, NATS twice, the
-gateway, the dispatcher, the client), so a request's tokens are coalesced (vLLM's
-`stream_interval`, in time): its first token goes out at once (TTFT), later tokens wait
-until `interval_s` has passed since its previous chunk, and whatever is pending goes out
-with the final chunk, before a `StreamError`, or when the request is detached (migration).
-Sequence numbers stay consecutive from the assignment's `next_seq`; `worker_id` is set; the
-last chunk carries finish_reason + usage, or is a `StreamError` when the engine could not
-run the request. `interval_s = 0` sends one chunk per request per step.
+ready bytes to NATS. Every message costs CPU and a wake-up on each hop (worker publish, NATS
+twice, the gateway, the dispatcher, the client), so tokens are coalesced (vLLM's
+`stream_interval`, in time): a request's first token goes out at once (TTFT); later tokens
+wait for the instance's next flush, the first step `interval_s` after the oldest held token,
+when every request with held tokens gets one chunk — one burst per interval instead of a
+trickle every step, so each hop wakes once per burst. Held tokens also go out with the
+final chunk, before a `StreamError`, and when the request is detached (migration). Sequence
+numbers stay consecutive from the assignment's `next_seq`; `worker_id` is set; the last
+chunk carries finish_reason + usage, or is a `StreamError` when the engine could not run the
+request. `interval_s = 0` sends one chunk per request per step.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 
 from services.gpu_worker.engine.outputs import RequestOutput
 from shared.events import StreamError, TokenChunk, TokenLogprobs, TopLogprob, Usage
-from shared.events.base import MAX_CHUNK_TOKENS
+from shared.events.base import MAX_CHUNK_TOKENS, MAX_TEXT_CHARS  # a chunk's bounds (a final one adds a few)
 from shared.subjects import request_out
 from shared.wire import encode
 
@@ -34,7 +36,7 @@ class RequestStream:
     subject: str
     next_seq: int
     want_logprobs: bool
-    sent_at: float = -1.0  # when its last chunk went out (< 0: none yet, so the next token goes at once)
+    started: bool = False  # a token went out (the first one is never held back)
     token_ids: list[int] = field(default_factory=list)  # pending: generated, not yet sent
     text: str = ""
     logprobs: list[TokenLogprobs] = field(default_factory=list)
@@ -49,7 +51,7 @@ class StreamEncoder:
         self.streams: dict[str, RequestStream] = {}
         self.tokens_emitted = 0  # every token generated for a served request, for tokens/s in stats
         self._pending: dict[str, RequestStream] = {}  # streams holding un-sent tokens
-        self._sweep_at = 0.0
+        self._flush_at = 0.0  # monotonic time of the next flush of every pending stream
 
     def open(self, request_id: str, next_seq: int, want_logprobs: bool) -> None:
         self.streams[request_id] = RequestStream(request_id, request_out(request_id), next_seq, want_logprobs)
@@ -74,7 +76,7 @@ class StreamEncoder:
     def encode_outputs(self, outputs: list[RequestOutput], now: float, payloads: list[Payload],
                        ended: list[str]) -> None:
         """Append the payloads due at `now` (monotonic seconds) in order; finished ids to `ended`."""
-        streams, pending, interval = self.streams, self._pending, self.interval_s
+        streams, pending = self.streams, self._pending
         for out in outputs:
             rid = out.request_id
             stream = streams.get(rid)
@@ -86,41 +88,37 @@ class StreamEncoder:
                 del streams[rid]
                 ended.append(rid)
                 pending.pop(rid, None)
-                if out.finish_reason == "error":
-                    if new or stream.token_ids:
-                        self._add(stream, out)
-                        payloads.append(self._chunk(stream, None, None))
-                    msg = StreamError(
-                        request_id=rid, seq=stream.next_seq, code="internal",
-                        message=(out.error or "the engine could not run this request")[:_MAX_ERROR_CHARS],
-                        usage=Usage(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens),
-                    )
-                    payloads.append((stream.subject, encode(msg)))
-                    continue
                 self._add(stream, out)
-                usage = Usage(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens)
-                payloads.append(self._chunk(stream, out.finish_reason, usage))
+                if out.finish_reason != "error":
+                    usage = Usage(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens)
+                    payloads.append(self._chunk(stream, out.finish_reason, usage))
+                    continue
+                if stream.token_ids or stream.text:  # what it made stays valid: sent before the error
+                    payloads.append(self._chunk(stream, None, None))
+                msg = StreamError(
+                    request_id=rid, seq=stream.next_seq, code="internal",
+                    message=(out.error or "the engine could not run this request")[:_MAX_ERROR_CHARS],
+                    usage=Usage(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens),
+                )
+                payloads.append((stream.subject, encode(msg)))
                 continue
             if not new and not out.new_text:
                 continue
             self._add(stream, out)
-            if now - stream.sent_at >= interval or stream.sent_at < 0 or len(stream.token_ids) >= MAX_CHUNK_TOKENS:
+            if not stream.started:
+                stream.started = True
+                payloads.append(self._chunk(stream, None, None))
+            elif len(stream.token_ids) >= MAX_CHUNK_TOKENS // 2 or len(stream.text) >= MAX_TEXT_CHARS // 2:
                 pending.pop(rid, None)
                 payloads.append(self._chunk(stream, None, None))
-                stream.sent_at = now
             else:
+                if not pending:  # the oldest held token waits about one interval
+                    self._flush_at = now + self.interval_s
                 pending[rid] = stream
-        if pending and now >= self._sweep_at:
-            self._sweep(now, payloads)
-
-    def _sweep(self, now: float, payloads: list[Payload]) -> None:
-        """Send what waited too long on a request that produced nothing since (preempted)."""
-        self._sweep_at = now + self.interval_s
-        for rid, stream in list(self._pending.items()):
-            if now - stream.sent_at >= self.interval_s:
-                del self._pending[rid]
+        if pending and now >= self._flush_at:
+            for stream in pending.values():
                 payloads.append(self._chunk(stream, None, None))
-                stream.sent_at = now
+            pending.clear()
 
     @staticmethod
     def _add(stream: RequestStream, out: RequestOutput) -> None:

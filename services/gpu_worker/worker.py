@@ -15,7 +15,8 @@
 * data plane — started with the worker (`dataplane.WorkerDataPlane`; without ucxx, KV
   migration is refused as `unsupported`), its address published in the WorkerRecord,
   closed at stop. Migrations: `migration.py` (MigrateOut runs as a task of its own and
-  answers when done), `migration_kv.py` (source), `migration_dest.py` (destination).
+  answers when done), `migration_kv.py` (source), `migration_dest.py` (destination, on
+  `tidal.v1.worker.<id>.migrate`: a KV migration's source talking to this worker).
 
 The active-request table is touched only on the event loop, never across an await.
 """
@@ -48,12 +49,13 @@ from shared.events import (
 from shared.announce import Announcer
 from shared.events.ctl import (
     CtlReply, CtlRequest, EvictAdapter, LoadAdapter, MigrateIn, MigrateKvCancel, MigrateKvStage, MigrateOut,
+    MigrateRequest,
 )
 from shared.logging import get_logger
 from shared.metrics import REGISTRY
 from shared.registry_client import RegistryClient
 from shared.service import Service
-from shared.subjects import CATALOG, worker_assign, worker_ctl, worker_stats
+from shared.subjects import CATALOG, worker_assign, worker_ctl, worker_migrate, worker_stats
 from shared.wire import BadRequest, TidalError
 
 log = get_logger("tidal.gpu_worker")
@@ -107,6 +109,7 @@ class GpuWorker(Actor):
         await self.bind(worker_assign(self.worker_id), Assignment, self.on_assign)
         await self.bind(CATALOG["request.abort"].wildcard, AbortRequest, self.on_abort, label="tidal.v1.req.*.abort")
         await self.bind(worker_ctl(self.worker_id), CtlRequest, self.on_ctl)
+        await self.bind(worker_migrate(self.worker_id), MigrateRequest, self.on_migrate)
         self.spawn("publisher", self._publish_loop)
         self.spawn("stats", self._stats_loop)
         await self.dataplane.start(RegistryClient(self.bus, timeout=2.0))
@@ -258,13 +261,18 @@ class GpuWorker(Actor):
             return None
         if isinstance(msg, MigrateIn):
             return await migration.migrate_in(self, msg)
+        return CtlRefused(idempotency_key=msg.idempotency_key, command=type(msg).__name__,  # type: ignore[attr-defined]
+                          worker_id=self.worker_id, code="unsupported",
+                          message=f"{type(msg).__name__} is not implemented by this worker yet")
+
+    async def on_migrate(self, msg: object, _ctx: Delivery) -> CtlReply:
+        """A KV migration's source talking to this worker, its destination."""
         if isinstance(msg, MigrateKvStage):
             return await self.kv_inbound.stage(msg)
         if isinstance(msg, MigrateKvCancel):
             return await self.kv_inbound.cancel(msg)
-        return CtlRefused(idempotency_key=msg.idempotency_key, command=type(msg).__name__,  # type: ignore[attr-defined]
-                          worker_id=self.worker_id, code="unsupported",
-                          message=f"{type(msg).__name__} is not implemented by this worker yet")
+        assert isinstance(msg, MigrateIn)
+        return await migration.migrate_in(self, msg)
 
     async def _migrate_out(self, msg: MigrateOut, ctx: Delivery) -> None:
         try:

@@ -120,9 +120,10 @@ BlockIndex = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 class MigrateIn(CtlCommand, kw_only=True):
     """Prepare to receive `request_id` from `source` into `instance_id`.
 
-    From a planner (optional, before MigrateOut): a readiness check. From the source of a KV
-    migration, with `reserve_tokens > 0`: allocate KV blocks for that many tokens (held under
-    the request id; later stages grow them), released unless committed within `hold_s`."""
+    From a planner on `worker.<id>.ctl` (optional, before MigrateOut): a readiness check. From
+    the source of a KV migration on `worker.<id>.migrate`, with `reserve_tokens > 0`: allocate
+    KV blocks for that many tokens (held under the request id; later stages grow them),
+    released unless committed within `hold_s`."""
 
     request_id: RequestId
     source: WorkerId
@@ -136,7 +137,7 @@ class MigrateIn(CtlCommand, kw_only=True):
 
 
 class MigrateKvStage(CtlCommand, kw_only=True):
-    """Source → destination of a KV migration, one per pre-copy stage (and the final stop): grow
+    """Source → destination of a KV migration (on `worker.<id>.migrate`), one per pre-copy stage (and the final stop): grow
     the reservation to `reserve_tokens` and expect the data-plane transfer `key` into the
     request's blocks [first_block, last_block) (every layer, `transfer.kv_blocks` order).
     Answered CtlDone once the destination is ready; the source then sends."""
@@ -172,9 +173,11 @@ CtlRequest = (
     | LeaveGroup
     | MigrateOut
     | MigrateIn
-    | MigrateKvStage
-    | MigrateKvCancel
 )
+
+# Worker to worker on `tidal.v1.worker.<id>.migrate` (a KV migration's source to its destination)
+MigrateRequest = MigrateIn | MigrateKvStage | MigrateKvCancel
+MIGRATE_MESSAGES: tuple[type[CtlCommand], ...] = MigrateRequest.__args__  # type: ignore[attr-defined]
 
 
 class MigrationReport(Value, kw_only=True):
@@ -244,6 +247,8 @@ __all__ = [
     "MigrateKvCancel",
     "MigrateKvStage",
     "MigrateOut",
+    "MigrateRequest",
+    "MIGRATE_MESSAGES",
     "MigrationReport",
     "MigrationMode",
     "Prewarm",

@@ -53,6 +53,25 @@ def test_streamed_completion_with_usage(cluster: E2ECluster, oracle: Oracle) -> 
     assert usage.prompt_tokens == want.prompt_tokens
 
 
+def test_coalesced_chunks_stream_the_same_text_and_logprobs_as_the_whole_answer(cluster: E2ECluster) -> None:
+    """The workers coalesce tokens (stream_interval, default 20 ms; the tiny model steps in ~1 ms):
+    one SSE event per chunk, carrying several tokens' text and one logprob entry per token."""
+    client = cluster.openai()
+    whole = client.completions.create(model=LLAMA, prompt=PROMPT, max_tokens=48, temperature=0, logprobs=1)
+    stream = client.completions.create(model=LLAMA, prompt=PROMPT, max_tokens=48, temperature=0, logprobs=1,
+                                       stream=True)
+    events = [e.choices[0] for e in stream if e.choices]
+    sizes = [len(e.logprobs.tokens) for e in events if e.logprobs is not None and e.logprobs.tokens]
+    assert sizes[0] == 1 and max(sizes) > 1 and sum(sizes) == 48  # first token alone, later ones together
+    assert "".join(e.text for e in events) == whole.choices[0].text
+    streamed = [t for e in events if e.logprobs is not None for t in (e.logprobs.tokens or [])]
+    lps = [lp for e in events if e.logprobs is not None for lp in (e.logprobs.token_logprobs or [])]
+    assert whole.choices[0].logprobs is not None
+    assert streamed == whole.choices[0].logprobs.tokens
+    assert lps == pytest.approx(whole.choices[0].logprobs.token_logprobs)
+    assert events[-1].finish_reason == whole.choices[0].finish_reason == "length"
+
+
 def test_chat_streaming_and_not(cluster: E2ECluster, oracle: Oracle) -> None:
     messages = oracle.chat_messages
     want = oracle.greedy(LLAMA, messages=messages, max_tokens=16)

@@ -41,6 +41,7 @@ device = "cpu"
 memory = "64MiB"
 models = ["tiny"]
 adapters = ["tiny-lora"]
+stream_interval = "20ms"
 
 [policies]
 max_batch_size = 16

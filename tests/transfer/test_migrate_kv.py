@@ -29,9 +29,9 @@ from shared.config import load_config
 from shared.events import (
     AssignAccepted, AssignReply, Assignment, SamplingParams, StreamError, TokenChunk, WorkerStats,
 )
-from shared.events.ctl import CtlDone, CtlRefused, CtlReply, CtlRequest, MigrateIn, MigrateKvStage, MigrateOut
+from shared.events.ctl import CtlDone, CtlRefused, CtlReply, MigrateIn, MigrateKvStage, MigrateOut, MigrateRequest
 from shared.nats_server import NatsServer
-from shared.subjects import request_out, worker_assign, worker_ctl, worker_stats
+from shared.subjects import request_out, worker_assign, worker_ctl, worker_migrate, worker_stats
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -226,12 +226,12 @@ async def test_destination_killed_during_the_migration_leaves_the_request_on_the
     victim_id = "w3" if when == "first-stage" else "w4"
     victim = cluster[2][victim_id]
 
-    async def kill(msg: object, _ctx: Delivery) -> None:  # we see the victim's ctl traffic too
+    async def kill(msg: object, _ctx: Delivery) -> None:  # we see the victim's migration traffic too
         if isinstance(msg, MigrateKvStage) and (msg.final or when == "first-stage") and victim.proc.poll() is None:
             os.killpg(victim.pid, signal.SIGKILL)
 
     assert victim.proc is not None
-    await bus.subscribe(worker_ctl(victim_id), CtlRequest, kill)
+    await bus.subscribe(worker_migrate(victim_id), MigrateRequest, kill)
     stats = Stats()
     await bus.subscribe(worker_stats(), WorkerStats, stats.on)
     stream = await start(bus, rid, prompt, None)
@@ -268,14 +268,14 @@ async def test_corrupted_chunk_falls_back_to_token_mode(bus: Bus, reference: LLM
 async def test_uncommitted_reservation_is_released_after_its_hold(bus: Bus) -> None:
     stats = Stats()
     await bus.subscribe(worker_stats(), WorkerStats, stats.on)
-    reply = await bus.request(worker_ctl("w1"), MigrateIn(
+    reply = await bus.request(worker_migrate("w1"), MigrateIn(
         idempotency_key="kv-hold", request_id="kv-hold", source="w0", instance_id="w1-tiny", mode="kv",
         reserve_tokens=100, kv_block_tokens=8, hold_s=0.6), CtlReply)
     assert isinstance(reply, CtlDone), reply
     assert await stats.kv_used("w1", after=time.time()) == 13 * 2  # 100 tokens: 13 blocks on each of 2 layers
     await asyncio.sleep(1.2)  # nobody sends a stage or a commit: the source is "dead"
     assert await stats.kv_used("w1", after=time.time()) == 0
-    mismatch = await bus.request(worker_ctl("w1"), MigrateIn(
+    mismatch = await bus.request(worker_migrate("w1"), MigrateIn(
         idempotency_key="kv-bs", request_id="kv-bs", source="w0", instance_id="w1-tiny", mode="kv",
         reserve_tokens=100, kv_block_tokens=16), CtlReply)
     assert isinstance(mismatch, CtlRefused) and mismatch.code == "invalid"

@@ -66,9 +66,12 @@ async def test_bytes_arrive_intact_around_chunk_boundaries(plane: DataPlane, pee
     assert await plane.link("peer") is link  # connections are reused
 
 
-@pytest.mark.parametrize("plane", [{"max_in_flight": 2}], indirect=True)
-async def test_activation_preempts_a_bulk_transfer_at_the_next_chunk(plane: DataPlane, peer: PeerProcess) -> None:
+@pytest.mark.parametrize("plane", [{"max_in_flight": 2}, {"max_in_flight": 2, "express_activations": False}],
+                         indirect=True, ids=["express-lane", "one-lane"])
+async def test_activation_preempts_a_bulk_transfer(plane: DataPlane, peer: PeerProcess) -> None:
+    """On its own endpoint (express lane) or at the next chunk boundary of the bulk lane."""
     link = await plane.link("peer", peer.address)
+    assert (link.express is not None) == plane.config.chunking.express_activations
     kv_data = random_bytes(64 * CHUNK)
     kv = await link.submit(kv_data, kind=KV, key="kv")
     while kv.chunks_sent < 4:

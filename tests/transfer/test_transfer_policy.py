@@ -22,7 +22,9 @@ def drain(s: LinkSchedule, now: float = 0.0) -> list[tuple[int, int, int]]:
     while (plan := s.next_chunk(now)) is not None:
         out.append((plan.tid, plan.index, plan.length))
         now += 0.001
-        s.chunk_done(plan.length, now)
+        s.chunk_done(plan.length, now, express=plan.express)
+        if plan.last:
+            s.transfer_ended(plan.tid)  # acknowledged
     return out
 
 
@@ -96,8 +98,101 @@ def test_strict_priority_between_classes() -> None:
     assert order == [3, 2, 2, 1, 1]
 
 
-def test_activation_goes_out_at_the_next_chunk_boundary_of_a_bulk_transfer() -> None:
-    s = fixed(MiB, max_in_flight=1)
+def test_activation_goes_out_at_once_on_its_own_lane_while_bulk_chunks_are_in_flight() -> None:
+    s = fixed(MiB, max_in_flight=2)
+    s.add(1, KV, 10 * MiB, 0.0)
+    bulk = [s.next_chunk(0.0), s.next_chunk(0.0)]
+    assert all(p is not None and not p.express for p in bulk)
+    assert s.next_chunk(0.1) is None  # the bulk lane is full
+    s.add(2, ACT, 4096, now=0.5)
+    act = s.next_chunk(0.5)  # ... but the express lane is not
+    assert act is not None and act.tid == 2 and act.express and act.last
+    assert act.waited_s == 0.0 and act.chunks_ahead == 0
+    assert s.in_flight == 2 and s.express_in_flight == 1
+    s.chunk_done(act.length, 0.501, express=True)
+    assert s.in_flight == 2 and s.express_in_flight == 0  # its completion frees its own slot only
+    s.transfer_ended(2)
+    assert s.next_chunk(0.502) is None
+    s.chunk_done(MiB, 0.6)
+    nxt = s.next_chunk(0.6)
+    assert nxt is not None and nxt.tid == 1 and not nxt.express
+
+
+def test_bulk_is_held_back_while_an_activation_is_outstanding() -> None:
+    s = fixed(MiB, max_in_flight=2, max_bulk_hold_s=0.05)
+    s.add(1, KV, 10 * MiB, 0.0)
+    first = s.next_chunk(0.0)
+    assert first is not None
+    s.add(2, ACT, 4096, now=0.001)
+    assert s.bulk_limit(0.001) == 0  # queued: the bulk lane already holds back
+    act = s.next_chunk(0.001)
+    assert act is not None and act.express
+    assert s.next_chunk(0.002) is None  # a free bulk slot, but the activation is not answered yet
+    s.chunk_done(act.length, 0.003, express=True)
+    assert s.next_chunk(0.004) is None  # sent is not answered: the receiver still verifies and acks it
+    assert s.hold_expires_at() == pytest.approx(0.051)
+    s.transfer_ended(2)  # the Ack
+    assert s.hold_expires_at() is None
+    resumed = s.next_chunk(0.005)
+    assert resumed is not None and resumed.tid == 1 and s.in_flight == 2
+
+
+def test_a_bulk_hold_lasts_at_most_max_bulk_hold_s() -> None:
+    s = fixed(MiB, max_in_flight=2, max_bulk_hold_s=0.05)
+    s.add(1, KV, 10 * MiB, 0.0)
+    s.add(2, ACT, 4096, now=0.0)
+    assert s.next_chunk(0.0).express  # type: ignore[union-attr]
+    assert s.next_chunk(0.049) is None
+    late = s.next_chunk(0.05)  # never answered (a stuck peer): bulk goes on
+    assert late is not None and late.tid == 1
+    assert s.hold_expires_at() == pytest.approx(0.05)
+
+
+def test_bulk_in_flight_under_activation_is_a_cap() -> None:
+    s = fixed(MiB, max_in_flight=3, bulk_in_flight_under_activation=1)
+    s.add(1, KV, 10 * MiB, 0.0)
+    s.add(2, ACT, 4096, now=0.0)
+    plans = [s.next_chunk(0.0) for _ in range(3)]
+    assert [(p.tid, p.express) for p in plans if p is not None] == [(2, True), (1, False)]
+    s.transfer_ended(2)
+    assert s.bulk_limit(0.0) == 3 and s.next_chunk(0.0) is not None
+
+
+def test_express_lane_has_its_own_in_flight_limit() -> None:
+    s = fixed(MiB, max_express_in_flight=2)
+    for tid in (1, 2, 3):
+        s.add(tid, ACT, 1000, 0.0)
+    s.add(4, KV, MiB, 0.0)
+    plans = [s.next_chunk(0.0) for _ in range(3)]
+    assert [(p.tid, p.express) for p in plans if p is not None] == [(1, True), (2, True)]  # bulk held back
+    s.chunk_done(1000, 0.001, express=True)
+    third = s.next_chunk(0.001)
+    assert third is not None and third.tid == 3 and third.express
+    for tid in (1, 2, 3):
+        s.transfer_ended(tid)
+    bulk = s.next_chunk(0.002)
+    assert bulk is not None and bulk.tid == 4 and not bulk.express
+
+
+def test_express_completions_are_no_bandwidth_samples() -> None:
+    """An activation's time overlaps the bulk lane's busy time: only bulk chunks measure the link."""
+    s = LinkSchedule(ChunkingConfig(min_chunk=MiB, max_chunk=MiB, initial_bandwidth=123.0))
+    s.bandwidth.window_s = 0.0
+    s.add(1, ACT, 256 << 10, 0.0)
+    act = s.next_chunk(0.0)
+    assert act is not None and act.express
+    s.chunk_done(act.length, 0.01, express=True)
+    s.transfer_ended(1)
+    assert s.bandwidth.value == 123.0 and s.bandwidth.samples == 0
+    s.add(2, KV, MiB, 0.0)
+    bulk = s.next_chunk(0.0)
+    assert bulk is not None and not bulk.express
+    s.chunk_done(MiB, 0.002)
+    assert s.bandwidth.value == pytest.approx(MiB / 0.002)
+
+
+def test_without_the_express_lane_an_activation_goes_out_at_the_next_chunk_boundary() -> None:
+    s = fixed(MiB, max_in_flight=1, express_activations=False)
     s.add(1, KV, 10 * MiB, 0.0)
     for _ in range(3):
         plan = s.next_chunk(0.0)
@@ -112,6 +207,7 @@ def test_activation_goes_out_at_the_next_chunk_boundary_of_a_bulk_transfer() -> 
     assert act is not None and act.tid == 2 and act.last
     assert act.chunks_ahead == 0 and act.waited_s == pytest.approx(0.2)  # waited for that one chunk only
     assert s.queued_bytes(KV) == 6 * MiB  # the KV transfer resumes afterwards
+    assert not act.express
 
 
 def test_chunks_ahead_counts_chunks_posted_while_waiting() -> None:
@@ -199,6 +295,7 @@ def test_fifo_baseline_sends_whole_transfers_in_arrival_order() -> None:
     s.add(2, KV, 2 * MiB, 0.0)
     s.add(3, ACT, 100, 0.0)
     assert drain(s) == [(1, 0, 3 * MiB), (2, 0, 2 * MiB), (3, 0, 100)]
+    assert not s.express  # one lane: an activation waits behind whole transfers
 
 
 def test_add_rejects_duplicates_and_negative_sizes() -> None:

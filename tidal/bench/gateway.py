@@ -18,11 +18,15 @@ import socket
 import statistics
 import tempfile
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from tidal.bench.bench_cluster import BenchCluster
 from tidal.bench.sse_client import BenchHTTPError, SSEConnection
+
+T = TypeVar("T")
 
 CONFIG = """
 [cluster]
@@ -83,6 +87,13 @@ class Result:
     @property
     def ttft_ms(self) -> float:
         return statistics.median(self.ttfts) * 1000
+
+
+def run_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run the HTTP clients on uvloop (as the gateway runs): the client shares the cores it measures."""
+    import uvloop
+
+    return uvloop.run(coro)
 
 
 def _cores() -> int:
@@ -200,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
     single = [_prompts(args.unloaded, args.prompt_len, vocab, args.seed + 10_000)]
     print(f"model: {engine.runner.cfg.architecture} {engine.runner.cfg.num_layers} layers, hidden "
           f"{engine.runner.cfg.hidden_size}, vocab {vocab}; engine threads {threads}; {args.streams} streams x "
-          f"{args.rounds} requests, prompt {args.prompt_len}, output {args.output_len} tokens")
+          f"{args.rounds} requests, prompt {args.prompt_len}, output {args.output_len} tokens; "
+          f"worker stream_interval {worker.stream_interval * 1000:g} ms")
 
     cluster = BenchCluster(root, root / "cluster.toml", worker_args=["--threads", str(threads)])
     http: dict[str, list[Result]] = {"single": [], "load": []}
@@ -208,13 +220,13 @@ def run(args: argparse.Namespace) -> int:
     cpu: dict[str, float] = {}
     try:
         cluster.start(gateway_url=f"http://127.0.0.1:{port}")
-        asyncio.run(_warm_up(port, [p[:2] for p in single], args.output_len))
+        run_loop(_warm_up(port, [p[:2] for p in single], args.output_len))
         _in_process(engine, [p[:2] for p in single], args.output_len)  # warm-up
         for _ in range(args.repeat):  # alternate the two paths so machine noise lands on both alike
-            http["single"].append(asyncio.run(_http(port, single, args.output_len)))
+            http["single"].append(run_loop(_http(port, single, args.output_len)))
             local["single"].append(_in_process(engine, single, args.output_len))
             before, own_before = cluster.cpu_seconds(), time.process_time()
-            http["load"].append(asyncio.run(_http(port, streams, args.output_len)))
+            http["load"].append(run_loop(_http(port, streams, args.output_len)))
             after, own = cluster.cpu_seconds(), time.process_time() - own_before
             for name in after:
                 cpu[name] = cpu.get(name, 0.0) + after[name] - before.get(name, 0.0)

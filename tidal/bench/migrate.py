@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -255,6 +256,8 @@ def run_bench(args: argparse.Namespace) -> int:
         runs = asyncio.run(_measure(url, cluster, args))
     finally:
         cluster.stop()
+    if not args.dir:  # a temp dir of ours (logs kept only with --dir)
+        shutil.rmtree(root, ignore_errors=True)
     rows = _table(runs)
     print(f"# after: {_load()}")
     print(f"{'length':>6} | {'KV stall':>8} {'(max)':>7} {'stopped':>7} {'total':>7} {'MiB':>6} {'stages':>6} | "
@@ -280,7 +283,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("migrate", help="live migration downtime vs sequence length: KV pre-copy vs tokens")
     parser.add_argument("--lengths", default="256,512,1024,2048,4096", help="prompt lengths (comma-separated)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=96, help="tokens each request generates")
+    parser.add_argument("--max-tokens", type=int, default=256, help="tokens each request generates")
     parser.add_argument("--decode-before", type=int, default=8, help="chunks the client gets before the move")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)

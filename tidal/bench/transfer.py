@@ -24,88 +24,23 @@ import numpy as np
 
 from services.gpu_worker.transfer import ChunkingConfig, DataPlane, DataPlaneConfig, TrafficClass
 from tidal.bench.transfer_nixl import kv_blocks_bench
-from services.gpu_worker.transfer import timeline
+from tidal.bench.transfer_latency import bench_activation_latency
 from tidal.bench.transfer_proc import ReceiverProcess
-from tidal.bench.transfer_receiver import ReceiverCommand
-from tidal.bench.transfer_timeline import breakdown, report
 
 MiB = 1 << 20
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def _chunking(args: argparse.Namespace) -> ChunkingConfig:
+    lanes = dict(max_in_flight=args.in_flight, express_activations=not args.one_lane,
+                 bulk_in_flight_under_activation=args.bulk_under_activation)
     if args.chunk_kib:  # pinned chunk size (for exploring the trade-off)
-        return ChunkingConfig(min_chunk=args.chunk_kib << 10, max_chunk=args.chunk_kib << 10,
-                              max_in_flight=args.in_flight)
-    return ChunkingConfig(target_delay_s=args.target_delay_ms / 1000, max_in_flight=args.in_flight)
+        return ChunkingConfig(min_chunk=args.chunk_kib << 10, max_chunk=args.chunk_kib << 10, **lanes)
+    return ChunkingConfig(target_delay_s=args.target_delay_ms / 1000, **lanes)
 
 
 def _load() -> str:
     one, five, _ = os.getloadavg()
     return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPUs"
-
-
-async def _activations_during_kv(plane: DataPlane, address: str, kv: np.ndarray, act: np.ndarray,
-                                 interval_s: float) -> tuple[list[float], set[int], int]:
-    """Latencies of activations submitted every `interval_s` while `kv` is in flight; their
-    transfer ids and the KV transfer's."""
-    link = await plane.link("bench-receiver", address)
-    bulk = await link.submit(kv, kind=TrafficClass.KV, key="kv")
-    handles = []
-    while not bulk.done():
-        handles.append(await link.submit(act, kind=TrafficClass.ACTIVATION, key="act"))
-        await asyncio.sleep(interval_s)
-    await bulk.wait(600)
-    latencies = [(await h.wait(600)).seconds for h in handles]
-    return latencies, {h.transfer_id for h in handles}, bulk.transfer_id
-
-
-async def bench_activation_latency(args: argparse.Namespace, rx: ReceiverProcess) -> None:
-    kv = np.ones(args.size_mib * MiB, dtype=np.uint8)
-    act = np.ones(args.activation_kib << 10, dtype=np.uint8)
-    sched = DataPlane("bench-sched", config=DataPlaneConfig(chunking=_chunking(args)))
-    fifo = DataPlane("bench-fifo", config=DataPlaneConfig(chunking=ChunkingConfig(fifo=True)))
-    link = await sched.link("bench-receiver", rx.ready.address)
-    await link.send(kv[: 64 * MiB], kind=TrafficClass.KV, key="warmup")  # measure the link first
-    await (await fifo.link("bench-receiver", rx.ready.address)).send(kv[: 64 * MiB], kind=TrafficClass.KV, key="w")
-    rows: dict[str, list[float]] = {"scheduler": [], "fifo": []}
-    traced: list[dict[str, float]] = []
-    for _ in range(args.repeats):
-        for name, plane in (("scheduler", sched), ("fifo", fifo)):
-            tracing = args.trace and name == "scheduler"
-            if tracing:
-                await rx.command(ReceiverCommand(command="trace_on"))
-                timeline.enable()
-            lat, act_ids, kv_id = await _activations_during_kv(plane, rx.ready.address, kv, act, args.interval_ms / 1000)
-            if tracing:
-                theirs = (await rx.command(ReceiverCommand(command="trace_off"))).steps
-                traced += breakdown(timeline.disable(), theirs, act_ids, {kv_id})
-            rows[name] += lat
-    chunk = link.schedule.chunk_limit(TrafficClass.KV)
-    bw = link.schedule.bandwidth.value
-    chunk_ms = chunk / bw * 1000
-    print(f"\n(a) activation latency during a {args.size_mib} MiB KV transfer ({args.activation_kib} KiB activations "
-          f"every {args.interval_ms} ms, {args.repeats} rounds; {_load()})")
-    print(f"    link: bandwidth {bw / 2**30:.2f} GiB/s, fixed cost {link.schedule.bandwidth.overhead * 1000:.2f} ms/chunk, "
-          f"chunk {chunk / MiB:.2f} MiB = {chunk_ms:.2f} ms, {link.schedule.cfg.max_in_flight} in flight")
-    print(f"    {'mode':<10} {'n':>5} {'P50 ms':>9} {'P99 ms':>9} {'max ms':>9}")
-    p99 = {}
-    for name, lat in rows.items():
-        ms = [x * 1000 for x in lat]
-        p99[name] = _pct(ms, 0.99)
-        print(f"    {name:<10} {len(ms):>5} {_pct(ms, 0.5):>9.2f} {p99[name]:>9.2f} {max(ms):>9.2f}")
-    goal = chunk_ms + 1.0
-    print(f"    goal P99 <= chunk time + 1 ms = {goal:.2f} ms: {'met' if p99['scheduler'] <= goal else 'NOT met'}; "
-          f"FIFO/scheduler P99 = {p99['fifo'] / p99['scheduler']:.1f}x (goal >= 10x)")
-    if args.trace:
-        print("    where the scheduler's activation latency goes (--trace; steps in tidal/bench/transfer_timeline.py):")
-        print(report(traced))
-    await sched.close()
-    await fifo.close()
 
 
 async def bench_throughput(args: argparse.Namespace, rx: ReceiverProcess) -> None:
@@ -150,7 +85,7 @@ async def run(args: argparse.Namespace) -> int:
     try:
         print(f"tidal bench transfer: UCX_TLS={os.environ.get('UCX_TLS', 'tcp,self,sm')}, {_load()}")
         if "a" in args.only:
-            await bench_activation_latency(args, rx)
+            await bench_activation_latency(args, rx, _chunking(args), _load)
         if "b" in args.only:
             await bench_throughput(args, rx)
         if "d" in args.only and not args.skip_blocks:
@@ -170,8 +105,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--activation-kib", type=int, default=256)
     parser.add_argument("--interval-ms", type=float, default=5.0, help="between activations during the bulk")
     parser.add_argument("--target-delay-ms", type=float, default=2.0, help="preemption delay the chunk size targets")
-    parser.add_argument("--in-flight", type=int, default=2, help="chunks posted and not yet completed, per link")
+    parser.add_argument("--in-flight", type=int, default=ChunkingConfig.max_in_flight,
+                        help="bulk chunks posted and not yet completed, per link")
     parser.add_argument("--chunk-kib", type=int, default=0, help="pin the bulk chunk size (0: from bandwidth)")
+    parser.add_argument("--one-lane", action="store_true", help="activations share the bulk endpoint (no express lane)")
+    parser.add_argument("--bulk-under-activation", type=int, default=ChunkingConfig.bulk_in_flight_under_activation,
+                        help="bulk chunks allowed in flight while an activation is outstanding")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--blocks-total", type=int, default=4096, help="(d) blocks in each side's cache")
     parser.add_argument("--blocks-moved", type=int, default=2048, help="(d) scattered blocks moved per round")

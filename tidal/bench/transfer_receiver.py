@@ -109,7 +109,8 @@ async def serve(cache_bytes: int) -> None:
         try:
             while True:
                 await ep.recv(ctl)  # type: ignore[attr-defined]
-                await ep.recv(kv_dest[: int(ctl[0])])  # type: ignore[attr-defined]
+                n = int(ctl[0])  # activations land apart from the bulk running beside them
+                await ep.recv((act_dest if n <= ACT_BYTES else kv_dest)[:n])  # type: ignore[attr-defined]
                 await ep.send(ack)  # type: ignore[attr-defined]
         except Exception:  # noqa: BLE001 - the sender closed the raw endpoint
             return

@@ -212,10 +212,15 @@ class Link:
     # --- sending -----------------------------------------------------------------------
     async def _pump(self) -> None:
         while self._dead is None:
-            plan = self.schedule.next_chunk(self.clock())
+            now = self.clock()
+            plan = self.schedule.next_chunk(now)
             if plan is None:
                 self._wake.clear()
-                await self._wake.wait()
+                expires = self.schedule.hold_expires_at()  # bulk held for an activation: look again then
+                try:
+                    await asyncio.wait_for(self._wake.wait(), None if expires is None else max(0.0, expires - now))
+                except asyncio.TimeoutError:
+                    pass
                 continue
             try:
                 self._post_chunk(plan)
@@ -244,21 +249,20 @@ class Link:
                              checksum=checksum_of(payload, out.start.checksum), last=plan.last)
         self._post(encode_frame(header), TAG_FRAME, channel)
         sent = self._post(payload, out.data_tag, channel)
-        posted_at = self.clock()
         if timeline.EVENTS is not None:
             timeline.mark("post", plan.tid, plan.index)
         out.chunks_posted += 1
-        sent.add_done_callback(lambda f: self._chunk_sent(plan, f, posted_at))
+        sent.add_done_callback(lambda f: self._chunk_sent(plan, f))
         self.sent_log.append((plan.tid, plan.index, plan.length))
         if plan.last:
             out.all_posted = True
         self._update_gauges()
 
-    def _chunk_sent(self, plan: ChunkPlan, sent: "asyncio.Future[Any]", posted_at: float) -> None:
+    def _chunk_sent(self, plan: ChunkPlan, sent: "asyncio.Future[Any]") -> None:
         if sent.cancelled() or sent.exception() is not None:
             self.schedule.chunk_failed(express=plan.express)
             return  # _post's callback kills the link
-        self.schedule.chunk_done(plan.length, self.clock(), express=plan.express, posted_at=posted_at)
+        self.schedule.chunk_done(plan.length, self.clock(), express=plan.express)
         if timeline.EVENTS is not None:
             timeline.mark("sent", plan.tid, plan.index)
         out = self._out.get(plan.tid)
@@ -318,6 +322,8 @@ class Link:
     def _finish(self, out: _Outgoing, *, receipt: TransferReceipt | None = None,
                 error: TransferFailed | None = None) -> None:
         cls = out.handle.kind.name.lower()
+        self.schedule.transfer_ended(out.handle.transfer_id)
+        self._wake.set()  # bulk held back for it may go now
         if error is not None:
             metrics.FAILURES.labels(self.peer, error.reason, "sent").inc()
         else:

@@ -11,6 +11,11 @@ out in chunks and the sender picks the next chunk by priority at every chunk bou
   messages of one endpoint in order (over TCP: one socket; over RDMA: one QP). Bulk chunks
   only share the wire's bandwidth with it. Without it (or in `fifo`), activations take the
   next free slot of the bulk lane: they wait behind the chunks in flight.
+* Strict priority holds beyond the queue: while an activation is outstanding (queued, or
+  posted and not yet acknowledged), at most `bulk_in_flight_under_activation` bulk chunks
+  are on the wire (0: none is posted until it is answered, at most `max_bulk_hold_s`). A
+  bulk chunk in flight keeps a sender and a receiver thread copying; on a CPU host those
+  are the cores the activation's own hand-offs need.
 * Within a class: round-robin between transfers, one chunk each (fairness).
 * Chunk size = measured bandwidth x target preemption delay / chunks in flight, so the
   bytes already on the wire ahead of a new activation take about `target_delay_s` — but no
@@ -56,6 +61,8 @@ class ChunkingConfig:
     max_in_flight: int = 2  # bulk chunks posted and not yet completed (overlaps the fixed cost of the next)
     express_activations: bool = True  # activations on an endpoint of their own (see the module doc)
     max_express_in_flight: int = 4  # activations posted and not yet completed, on that lane
+    bulk_in_flight_under_activation: int = 0  # bulk chunks on the wire while an activation is outstanding
+    max_bulk_hold_s: float = 0.05  # ... but bulk is held back at most this long per activation (no starvation)
     initial_bandwidth: float = 1e9  # bytes/s assumed until the first measurement
     ewma_alpha: float = 0.25
     peak_decay: float = 0.97  # per 4 ms window of busy time
@@ -71,6 +78,8 @@ class ChunkingConfig:
                              "initial_bandwidth > 0 are required")
         if not 0 < self.ewma_alpha <= 1 or self.queue_bound_bytes <= 0:
             raise ValueError("need 0 < ewma_alpha <= 1 and queue_bound_bytes > 0")
+        if self.bulk_in_flight_under_activation < 0 or self.max_bulk_hold_s < 0:
+            raise ValueError("need bulk_in_flight_under_activation >= 0 and max_bulk_hold_s >= 0")
         if not 0 <= self.min_efficiency < 1:
             raise ValueError("need 0 <= min_efficiency < 1")
 
@@ -102,7 +111,8 @@ class BandwidthEstimator:
     def observe(self, nbytes: int, seconds: float) -> None:
         """One chunk of `nbytes` completed after `seconds` of busy time."""
         seconds = max(0.0, seconds)
-        self.observe_cost(nbytes, seconds)
+        self._points.append((nbytes, seconds))
+        self._fit_overhead()
         self._bytes += nbytes
         self._busy += seconds
         if self._busy < self.window_s or self._bytes < ALIGN:
@@ -111,12 +121,6 @@ class BandwidthEstimator:
         self.value = rate if self.samples == 0 else max(rate, self.value * self.decay)
         self.samples += 1
         self._bytes, self._busy = 0, 0.0
-
-    def observe_cost(self, nbytes: int, seconds: float) -> None:
-        """A (size, time) point for the fixed-cost fit only (an express-lane activation: its time
-        overlaps the bulk lane's busy time, so it is no rate sample)."""
-        self._points.append((nbytes, max(0.0, seconds)))
-        self._fit_overhead()
 
     def _fit_overhead(self) -> None:
         pts = self._points
@@ -186,6 +190,7 @@ class LinkSchedule:
         self.express = self.cfg.express_activations and not self.cfg.fifo
         self.in_flight = 0  # bulk lane
         self.express_in_flight = 0
+        self._outstanding: dict[int, float] = {}  # express transfers started, not yet ended -> first post time
         self.chunks_started = 0
         self._busy_mark: float | None = None  # start of the busy time not yet accounted
 
@@ -205,6 +210,7 @@ class LinkSchedule:
 
     def cancel(self, tid: int) -> bool:
         """Drop a transfer's unsent chunks; False if it had none left (or was unknown)."""
+        self._outstanding.pop(tid, None)
         p = self._pending.pop(tid, None)
         if p is None:
             return False
@@ -229,7 +235,7 @@ class LinkSchedule:
         if self.express and self._queues[TrafficClass.ACTIVATION] \
                 and self.express_in_flight < self.cfg.max_express_in_flight:
             return self._plan(self._queues[TrafficClass.ACTIVATION], now, express=True)
-        if self.in_flight >= self.cfg.max_in_flight:
+        if self.in_flight >= self.bulk_limit(now):
             return None
         if self.cfg.fifo:
             queue = self._fifo
@@ -257,6 +263,7 @@ class LinkSchedule:
         self.chunks_started += 1
         if express:
             self.express_in_flight += 1
+            self._outstanding.setdefault(p.tid, now)
         else:
             if self.in_flight == 0:
                 self._busy_mark = now  # the bulk lane was idle: busy time starts now
@@ -268,14 +275,30 @@ class LinkSchedule:
             del self._pending[p.tid]
         return plan
 
-    def chunk_done(self, length: int, now: float, *, express: bool = False, posted_at: float | None = None) -> None:
+    def bulk_limit(self, now: float) -> int:
+        """Bulk chunks allowed on the wire now: fewer while an activation is outstanding."""
+        if not self.express:
+            return self.cfg.max_in_flight
+        queued = bool(self._queues[TrafficClass.ACTIVATION])
+        held = any(now - t < self.cfg.max_bulk_hold_s for t in self._outstanding.values())
+        return min(self.cfg.max_in_flight, self.cfg.bulk_in_flight_under_activation) if queued or held \
+            else self.cfg.max_in_flight
+
+    def hold_expires_at(self) -> float | None:
+        """When a bulk hold ends by itself (the caller looks again then), or None."""
+        if not self._outstanding or self.cfg.bulk_in_flight_under_activation >= self.cfg.max_in_flight:
+            return None
+        return min(self._outstanding.values()) + self.cfg.max_bulk_hold_s
+
+    def transfer_ended(self, tid: int) -> None:
+        """A transfer was answered (Ack, Nack), cancelled or lost: it holds back no bulk chunk any more."""
+        self._outstanding.pop(tid, None)
+
+    def chunk_done(self, length: int, now: float, *, express: bool = False) -> None:
         """A posted chunk completed: free its slot. On the bulk lane the busy time since the
-        last event is its service time (chunks in flight queue behind each other on the
-        wire); an express chunk's post -> done time (`posted_at`) only feeds the fixed-cost fit."""
-        if express:
+        last event is its service time (chunks in flight queue behind each other on the wire)."""
+        if express:  # its time overlaps the bulk lane's and includes its share of the CPUs: no sample
             self.express_in_flight = max(0, self.express_in_flight - 1)
-            if posted_at is not None:
-                self.bandwidth.observe_cost(length, now - posted_at)
             return
         self.in_flight = max(0, self.in_flight - 1)
         if self._busy_mark is not None:
