@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 log = get_logger("tidal.gpu_worker.migration")
 
+COMMITTED_MEMORY = 10_000  # committed moves remembered for a late withdrawal
 SINK_SETTLE_S = 30.0  # a transfer under way when a reservation is dropped: how long to wait for it to end
 
 
@@ -49,6 +51,9 @@ class KvInbound:
     def __init__(self, worker: "GpuWorker") -> None:
         self.worker = worker
         self.reservations: dict[str, Reservation] = {}
+        # request id -> source, for moves committed here: a source whose commit went unanswered
+        # cancels, and the copy running here must then go quietly (bounded: old entries drop)
+        self.committed: OrderedDict[str, str] = OrderedDict()
         self._expiry: asyncio.Task[None] | None = None
 
     def _done(self, msg: MigrateIn | MigrateKvStage | MigrateKvCancel, detail: str) -> CtlDone:
@@ -118,10 +123,24 @@ class KvInbound:
     # --- MigrateKvCancel / expiry ------------------------------------------------------------------
     async def cancel(self, msg: MigrateKvCancel) -> CtlReply:
         held = self.reservations.get(msg.request_id)
+        if held is None and self.committed.get(msg.request_id) == msg.source:
+            return await self._withdraw(msg)
         if held is None or held.source != msg.source:
             return self._done(msg, f"no reservation for {msg.request_id}: nothing to release")
         freed = await self._release(held, f"cancelled by {msg.source}: {msg.reason}")
         return self._done(msg, f"released {freed} KV blocks of {msg.request_id}")
+
+    async def _withdraw(self, msg: MigrateKvCancel) -> CtlReply:
+        """The source gave up on a commit this worker did take (its reply was lost or late) and
+        resumed the request itself: drop the copy here without ending the client's stream."""
+        del self.committed[msg.request_id]
+        entry = self.worker.active.pop(msg.request_id, None)
+        if entry is None:
+            return self._done(msg, f"{msg.request_id} already ended here")
+        await entry.instance.detach(msg.request_id)
+        log.warning("committed KV migration withdrawn by its source", request_id=msg.request_id, source=msg.source,
+                    reason=msg.reason)
+        return self._done(msg, f"{msg.request_id} withdrawn: the source continues it")
 
     async def _release(self, held: Reservation, why: str) -> int:
         if self.reservations.get(held.request_id) is held:
@@ -170,6 +189,9 @@ class KvInbound:
             return self._rejected(a, why)
         if self.reservations.get(a.request_id) is held:
             del self.reservations[a.request_id]
+        self.committed[a.request_id] = held.source
+        while len(self.committed) > COMMITTED_MEMORY:
+            self.committed.popitem(last=False)
         log.info("KV migration committed", request_id=a.request_id, source=held.source, kv_tokens=a.kv_computed_tokens,
                  next_seq=a.next_seq, worker=w.worker_id, attach_ms=round((time.monotonic() - started) * 1e3, 2))
         return None

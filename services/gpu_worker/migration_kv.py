@@ -37,7 +37,7 @@ from shared.events.ctl import (
 )
 from shared.logging import get_logger
 from shared.subjects import worker_assign, worker_migrate
-from shared.wire import TidalError
+from shared.wire import DeadlineExceeded, TidalError
 
 if TYPE_CHECKING:
     from services.gpu_worker.instance import KvSnapshot, Stopped
@@ -50,6 +50,7 @@ STOP_BLOCKS = 2  # stop once a stage would move this few new full blocks (per la
 CTL_TIMEOUT_S = 5.0  # a destination answers stages with bookkeeping and one engine-thread call
 TRANSFER_TIMEOUT_S = 60.0
 ASSIGN_TIMEOUT_S = 10.0
+COMMIT_ATTEMPTS = 3  # same idempotency key each time: the destination replays, never attaches twice
 HOLD_S = 30.0  # the destination drops an uncommitted reservation after this long without a stage
 # the destination is alive (it answered) but its KV did not arrive intact, or its data plane
 # cannot be reached: move by tokens instead
@@ -149,8 +150,7 @@ class KvMove:
             resume_token_ids=d.output_token_ids, next_seq=stopped.next_seq, kv_computed_tokens=d.num_computed_tokens,
         )
         sent_at = time.monotonic()
-        reply = await self.worker.bus.request(worker_assign(self.msg.destination), commit, AssignReply,
-                                              timeout=ASSIGN_TIMEOUT_S)
+        reply = await self._commit(commit)
         if not isinstance(reply, AssignAccepted):
             raise _Refused(reply.reason, reply.message)
         resumed_at = time.monotonic()
@@ -168,6 +168,21 @@ class KvMove:
         return CtlDone(idempotency_key=self.msg.idempotency_key, command="MigrateOut", worker_id=self.worker.worker_id,
                        detail=f"{self.rid} moved to {self.msg.destination} with the KV of {d.num_computed_tokens} tokens",
                        migration=report)
+
+    async def _commit(self, commit: Any) -> AssignReply:
+        """Send the commit; on a timeout send it AGAIN under the same idempotency key: a destination
+        that did attach answers with a replay of its acceptance, so an ambiguous first try never
+        leaves the request running on both workers. No responders (the process is gone) or every
+        try timing out -> the request resumes here (a destination that stays silent that long is
+        hung, and its copy is cancelled by `_stay`)."""
+        for attempt in range(COMMIT_ATTEMPTS):
+            try:
+                return await self.worker.bus.request(worker_assign(self.msg.destination), commit, AssignReply,
+                                                     timeout=ASSIGN_TIMEOUT_S)
+            except DeadlineExceeded:
+                log.warning("KV commit unanswered; retrying under the same key", request_id=self.rid,
+                            attempt=attempt + 1, destination=self.msg.destination)
+        raise DeadlineExceeded(f"commit of {self.rid} unanswered after {COMMIT_ATTEMPTS} tries")
 
     async def _stage(self, link: Any, first: int, last: int, num_tokens: int, views: list[Any], *, final: bool) -> None:
         key = f"kv:{self.rid}:{self.nonce}:{self.stages}"

@@ -29,7 +29,9 @@ from shared.config import load_config
 from shared.events import (
     AssignAccepted, AssignReply, Assignment, SamplingParams, StreamError, TokenChunk, WorkerStats,
 )
-from shared.events.ctl import CtlDone, CtlRefused, CtlReply, MigrateIn, MigrateKvStage, MigrateOut, MigrateRequest
+from shared.events.ctl import (
+    CtlDone, CtlRefused, CtlReply, MigrateIn, MigrateKvCancel, MigrateKvStage, MigrateOut, MigrateRequest,
+)
 from shared.nats_server import NatsServer
 from shared.subjects import request_out, worker_assign, worker_ctl, worker_migrate, worker_stats
 
@@ -284,3 +286,29 @@ async def test_uncommitted_reservation_is_released_after_its_hold(bus: Bus) -> N
 async def test_kv_migration_of_an_unknown_request_is_refused(bus: Bus) -> None:
     gone = await migrate_out(bus, "nope", "w1")
     assert isinstance(gone, CtlRefused) and gone.code == "not_found"
+
+
+async def test_a_committed_move_the_source_gave_up_on_is_withdrawn_quietly(bus: Bus) -> None:
+    """The source's commit went unanswered (retried under one key, then given up): it resumes the
+    request itself and cancels; the destination, which did attach, drops its copy WITHOUT a final
+    chunk, so the client's stream is not ended by the copy nobody owns any more."""
+    rid = "kv-withdrawn"
+    stats = Stats()
+    await bus.subscribe(worker_stats(), WorkerStats, stats.on)
+    stream = await start(bus, rid, PROMPT * 6, None)
+    while len(stream.chunks) < 3:
+        await asyncio.sleep(0.002)
+    moved = await migrate_out(bus, rid, "w1")
+    assert isinstance(moved, CtlDone) and moved.migration is not None and moved.migration.mode == "kv", moved
+    while not any(c.worker_id == "w1" for c in stream.chunks):
+        await asyncio.sleep(0.002)
+    reply = await bus.request(worker_migrate("w1"), MigrateKvCancel(
+        idempotency_key="kv-withdraw", request_id=rid, source="w0", reason="commit unanswered"), CtlReply)
+    assert isinstance(reply, CtlDone) and reply.detail.endswith("the source continues it"), reply
+    assert await stats.kv_used("w1", after=time.time()) == 0
+    seen = len(stream.chunks)
+    await asyncio.sleep(0.3)
+    assert len(stream.chunks) == seen and not stream.done.is_set() and not stream.errors
+    other = await bus.request(worker_migrate("w1"), MigrateKvCancel(
+        idempotency_key="kv-withdraw-2", request_id=rid, source="w3", reason="not its move"), CtlReply)
+    assert isinstance(other, CtlDone) and other.detail.startswith("no reservation"), other

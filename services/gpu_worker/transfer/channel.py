@@ -19,9 +19,9 @@ from ucxx._lib.arr import Array
 from ucxx._lib_async.utils import hash64bits
 from ucxx.types import Tag, TagMaskFull
 
-from .frames import TAG_DATA, TAG_FRAME, TAG_REPLY
+from .frames import TAG_DATA, TAG_FRAME, TAG_INLINE, TAG_REPLY
 
-_TAGS = (TAG_FRAME, TAG_REPLY)
+_TAGS = (TAG_FRAME, TAG_REPLY, TAG_INLINE)
 
 
 class Channel:

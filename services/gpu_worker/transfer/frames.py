@@ -8,7 +8,12 @@ UCX tags per endpoint (tag matching keeps each tag's messages in posting order):
   serialization). Chunks have a fixed size per transfer (`TransferStart.chunk_bytes`), so
   the receiver knows where chunk i lands and pre-posts up to `PREPOST` receives ahead of
   the chunk headers it has seen: the payload never waits for its header to be processed;
-* `TAG_REPLY` receiver -> sender: `TransferAck`, `TransferNack`.
+* `TAG_REPLY` receiver -> sender: `TransferAck`, `TransferNack`;
+* `TAG_INLINE` sender -> receiver, on the express lane (a link's endpoint for activations):
+  a whole transfer of at most `INLINE_MAX` bytes in ONE message — an `InlineTransfer`
+  frame followed by the payload. The receiver keeps `INLINE_RING` receives of that size
+  posted, so UCX matches the message (and runs its rendezvous) in its progress thread
+  without waiting for the receiver's event loop to read a TransferStart first.
 
 A transfer that ends early (cancelled, or refused by a Nack) is closed with a
 `TransferAbort` that says how many payloads were posted and how many zero-length
@@ -24,6 +29,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import msgspec
+import numpy as np
 from msgspec import Meta
 
 from shared.events.base import MAX_BYTES, Message, Reason
@@ -34,8 +40,11 @@ from .errors import FailureReason
 TAG_FRAME = 0x7444_0001
 TAG_DATA = 0x7444_0002
 TAG_REPLY = 0x7444_0003
+TAG_INLINE = 0x7444_0004
 MAX_FRAME = 4096  # bytes, length prefix included
 PREPOST = 4  # receives a receiver may post beyond the chunk headers it has seen, per transfer
+INLINE_MAX = 1 << 20  # payload bytes of an inline transfer (express lane)
+INLINE_RING = 4  # inline receives an express endpoint keeps posted
 
 TransferId = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 Bytes = Annotated[int, Meta(ge=0, le=MAX_BYTES)]
@@ -89,6 +98,13 @@ class TransferAbort(Message, kw_only=True):
     fillers: Annotated[int, Meta(ge=0, le=PREPOST)] = 0
 
 
+class InlineTransfer(Message, kw_only=True):
+    """A whole transfer in one message: this frame, then `start.total_bytes` of payload."""
+
+    start: TransferStart
+    checksum: Annotated[int, Meta(ge=0)]  # of the whole payload (start.checksum's algorithm)
+
+
 class TransferAck(Message, kw_only=True):
     """Every byte arrived, checksums matched, the destination holds the data."""
 
@@ -109,6 +125,7 @@ ReplyFrame = TransferAck | TransferNack
 _ENCODER = msgspec.msgpack.Encoder()
 _SENDER_DECODER = msgspec.msgpack.Decoder(SenderFrame)
 _REPLY_DECODER = msgspec.msgpack.Decoder(ReplyFrame)
+_INLINE_DECODER = msgspec.msgpack.Decoder(InlineTransfer)
 
 
 def chunk_count(total_bytes: int, chunk_bytes: int) -> int:
@@ -116,7 +133,7 @@ def chunk_count(total_bytes: int, chunk_bytes: int) -> int:
     return max(1, -(-total_bytes // chunk_bytes))
 
 
-def encode_frame(frame: SenderFrame | ReplyFrame) -> bytes:
+def encode_frame(frame: SenderFrame | ReplyFrame | InlineTransfer) -> bytes:
     body = _ENCODER.encode(frame)
     if len(body) + 2 > MAX_FRAME:
         raise ValueError(f"frame {type(frame).__name__} is {len(body)} bytes, over {MAX_FRAME - 2}")
@@ -137,3 +154,25 @@ def decode_sender_frame(buf: memoryview) -> SenderFrame:
 
 def decode_reply_frame(buf: memoryview) -> ReplyFrame:
     return _REPLY_DECODER.decode(_body(buf))
+
+
+def encode_inline(frame: InlineTransfer, payload: np.ndarray) -> np.ndarray:
+    """The one message of an inline transfer: the frame, then the payload (one copy of it)."""
+    head = encode_frame(frame)
+    if payload.shape[0] != frame.start.total_bytes or payload.shape[0] > INLINE_MAX:
+        raise ValueError(f"inline payload of {payload.shape[0]} bytes (announced {frame.start.total_bytes}, "
+                         f"at most {INLINE_MAX})")
+    buf = np.empty(len(head) + payload.shape[0], dtype=np.uint8)
+    buf[:len(head)] = np.frombuffer(head, dtype=np.uint8)
+    buf[len(head):] = payload
+    return buf
+
+
+def decode_inline(buf: np.ndarray) -> tuple[InlineTransfer, np.ndarray]:
+    """(frame, view of its payload in `buf`); raises msgspec.DecodeError / ValidationError."""
+    body = _body(memoryview(buf))
+    frame = _INLINE_DECODER.decode(body)
+    start = 2 + len(body)
+    if start + frame.start.total_bytes > buf.shape[0]:
+        raise msgspec.DecodeError(f"inline payload of {frame.start.total_bytes} bytes exceeds the receive buffer")
+    return frame, buf[start:start + frame.start.total_bytes]

@@ -25,6 +25,7 @@ from shared.logging import get_logger
 from . import metrics, timeline
 from .buffers import ByteView, checksum_of, empty_like_device
 from .channel import Channel
+from .express import InlineReceiver
 from .errors import FailureReason, TransferFailed
 from .frames import (
     MAX_FRAME, PREPOST, TAG_FRAME, TAG_REPLY, ChunkHeader, Hello, TransferAbort, TransferAck, TransferNack,
@@ -66,6 +67,7 @@ class InboundConnection:
         self.lane = "bulk"  # which lane of the peer's link this endpoint is (Hello)
         self.chunk_hook = chunk_hook
         self._rx: dict[int, _Rx] = {}
+        self._inline: InlineReceiver | None = None  # express lane: inline transfers (activations)
 
     async def run(self) -> None:
         buf = np.empty(MAX_FRAME, dtype=np.uint8)
@@ -86,6 +88,8 @@ class InboundConnection:
         except Exception as exc:  # noqa: BLE001 - endpoint errors: the peer went away
             log.info("data-plane peer disconnected", peer=self.peer, error=str(exc))
         finally:
+            if self._inline is not None:
+                self._inline.close()
             for rx in list(self._rx.values()):
                 self._fail(rx, reason, "connection closed before the transfer completed", reply=False)
                 rx.closed_by_sender = True  # nothing more will come; the posted receives get cancelled
@@ -96,6 +100,13 @@ class InboundConnection:
             for rx in list(self._rx.values()):
                 self._maybe_close(rx, force=True)
 
+    def _inline_broken(self, why: str) -> None:
+        log.warning("express lane broken; closing the connection", peer=self.peer, error=why)
+        try:
+            self.channel.abort()  # the frame loop fails on it and fails every transfer of the connection
+        except Exception:  # noqa: BLE001 - already torn down
+            pass
+
     def _on_frame(self, frame: Any) -> None:
         if isinstance(frame, ChunkHeader):
             self._on_header(frame)
@@ -105,6 +116,10 @@ class InboundConnection:
             self._on_abort(frame)
         elif isinstance(frame, Hello):
             self.peer, self.lane = frame.worker_id, frame.lane
+            if frame.lane == "express" and self._inline is None:
+                self._inline = InlineReceiver(self.channel, self.inbox, self.peer, self._reply,
+                                              chunk_hook=self.chunk_hook, on_broken=self._inline_broken)
+                self._inline.start()
 
     # --- frames ------------------------------------------------------------------------
     def _on_start(self, start: TransferStart) -> None:

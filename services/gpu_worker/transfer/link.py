@@ -30,8 +30,8 @@ from .buffers import Segments, checksum_algorithm, checksum_of
 from .channel import Channel
 from .errors import FailureReason, TransferFailed
 from .frames import (
-    MAX_FRAME, PREPOST, TAG_FRAME, TAG_REPLY, ChunkHeader, Hello, TransferAbort, TransferAck, TransferStart,
-    chunk_count, decode_reply_frame, encode_frame,
+    INLINE_MAX, MAX_FRAME, PREPOST, TAG_FRAME, TAG_INLINE, TAG_REPLY, ChunkHeader, Hello, InlineTransfer,
+    TransferAbort, TransferAck, TransferStart, chunk_count, decode_reply_frame, encode_frame, encode_inline,
 )
 from .policy import ChunkingConfig, ChunkPlan, LinkSchedule, TrafficClass
 
@@ -107,6 +107,7 @@ class _Outgoing:
     n_chunks: int = 0
     data_tag: Any = None
     channel: Channel | None = None  # the lane's endpoint, from its first chunk on
+    inline: bool = False  # sent whole in one message (express lane): no receives to close on cancel
 
 
 class Link:
@@ -186,7 +187,7 @@ class Link:
         if out is None:
             return False
         self.schedule.cancel(tid)
-        if out.started and out.channel is not None and self._dead is None:  # the receiver holds state: close it
+        if out.started and out.channel is not None and not out.inline and self._dead is None:  # close it there too
             fillers = min(PREPOST, out.n_chunks - out.chunks_posted)
             self._post(encode_frame(TransferAbort(transfer_id=tid, reason=reason, message=message[:2000],
                                                   chunks_posted=out.chunks_posted, fillers=fillers)), TAG_FRAME, out.channel)
@@ -240,15 +241,22 @@ class Link:
             metrics.WAIT_SECONDS.labels(self.peer, cls).observe(plan.waited_s or 0.0)
             out.start = msgspec.structs.replace(out.start, chunk_bytes=plan.chunk_size)
             out.n_chunks = chunk_count(out.start.total_bytes, plan.chunk_size)
-            out.data_tag = out.channel.data_tags(plan.tid)[0]
-            self._post(encode_frame(out.start), TAG_FRAME, out.channel)
+            out.inline = plan.express and plan.last and plan.length <= INLINE_MAX and out.start.checksum != "none"
+            if not out.inline:  # an inline transfer's Start travels in its one message
+                out.data_tag = out.channel.data_tags(plan.tid)[0]
+                self._post(encode_frame(out.start), TAG_FRAME, out.channel)
         channel = out.channel
         assert channel is not None
         payload = out.segments.gather(plan.offset, plan.length)
-        header = ChunkHeader(transfer_id=plan.tid, index=plan.index, offset=plan.offset, length=plan.length,
-                             checksum=checksum_of(payload, out.start.checksum), last=plan.last)
-        self._post(encode_frame(header), TAG_FRAME, channel)
-        sent = self._post(payload, out.data_tag, channel)
+        checksum = checksum_of(payload, out.start.checksum)
+        if out.inline:
+            sent = self._post(encode_inline(InlineTransfer(start=out.start, checksum=checksum), payload), TAG_INLINE,
+                              channel)
+        else:
+            header = ChunkHeader(transfer_id=plan.tid, index=plan.index, offset=plan.offset, length=plan.length,
+                                 checksum=checksum, last=plan.last)
+            self._post(encode_frame(header), TAG_FRAME, channel)
+            sent = self._post(payload, out.data_tag, channel)
         if timeline.EVENTS is not None:
             timeline.mark("post", plan.tid, plan.index)
         out.chunks_posted += 1
