@@ -3,8 +3,9 @@
 The asyncio side never touches the engine. It puts commands (add, abort, stop) on a
 thread-safe queue; the engine thread applies every queued command before each step (so an
 abort lands within one step), steps, encodes that step's chunks (`stream.StreamEncoder`) and
-hands the bytes back to the event loop in one call per step. After each step it also leaves
-an immutable `InstanceSnapshot` for the stats publisher to read.
+hands the bytes back to the event loop in one call per step (after a step with a first token,
+while few requests run, it waits until the loop has published them: TTFT). After each step it
+also leaves an immutable `InstanceSnapshot` for the stats publisher to read.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from services.gpu_worker.engine.engine import DetachedRequest, KvProgress, LLMEngine
 from services.gpu_worker.engine.sampling_params import SamplingParams, SamplingParamsError
@@ -27,11 +29,19 @@ from shared.logging import get_logger
 
 log = get_logger("tidal.gpu_worker.instance")
 
-# Called on the engine thread with one step's payloads and the ids of requests that ended.
-Emit = Callable[[list[Payload], list[str]], None]
+
+class Emit(Protocol):
+    """Called on the engine thread with one step's payloads and the ids of requests that ended;
+    `sent`, when given, is set once the event loop has published them."""
+
+    def __call__(self, payloads: list[Payload], ended: list[str], sent: threading.Event | None = None) -> None: ...
+
+
 Crashed = Callable[[str, BaseException], None]
 SNAPSHOT_EVERY_S = 0.02  # at most this stale while busy (fresh whenever the engine goes idle)
 GIL_SWITCH_S = 0.0002  # how long the event loop may wait for the GIL while the engine thread runs
+HANDOFF_MAX_RUNNING = 4  # up to this many running requests, a first token's publish is awaited
+HANDOFF_WAIT_S = 0.002  # ... at most this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,16 +247,24 @@ class ModelInstance:
                 ended: list[str] = []
                 if not self._apply(block=not self.engine.has_unfinished, payloads=payloads, ended=ended):
                     return
+                firsts = 0
                 if self.engine.has_unfinished:
                     outputs = self.engine.step()
                     self._steps += 1
                     now = time.monotonic()
-                    self.encoder.encode_outputs(outputs, now, payloads, ended)
+                    firsts = self.encoder.encode_outputs(outputs, now, payloads, ended)
                 else:
                     now = time.monotonic()
                 if payloads or ended:  # first: the snapshot can wait, the tokens should not
                     assert self._emit is not None
-                    self._emit(payloads, ended)
+                    if firsts and len(self.engine.scheduler.running) <= HANDOFF_MAX_RUNNING:
+                        # A first token (TTFT): let the event loop publish it before the next step
+                        # competes with it for the GIL and a core; cheap while few requests run.
+                        sent = threading.Event()
+                        self._emit(payloads, ended, sent)
+                        sent.wait(HANDOFF_WAIT_S)
+                    else:
+                        self._emit(payloads, ended)
                 if ended or now - self._snapshot_at >= SNAPSHOT_EVERY_S or not self.engine.has_unfinished:
                     self._take_snapshot(now)
         except Exception as exc:  # the engine's state is unknown now: the worker must go

@@ -74,9 +74,11 @@ class StreamEncoder:
         return payload, stream.next_seq
 
     def encode_outputs(self, outputs: list[RequestOutput], now: float, payloads: list[Payload],
-                       ended: list[str]) -> None:
-        """Append the payloads due at `now` (monotonic seconds) in order; finished ids to `ended`."""
+                       ended: list[str]) -> int:
+        """Append the payloads due at `now` (monotonic seconds) in order, finished ids to `ended`;
+        returns how many of the payloads are first tokens."""
         streams, pending = self.streams, self._pending
+        firsts = 0
         for out in outputs:
             rid = out.request_id
             stream = streams.get(rid)
@@ -107,6 +109,7 @@ class StreamEncoder:
             self._add(stream, out)
             if not stream.started:
                 stream.started = True
+                firsts += 1
                 payloads.append(self._chunk(stream, None, None))
             elif len(stream.token_ids) >= MAX_CHUNK_TOKENS // 2 or len(stream.text) >= MAX_TEXT_CHARS // 2:
                 pending.pop(rid, None)
@@ -119,6 +122,7 @@ class StreamEncoder:
             for stream in pending.values():
                 payloads.append(self._chunk(stream, None, None))
             pending.clear()
+        return firsts
 
     @staticmethod
     def _add(stream: RequestStream, out: RequestOutput) -> None:

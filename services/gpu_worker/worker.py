@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import threading
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -93,7 +94,7 @@ class GpuWorker(Actor):
         self.draining = False
         self.catalog: CatalogWriter | None = None
         self._stats: StatsBuilder = StatsBuilder(worker_id, device, [])
-        self._outbox: collections.deque[tuple[list[Payload], list[str]]] = collections.deque()
+        self._outbox: collections.deque[tuple[list[Payload], list[str], threading.Event | None]] = collections.deque()
         self._outbox_ready = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.adapter_ctl = AdapterControl(self)  # LoadAdapter / EvictAdapter (services/gpu_worker/adapter_ctl.py)
@@ -291,16 +292,16 @@ class GpuWorker(Actor):
         task.add_done_callback(self._tasks.discard)
 
     # --- chunks: engine thread → event loop → NATS ---------------------------------------------
-    def _emitted(self, payloads: list[Payload], ended: list[str]) -> None:
+    def _emitted(self, payloads: list[Payload], ended: list[str], sent: threading.Event | None = None) -> None:
         """Called on an engine thread once per step."""
         assert self._loop is not None
         try:
-            self._loop.call_soon_threadsafe(self._enqueue, payloads, ended)
+            self._loop.call_soon_threadsafe(self._enqueue, payloads, ended, sent)
         except RuntimeError:  # the loop is closed: the process is exiting
             pass
 
-    def _enqueue(self, payloads: list[Payload], ended: list[str]) -> None:
-        self._outbox.append((payloads, ended))
+    def _enqueue(self, payloads: list[Payload], ended: list[str], sent: threading.Event | None = None) -> None:
+        self._outbox.append((payloads, ended, sent))
         self._outbox_ready.set()
 
     def _crashed(self, instance_id: str, exc: BaseException) -> None:
@@ -318,7 +319,7 @@ class GpuWorker(Actor):
             await self._outbox_ready.wait()
             self._outbox_ready.clear()
             while self._outbox:
-                payloads, ended = self._outbox.popleft()
+                payloads, ended, sent = self._outbox.popleft()
                 try:
                     for subject, data in payloads:
                         await nc.publish(subject, data)
@@ -329,6 +330,8 @@ class GpuWorker(Actor):
                     CHUNKS.inc(len(payloads))
                 for request_id in ended:
                     self.active.pop(request_id, None)
+                if sent is not None:  # after nats-py's flusher (woken by the publish) has written them
+                    asyncio.get_running_loop().call_soon(sent.set)
 
     # --- stats ----------------------------------------------------------------------------------
     async def _stats_loop(self) -> None:

@@ -126,3 +126,13 @@ def test_abort_carries_the_pending_tokens_in_the_final_chunk() -> None:
     final = msgs[0]
     assert isinstance(final, TokenChunk) and final.token_ids == [2] and final.finish_reason == "abort"
     assert final.seq == 1 and enc.tokens_emitted == 2
+
+
+def test_encode_outputs_counts_the_first_tokens_it_sends() -> None:
+    enc = StreamEncoder("w", interval_s=0.0)
+    enc.open("a", 0, False)
+    enc.open("b", 0, False)
+    payloads: list[Payload] = []
+    assert enc.encode_outputs([tok("a", 1)], 0.0, payloads, []) == 1
+    assert enc.encode_outputs([tok("a", 2), tok("b", 1)], 0.001, payloads, []) == 1
+    assert enc.encode_outputs([tok("a", 3), tok("b", 2)], 0.002, payloads, []) == 0

@@ -92,6 +92,24 @@ async def test_activation_preempts_a_bulk_transfer(plane: DataPlane, peer: PeerP
     assert list(events) == ["act", "kv"]  # the receiver completed the activation first
 
 
+async def test_many_activations_of_any_size_arrive_intact_beside_a_bulk_transfer(plane: DataPlane,
+                                                                                  peer: PeerProcess) -> None:
+    """More than the express lane's posted receives and in-flight slots, inline and not (over 1 MiB)."""
+    link = await plane.link("peer", peer.address)
+    kv_data = random_bytes(32 * CHUNK)
+    kv = await link.submit(kv_data, kind=KV, key="kv")
+    sizes = [0, 1, 4096, 256 << 10, (1 << 20) + 1] + [10_000 + i for i in range(15)]
+    sent = {f"act-{i}": random_bytes(n, seed=i + 1) for i, n in enumerate(sizes)}
+    handles = [await link.submit(data, kind=ACT, key=key) for key, data in sent.items()]
+    receipts = await asyncio.gather(*(h.wait(60) for h in handles))
+    assert all(r.chunks == 1 for r in receipts)
+    await kv.wait(60)
+    events = {e.key: e for e in [await peer.next_event() for _ in range(len(sent) + 1)]}
+    assert events["kv"].sha256 == sha(kv_data)
+    for key, data in sent.items():
+        assert (events[key].event, events[key].nbytes, events[key].sha256) == ("received", data.shape[0], sha(data))
+
+
 async def test_transfers_of_one_class_share_the_link_round_robin(plane: DataPlane, peer: PeerProcess) -> None:
     link = await plane.link("peer", peer.address)
     a = await link.submit(random_bytes(8 * CHUNK, 1), kind=KV, key="a")

@@ -63,6 +63,28 @@ async def test_corrupted_chunk_fails_the_transfer_with_a_typed_reason(plane: Dat
     assert event.event == "received" and event.sha256 == hashlib.sha256(data).hexdigest()
 
 
+@pytest.fixture
+def corrupting_first_peer() -> Iterator[PeerProcess]:
+    p = PeerProcess("--corrupt-chunk", "0")
+    yield p
+    p.stop()
+
+
+async def test_corrupted_activation_on_the_express_lane_is_detected(plane: DataPlane,
+                                                                    corrupting_first_peer: PeerProcess) -> None:
+    link = await plane.link("peer", corrupting_first_peer.address)
+    assert link.express is not None
+    with pytest.raises(TransferFailed) as info:
+        await link.send(random_bytes(64 << 10), kind=TrafficClass.ACTIVATION, key="act", timeout=60)
+    assert info.value.reason == "corrupt"
+    event = await corrupting_first_peer.next_event()
+    assert (event.event, event.key, event.reason) == ("failed", "act", "corrupt")
+    data = random_bytes(1000, 1)  # the lane survives
+    await link.send(data, kind=TrafficClass.ACTIVATION, key="next", timeout=60)
+    event = await corrupting_first_peer.next_event()
+    assert event.event == "received" and event.sha256 == hashlib.sha256(data).hexdigest()
+
+
 async def test_peer_death_mid_transfer_fails_the_sender_without_hanging(plane: DataPlane,
                                                                         dying_peer: PeerProcess) -> None:
     link = await plane.link("peer", dying_peer.address)
@@ -116,6 +138,15 @@ async def test_expected_destination_receives_in_place_and_unexpected_keys_are_re
         assert info.value.reason == "rejected"
         with pytest.raises(TransferFailed):
             await small.wait(10)
+        with pytest.raises(TransferFailed) as info:  # the express lane's inline path refuses the same way
+            await link.send(b"x" * 100, kind=TrafficClass.ACTIVATION, key="too-small", timeout=60)
+        assert info.value.reason == "rejected"
+        with pytest.raises(TransferFailed) as info:
+            await link.send(b"x", kind=TrafficClass.ACTIVATION, key="unexpected", timeout=60)
+        assert info.value.reason == "rejected"
+        hidden = receiver.inbox.expect("stage-0", np.zeros(64, np.uint8))
+        await link.send(np.arange(64, dtype=np.uint8), kind=TrafficClass.ACTIVATION, key="stage-0", timeout=60)
+        assert np.array_equal((await hidden.wait(10)).buffers, np.arange(64, dtype=np.uint8))
         activations = receiver.inbox.accept_any(TrafficClass.ACTIVATION)  # fresh memory per transfer
         await link.send(b"hidden-state", kind=TrafficClass.ACTIVATION, key="stage-1", timeout=60)
         got = await asyncio.wait_for(activations.get(), 10)

@@ -99,7 +99,7 @@ def test_strict_priority_between_classes() -> None:
 
 
 def test_activation_goes_out_at_once_on_its_own_lane_while_bulk_chunks_are_in_flight() -> None:
-    s = fixed(MiB, max_in_flight=2)
+    s = fixed(MiB, max_in_flight=2, latency_window_s=0.0)
     s.add(1, KV, 10 * MiB, 0.0)
     bulk = [s.next_chunk(0.0), s.next_chunk(0.0)]
     assert all(p is not None and not p.express for p in bulk)
@@ -119,7 +119,7 @@ def test_activation_goes_out_at_once_on_its_own_lane_while_bulk_chunks_are_in_fl
 
 
 def test_bulk_is_held_back_while_an_activation_is_outstanding() -> None:
-    s = fixed(MiB, max_in_flight=2, max_bulk_hold_s=0.05)
+    s = fixed(MiB, max_in_flight=2, max_bulk_hold_s=0.05, latency_window_s=0.0)
     s.add(1, KV, 10 * MiB, 0.0)
     first = s.next_chunk(0.0)
     assert first is not None
@@ -148,8 +148,23 @@ def test_a_bulk_hold_lasts_at_most_max_bulk_hold_s() -> None:
     assert s.hold_expires_at() == pytest.approx(0.05)
 
 
+def test_latency_mode_keeps_fewer_bulk_chunks_in_flight_after_an_activation() -> None:
+    s = fixed(MiB, max_in_flight=2, latency_in_flight=1, latency_window_s=0.1)
+    s.add(1, KV, 10 * MiB, 0.0)
+    assert s.bulk_limit(0.0) == 2  # no activation seen yet: full depth
+    s.add(2, ACT, 4096, now=1.0)
+    act = s.next_chunk(1.0)
+    assert act is not None and act.express
+    s.chunk_done(act.length, 1.001, express=True)
+    s.transfer_ended(2)
+    assert s.bulk_limit(1.002) == 1
+    assert s.next_chunk(1.002) is not None and s.next_chunk(1.002) is None  # one bulk chunk on the wire
+    assert s.bulk_limit(1.1) == 2  # the window passed: full depth again
+    assert s.next_chunk(1.1) is not None
+
+
 def test_bulk_in_flight_under_activation_is_a_cap() -> None:
-    s = fixed(MiB, max_in_flight=3, bulk_in_flight_under_activation=1)
+    s = fixed(MiB, max_in_flight=3, bulk_in_flight_under_activation=1, latency_window_s=0.0)
     s.add(1, KV, 10 * MiB, 0.0)
     s.add(2, ACT, 4096, now=0.0)
     plans = [s.next_chunk(0.0) for _ in range(3)]

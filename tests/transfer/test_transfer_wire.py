@@ -8,7 +8,8 @@ import torch
 
 from services.gpu_worker.transfer.buffers import DEFAULT_CHECKSUM, Segments, byte_view, checksum_of
 from services.gpu_worker.transfer.frames import (
-    MAX_FRAME, ChunkHeader, TransferNack, TransferStart, decode_reply_frame, decode_sender_frame, encode_frame,
+    INLINE_MAX, MAX_FRAME, ChunkHeader, InlineTransfer, TransferNack, TransferStart, decode_inline,
+    decode_reply_frame, decode_sender_frame, encode_frame, encode_inline,
 )
 from services.gpu_worker.transfer.plane import format_address, parse_address
 from shared.events.common import LayerRange
@@ -39,6 +40,29 @@ def test_malformed_frames_are_rejected() -> None:
     lying_length = (MAX_FRAME).to_bytes(2, "little") + b"\x00"
     with pytest.raises(msgspec.DecodeError):
         decode_sender_frame(_frame_buffer(lying_length))
+
+
+def test_inline_transfer_is_one_message_read_from_a_larger_receive_buffer() -> None:
+    payload = np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8)
+    frame = InlineTransfer(start=TransferStart(transfer_id=9, kind="activation", key="stage-1", total_bytes=5000,
+                                               chunk_bytes=5000), checksum=checksum_of(payload, DEFAULT_CHECKSUM))
+    message = encode_inline(frame, payload)
+    buf = np.zeros(INLINE_MAX + MAX_FRAME, dtype=np.uint8)  # the receiver's posted buffer
+    buf[: message.shape[0]] = message
+    got, view = decode_inline(buf)
+    assert got == frame and np.array_equal(view, payload)
+    assert view.base is buf or np.shares_memory(view, buf)  # a view: copied out once, into the destination
+    with pytest.raises(ValueError):
+        encode_inline(frame, payload[:10])  # not what the frame announces
+    big = InlineTransfer(start=TransferStart(transfer_id=9, kind="activation", key="k", total_bytes=INLINE_MAX + 1,
+                                             chunk_bytes=INLINE_MAX + 1), checksum=0)
+    with pytest.raises(ValueError):
+        encode_inline(big, np.zeros(INLINE_MAX + 1, dtype=np.uint8))
+    head = encode_frame(big)  # a frame announcing more payload than the buffer holds
+    short = np.zeros(len(head) + 10, dtype=np.uint8)
+    short[: len(head)] = np.frombuffer(head, dtype=np.uint8)
+    with pytest.raises(msgspec.DecodeError):
+        decode_inline(short)
 
 
 def test_frame_size_is_bounded() -> None:

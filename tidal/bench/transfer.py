@@ -26,6 +26,7 @@ from services.gpu_worker.transfer import ChunkingConfig, DataPlane, DataPlaneCon
 from tidal.bench.transfer_nixl import kv_blocks_bench
 from tidal.bench.transfer_latency import bench_activation_latency
 from tidal.bench.transfer_proc import ReceiverProcess
+from tidal.bench.transfer_throughput import bench_throughput
 
 MiB = 1 << 20
 
@@ -43,43 +44,6 @@ def _load() -> str:
     return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPUs"
 
 
-async def bench_throughput(args: argparse.Namespace, rx: ReceiverProcess) -> None:
-    buf = np.ones(args.size_mib * MiB, dtype=np.uint8)
-    plane = DataPlane("bench-bulk", config=DataPlaneConfig(chunking=_chunking(args)))
-    link = await plane.link("bench-receiver", rx.ready.address)
-    ucxx = plane._runtime()
-    raw = await ucxx.create_endpoint("127.0.0.1", rx.ready.raw_port)
-    ctl, ack = np.array([buf.shape[0]], dtype=np.int64), np.empty(1, dtype=np.uint8)
-
-    async def raw_once() -> float:
-        t0 = time.perf_counter()
-        await raw.send(ctl)
-        await raw.send(buf)
-        await raw.recv(ack)
-        return time.perf_counter() - t0
-
-    async def chunked_once() -> float:
-        t0 = time.perf_counter()
-        await link.send(buf, kind=TrafficClass.KV, key="bulk", timeout=600)
-        return time.perf_counter() - t0
-
-    await raw_once()
-    await chunked_once()  # warm both paths; the link learns its bandwidth
-    raw_s, chunked_s = [], []
-    for _ in range(args.repeats):
-        raw_s.append(await raw_once())
-        chunked_s.append(await chunked_once())
-    gib = buf.shape[0] / 2**30
-    r, c = gib / statistics.median(raw_s), gib / statistics.median(chunked_s)
-    print(f"\n(b) bulk throughput, {args.size_mib} MiB, median of {args.repeats} alternating rounds ({_load()})")
-    print(f"    raw ucxx, one send:        {r:6.2f} GiB/s   (rounds: {', '.join(f'{gib / s:.2f}' for s in raw_s)})")
-    print(f"    data plane, chunked:       {c:6.2f} GiB/s   (rounds: {', '.join(f'{gib / s:.2f}' for s in chunked_s)}; "
-          f"chunk {link.schedule.chunk_limit(TrafficClass.KV) / MiB:.2f} MiB)")
-    print(f"    chunked/raw = {c / r:.2f} (goal >= 0.90)")
-    await raw.close()
-    await plane.close()
-
-
 async def run(args: argparse.Namespace) -> int:
     rx = ReceiverProcess(cache_bytes=args.blocks_total * args.block_kib << 10 if not args.skip_blocks else 0)
     try:
@@ -87,7 +51,7 @@ async def run(args: argparse.Namespace) -> int:
         if "a" in args.only:
             await bench_activation_latency(args, rx, _chunking(args), _load)
         if "b" in args.only:
-            await bench_throughput(args, rx)
+            await bench_throughput(args, rx, _chunking(args), _load)
         if "d" in args.only and not args.skip_blocks:
             await kv_blocks_bench(args, rx)
     finally:

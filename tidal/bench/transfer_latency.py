@@ -49,10 +49,22 @@ class RawPeer:
         return ep
 
     @staticmethod
-    async def round_trip(ep: Any, buf: np.ndarray) -> float:
+    async def round_trip(ep: Any, buf: np.ndarray, chunk: int = 0, in_flight: int = 1) -> float:
+        """`buf` as one message (chunk 0) or as messages of `chunk` bytes, `in_flight` at a
+        time; returns the seconds until the receiver's answer is read."""
         t0 = time.perf_counter()
-        await ep.send(np.array([buf.shape[0]], dtype=np.int64))
-        await ep.send(buf)
+        n = buf.shape[0]
+        await ep.send(np.array([n, chunk], dtype=np.int64))
+        if chunk:
+            slots = asyncio.Semaphore(in_flight)
+
+            async def one(offset: int) -> None:
+                async with slots:
+                    await ep.send(buf[offset:offset + chunk])
+
+            await asyncio.gather(*(one(o) for o in range(0, n, chunk)))
+        else:
+            await ep.send(buf)
         await ep.recv(np.empty(1, dtype=np.uint8))
         return time.perf_counter() - t0
 

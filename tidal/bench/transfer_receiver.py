@@ -104,13 +104,16 @@ async def serve(cache_bytes: int) -> None:
     ucxx = plane._runtime()
 
     async def raw_handler(ep: object) -> None:
-        ctl = np.empty(1, dtype=np.int64)
+        """Per message: [total, chunk] (int64), then the bytes — one message, or total/chunk
+        messages of `chunk` bytes, all received into place — then a 1-byte answer."""
+        ctl = np.empty(2, dtype=np.int64)
         ack = np.ones(1, dtype=np.uint8)
         try:
             while True:
                 await ep.recv(ctl)  # type: ignore[attr-defined]
-                n = int(ctl[0])  # activations land apart from the bulk running beside them
-                await ep.recv((act_dest if n <= ACT_BYTES else kv_dest)[:n])  # type: ignore[attr-defined]
+                n, chunk = int(ctl[0]), int(ctl[1]) or int(ctl[0])
+                dest = (act_dest if n <= ACT_BYTES else kv_dest)[:n]  # activations land apart from the bulk
+                await asyncio.gather(*(ep.recv(dest[o:o + chunk]) for o in range(0, max(n, 1), chunk)))  # type: ignore[attr-defined]
                 await ep.send(ack)  # type: ignore[attr-defined]
         except Exception:  # noqa: BLE001 - the sender closed the raw endpoint
             return

@@ -75,8 +75,11 @@ class InlineReceiver:
         if f.cancelled() or self._closed:
             return
         error = f.exception()
-        if error is not None:  # the connection broke, or a message over INLINE_MAX: the stream is unusable
-            self._broken(f"inline receive failed: {error}")
+        if error is not None:
+            if type(error).__name__ == "UCXXCanceledError":
+                self._closed = True  # the endpoint is closing: the frame loop reports how it ended
+            else:  # the connection broke, or a message over INLINE_MAX: the stream is unusable
+                self._broken(f"inline receive failed: {error}")
             return
         try:
             frame, payload = decode_inline(buf)

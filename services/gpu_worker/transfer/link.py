@@ -26,7 +26,7 @@ from shared.events.common import LayerRange
 from shared.logging import get_logger
 
 from . import metrics, timeline
-from .buffers import Segments, checksum_algorithm, checksum_of
+from .buffers import Segments, checksum_algorithm, checksum_of, is_host
 from .channel import Channel
 from .errors import FailureReason, TransferFailed
 from .frames import (
@@ -116,8 +116,10 @@ class Link:
     _ids = itertools.count(1)
 
     def __init__(self, local_id: str, peer: str, endpoint: Any, cfg: ChunkingConfig, *, express_endpoint: Any = None,
-                 on_dead: Callable[["Link"], None] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+                 checksums: bool = True, on_dead: Callable[["Link"], None] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.local_id, self.peer, self.clock = local_id, peer, clock
+        self.checksums = checksums
         self.channel = Channel(endpoint)  # bulk lane (and everything, without an express endpoint)
         self.express = Channel(express_endpoint) if express_endpoint is not None else None
         if self.express is None and cfg.express_activations:
@@ -167,7 +169,7 @@ class Link:
         start = TransferStart(  # chunk_bytes is set when the first chunk goes
             transfer_id=tid, kind=kind.name.lower(), key=key, total_bytes=segments.total, chunk_bytes=1,
             segments=segments.sizes if len(segments.sizes) <= MAX_SEGMENT_HINT else [], layers=layers,
-            request_id=request_id, checksum=checksum_algorithm(segments.views),
+            request_id=request_id, checksum=checksum_algorithm(segments.views) if self.checksums else "none",
         )
         self._out[tid] = _Outgoing(handle, segments, start)
         self.schedule.add(tid, kind, segments.total, self.clock())
@@ -241,7 +243,8 @@ class Link:
             metrics.WAIT_SECONDS.labels(self.peer, cls).observe(plan.waited_s or 0.0)
             out.start = msgspec.structs.replace(out.start, chunk_bytes=plan.chunk_size)
             out.n_chunks = chunk_count(out.start.total_bytes, plan.chunk_size)
-            out.inline = plan.express and plan.last and plan.length <= INLINE_MAX and out.start.checksum != "none"
+            out.inline = plan.express and plan.last and plan.length <= INLINE_MAX \
+                and all(is_host(v) for v in out.segments.views)  # device memory: no host copy
             if not out.inline:  # an inline transfer's Start travels in its one message
                 out.data_tag = out.channel.data_tags(plan.tid)[0]
                 self._post(encode_frame(out.start), TAG_FRAME, out.channel)

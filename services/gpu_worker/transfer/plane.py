@@ -36,6 +36,7 @@ class DataPlaneConfig:
     port: int = 0  # 0: any free port
     ucx_tls: str | None = "tcp,self,sm"  # None: leave UCX_TLS as the environment has it
     connect_timeout_s: float = 10.0
+    checksums: bool = True  # xxh3 per chunk, verified by the receiver; off only to measure what they cost
     chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
 
 
@@ -190,7 +191,7 @@ class DataPlane:
             # refused, timed out, UCX error: all mean unreachable
             raise TransferFailed("unreachable", f"cannot connect to {address}: {failed[0]!r}", peer=peer) from None
         link = Link(self.worker_id, peer, results[0], chunking, express_endpoint=results[1] if lanes == 2 else None,
-                    on_dead=self._forget)
+                    checksums=self.config.checksums, on_dead=self._forget)
         return await link.start()
 
     def _forget(self, link: Link) -> None:

@@ -16,6 +16,11 @@ out in chunks and the sender picks the next chunk by priority at every chunk bou
   are on the wire (0: none is posted until it is answered, at most `max_bulk_hold_s`). A
   bulk chunk in flight keeps a sender and a receiver thread copying; on a CPU host those
   are the cores the activation's own hand-offs need.
+* Latency mode: for `latency_window_s` after an activation was submitted, at most
+  `latency_in_flight` bulk chunks are on the wire, so the next activation finds at most
+  that many ahead of it (measured: an activation's latency grows with the bulk bytes in
+  flight when it arrives, second endpoint or not). Without activations around, bulk runs
+  `max_in_flight` deep (the fixed cost of one chunk overlaps the data of the other).
 * Within a class: round-robin between transfers, one chunk each (fairness).
 * Chunk size = measured bandwidth x target preemption delay / chunks in flight, so the
   bytes already on the wire ahead of a new activation take about `target_delay_s` — but no
@@ -62,6 +67,8 @@ class ChunkingConfig:
     express_activations: bool = True  # activations on an endpoint of their own (see the module doc)
     max_express_in_flight: int = 4  # activations posted and not yet completed, on that lane
     bulk_in_flight_under_activation: int = 0  # bulk chunks on the wire while an activation is outstanding
+    latency_in_flight: int = 1  # bulk chunks on the wire within latency_window_s of an activation
+    latency_window_s: float = 0.1
     max_bulk_hold_s: float = 0.05  # ... but bulk is held back at most this long per activation (no starvation)
     initial_bandwidth: float = 1e9  # bytes/s assumed until the first measurement
     ewma_alpha: float = 0.25
@@ -78,8 +85,10 @@ class ChunkingConfig:
                              "initial_bandwidth > 0 are required")
         if not 0 < self.ewma_alpha <= 1 or self.queue_bound_bytes <= 0:
             raise ValueError("need 0 < ewma_alpha <= 1 and queue_bound_bytes > 0")
-        if self.bulk_in_flight_under_activation < 0 or self.max_bulk_hold_s < 0:
-            raise ValueError("need bulk_in_flight_under_activation >= 0 and max_bulk_hold_s >= 0")
+        if self.bulk_in_flight_under_activation < 0 or self.max_bulk_hold_s < 0 or self.latency_in_flight < 1 \
+                or self.latency_window_s < 0:
+            raise ValueError("need bulk_in_flight_under_activation >= 0, max_bulk_hold_s >= 0, latency_in_flight >= 1"
+                             " and latency_window_s >= 0")
         if not 0 <= self.min_efficiency < 1:
             raise ValueError("need 0 <= min_efficiency < 1")
 
@@ -191,6 +200,7 @@ class LinkSchedule:
         self.in_flight = 0  # bulk lane
         self.express_in_flight = 0
         self._outstanding: dict[int, float] = {}  # express transfers started, not yet ended -> first post time
+        self._last_activation: float | None = None  # when the last activation was submitted
         self.chunks_started = 0
         self._busy_mark: float | None = None  # start of the busy time not yet accounted
 
@@ -205,6 +215,8 @@ class LinkSchedule:
         if nbytes < 0:
             raise ValueError("a transfer cannot have a negative size")
         self._pending[tid] = _Pending(tid, cls, nbytes, now, self.chunks_started)
+        if cls is TrafficClass.ACTIVATION:
+            self._last_activation = now
         (self._fifo if self.cfg.fifo else self._queues[cls]).append(tid)
         self._queued_bytes[cls] += nbytes
 
@@ -279,10 +291,13 @@ class LinkSchedule:
         """Bulk chunks allowed on the wire now: fewer while an activation is outstanding."""
         if not self.express:
             return self.cfg.max_in_flight
+        cfg = self.cfg
         queued = bool(self._queues[TrafficClass.ACTIVATION])
-        held = any(now - t < self.cfg.max_bulk_hold_s for t in self._outstanding.values())
-        return min(self.cfg.max_in_flight, self.cfg.bulk_in_flight_under_activation) if queued or held \
-            else self.cfg.max_in_flight
+        if queued or any(now - t < cfg.max_bulk_hold_s for t in self._outstanding.values()):
+            return min(cfg.max_in_flight, cfg.bulk_in_flight_under_activation)
+        if self._last_activation is not None and now - self._last_activation < cfg.latency_window_s:
+            return min(cfg.max_in_flight, cfg.latency_in_flight)
+        return cfg.max_in_flight
 
     def hold_expires_at(self) -> float | None:
         """When a bulk hold ends by itself (the caller looks again then), or None."""
