@@ -1,4 +1,5 @@
-"""The gateway's ASGI application: Litestar routes behind the `Edge` middleware.
+"""The gateway's ASGI application: Litestar routes behind the `Edge` middleware (streaming generations
+take the `FastPath` past Litestar).
 
     state = GatewayState(config, catalog, is_draining=...)
     asgi = build_app(state)          # what uvicorn serves
@@ -17,6 +18,7 @@ from services.gateway.chat import create_chat_completion
 from services.gateway.completions import create_completion
 from services.gateway.edge import ASGIApp, Edge
 from services.gateway.errors import handle_exception
+from services.gateway.fast_path import FastPath
 from services.gateway.http_spans import HttpSpans
 from services.gateway.routes_adapters import load_lora_adapter, unload_lora_adapter
 from services.gateway.routes_misc import health, list_models, openapi_json, prometheus_metrics, ready
@@ -48,7 +50,7 @@ def build_litestar(state: GatewayState) -> Litestar:
 
 
 def build_app(state: GatewayState) -> ASGIApp:
-    edge = Edge(build_litestar(state), state)  # type: ignore[arg-type]
+    edge = Edge(FastPath(build_litestar(state), state), state)  # type: ignore[arg-type]
     return HttpSpans(edge, lambda: state.hub.bus.tracing if state.hub is not None else None)
 
 

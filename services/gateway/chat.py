@@ -12,6 +12,7 @@ from services.gateway.api_chat import (
     ChatCompletionResponse, ChatDelta, ChatLogprobs, LogprobEntry,
 )
 from services.gateway.api_common import UsageInfo
+from services.gateway.edge import Receive, Scope
 from services.gateway.errors import ApiError
 from services.gateway.generation import Choice
 from services.gateway.logprobs import chat_logprobs
@@ -87,8 +88,12 @@ def knobs_of(data: ChatCompletionRequest) -> Knobs:
       "template. `stream: true` answers server-sent events (`data: {...}` chunks, then `data: [DONE]`).",
       tags=["generation"])
 async def create_chat_completion(request: Request[Any, Any, Any], data: JSONBody[ChatCompletionRequest]) -> Response[bytes]:
-    state: GatewayState = request.app.state.gateway
-    arrival = request.scope.get("tidal.arrival") or time.perf_counter()  # type: ignore[typeddict-item]
+    return await generate(request.app.state.gateway, request.scope, request.receive, data)
+
+
+async def generate(state: GatewayState, scope: Scope, receive: Receive, data: ChatCompletionRequest) -> Response[bytes]:
+    """The endpoint without Litestar: its handler, and the Edge's fast path for streams (`fast_path.py`)."""
+    arrival = scope.get("tidal.arrival") or time.perf_counter()
     knobs = knobs_of(data)
     check_request(knobs, state.limits)
     if data.top_logprobs is not None and not data.logprobs:
@@ -119,7 +124,7 @@ async def create_chat_completion(request: Request[Any, Any, Any], data: JSONBody
             finish[choice.index] = msg.finish_reason
 
     try:
-        await collect(gen, meter, request.receive, on_chunk)
+        await collect(gen, meter, receive, on_chunk)
     except ClientGone:
         return ApiError(499, "client closed the request", type="client_closed", code="client_closed").response()
     body = ChatCompletionResponse(
@@ -131,4 +136,4 @@ async def create_chat_completion(request: Request[Any, Any, Any], data: JSONBody
     return Response(encoder.encode(body), media_type="application/json")
 
 
-__all__ = ["ChatFormat", "create_chat_completion"]
+__all__ = ["ChatFormat", "create_chat_completion", "generate"]

@@ -12,6 +12,7 @@ from services.gateway.api_completions import (
     CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionLogprobs, CompletionRequest,
     CompletionResponse,
 )
+from services.gateway.edge import Receive, Scope
 from services.gateway.errors import ApiError
 from services.gateway.generation import Choice
 from services.gateway.logprobs import completion_logprobs, merge_completion
@@ -86,8 +87,12 @@ def knobs_of(data: CompletionRequest) -> Knobs:
       summary="Create a completion", description="OpenAI's completions API; `stream: true` answers server-sent "
       "events (`data: {...}` chunks, then `data: [DONE]`).", tags=["generation"])
 async def create_completion(request: Request[Any, Any, Any], data: JSONBody[CompletionRequest]) -> Response[bytes]:
-    state: GatewayState = request.app.state.gateway
-    arrival = request.scope.get("tidal.arrival") or time.perf_counter()  # type: ignore[typeddict-item]
+    return await generate(request.app.state.gateway, request.scope, request.receive, data)
+
+
+async def generate(state: GatewayState, scope: Scope, receive: Receive, data: CompletionRequest) -> Response[bytes]:
+    """The endpoint without Litestar: its handler, and the Edge's fast path for streams (`fast_path.py`)."""
+    arrival = scope.get("tidal.arrival") or time.perf_counter()
     knobs = knobs_of(data)
     check_request(knobs, state.limits)
     if data.echo and data.logprobs is not None:
@@ -122,7 +127,7 @@ async def create_completion(request: Request[Any, Any, Any], data: JSONBody[Comp
             finish[choice.index] = msg.finish_reason
 
     try:
-        await collect(gen, meter, request.receive, on_chunk)
+        await collect(gen, meter, receive, on_chunk)
     except ClientGone:
         return ApiError(499, "client closed the request", type="client_closed", code="client_closed").response()
     body = CompletionResponse(
@@ -149,4 +154,4 @@ def _prompt_texts(prompt: str | list[Any]) -> list[Any]:
     return list(prompt)
 
 
-__all__ = ["CompletionFormat", "create_completion"]
+__all__ = ["CompletionFormat", "create_completion", "generate"]

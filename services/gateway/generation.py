@@ -77,7 +77,11 @@ class Generation:
         for choice in self.choices:
             await self.hub.open(choice.request_id, self._sink_for(choice))
         self._opened = True
-        outcomes = await asyncio.gather(*(self._submit(s) for s in self.submits), return_exceptions=True)
+        outcomes: list[BaseException | None]
+        if len(self.submits) == 1:  # the common case: no task (and no loop turn) before the publish
+            outcomes = [await self._submit_guarded(self.submits[0])]
+        else:
+            outcomes = await asyncio.gather(*(self._submit(s) for s in self.submits), return_exceptions=True)
         failures = [o for o in outcomes if isinstance(o, BaseException)]
         if failures:
             # All or nothing: stop the sequences that got in, and those whose answer never came.
@@ -93,6 +97,17 @@ class Generation:
             raise error
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(self.timeout_s, self._on_deadline)
+
+    async def _submit_guarded(self, request: SubmitRequest) -> BaseException | None:
+        """`_submit` in the caller's task: its failure returned (as gather would), its request id unbound after."""
+        token = request_id_var.set(request.request_id)
+        try:
+            await self._submit(request)
+        except Exception as exc:
+            return exc
+        finally:
+            request_id_var.reset(token)
+        return None
 
     async def _submit(self, request: SubmitRequest) -> None:
         request_id_var.set(request.request_id)  # this task's own context: logs and NATS headers carry it

@@ -42,6 +42,7 @@ SNAPSHOT_EVERY_S = 0.02  # at most this stale while busy (fresh whenever the eng
 GIL_SWITCH_S = 0.0002  # how long the event loop may wait for the GIL while the engine thread runs
 HANDOFF_MAX_RUNNING = 4  # up to this many running requests, a first token's publish is awaited
 HANDOFF_WAIT_S = 0.002  # ... at most this long
+PICKUP_WAIT_S = 0.001  # how long an assignment to an idle engine waits for the engine thread to take it
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +106,8 @@ class ModelInstance:
         self.vocab_size = engine.runner.cfg.vocab_size
         self.snapshot = InstanceSnapshot()
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._idle = False  # the engine thread sleeps on the inbox
+        self._picked = threading.Event()  # set when it woke up with a command
         self._thread: threading.Thread | None = None
         self._emit: Emit | None = None
         self._crashed: Crashed | None = None
@@ -120,7 +123,15 @@ class ModelInstance:
         self._thread.start()
 
     def submit(self, assignment: Assignment) -> None:
+        idle = self._idle
+        if idle:
+            self._picked.clear()
         self._inbox.put(("add", assignment))
+        if idle:
+            # The woken engine thread needs the GIL, which this (event loop) thread would hold for
+            # its reply and the rest of the loop turn (up to the 0.2 ms switch interval): a new
+            # request's TTFT. Wait here, GIL released, until the engine thread has the command.
+            self._picked.wait(PICKUP_WAIT_S)
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
@@ -276,7 +287,15 @@ class ModelInstance:
         """Apply queued commands (waiting for one when idle); False on stop."""
         while True:
             try:
-                kind, arg = self._inbox.get(timeout=1.0) if block else self._inbox.get_nowait()
+                if block:
+                    self._idle = True
+                    try:
+                        kind, arg = self._inbox.get(timeout=1.0)
+                    finally:
+                        self._idle = False
+                    self._picked.set()
+                else:
+                    kind, arg = self._inbox.get_nowait()
             except queue.Empty:
                 if block:
                     continue

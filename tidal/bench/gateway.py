@@ -69,6 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, help="engine torch threads, both paths (default: the worker's default)")
     p.add_argument("--memory", default="1GiB", help="the worker's pool")
     p.add_argument("--stream-interval", help="the worker's stream_interval, e.g. 0 or 10ms (default: the config's)")
+    p.add_argument("--idle-gap", type=float, default=4.0,
+                   help="ms the in-process engine idles before each unloaded request, as the worker's engine does "
+                        "between requests through the gateway (default: %(default)s; also measured back to back)")
     p.add_argument("--repeat", type=int, default=3, help="alternating repeats of both paths (medians reported)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
@@ -151,7 +154,9 @@ async def _warm_up(port: int, streams: list[list[list[int]]], output_len: int, t
 
 
 # --- in process -----------------------------------------------------------------------------------
-def _in_process(engine: object, streams: list[list[list[int]]], output_len: int) -> Result:
+def _in_process(engine: object, streams: list[list[list[int]]], output_len: int, idle_gap_s: float = 0.0) -> Result:
+    """`idle_gap_s`: sleep that long before each next request (an engine idle between requests is
+    slower to its first token: caches and the core go to other work meanwhile)."""
     from services.gpu_worker.engine.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
@@ -182,6 +187,9 @@ def _in_process(engine: object, streams: list[list[list[int]]], output_len: int)
                 first[out.request_id] = now
             tokens += len(out.new_token_ids)
             if out.finished:
+                if idle_gap_s:
+                    time.sleep(idle_gap_s)
+                    now = time.perf_counter()
                 submit(owner[out.request_id], now)
     return Result(time.perf_counter() - start, tokens, [first[r] - sent[r] for r in first])
 
@@ -216,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
 
     cluster = BenchCluster(root, root / "cluster.toml", worker_args=["--threads", str(threads)])
     http: dict[str, list[Result]] = {"single": [], "load": []}
-    local: dict[str, list[Result]] = {"single": [], "load": []}
+    local: dict[str, list[Result]] = {"single": [], "load": [], "idle": []}
     cpu: dict[str, float] = {}
     try:
         cluster.start(gateway_url=f"http://127.0.0.1:{port}")
@@ -225,6 +233,7 @@ def run(args: argparse.Namespace) -> int:
         for _ in range(args.repeat):  # alternate the two paths so machine noise lands on both alike
             http["single"].append(run_loop(_http(port, single, args.output_len)))
             local["single"].append(_in_process(engine, single, args.output_len))
+            local["idle"].append(_in_process(engine, single, args.output_len, args.idle_gap / 1000))
             before, own_before = cluster.cpu_seconds(), time.process_time()
             http["load"].append(run_loop(_http(port, streams, args.output_len)))
             after, own = cluster.cpu_seconds(), time.process_time() - own_before
@@ -254,11 +263,12 @@ def _median_result(results: list[Result]) -> Result:
 def _report(args: argparse.Namespace, http: dict[str, list[Result]], local: dict[str, list[Result]],
             cpu: dict[str, float]) -> None:
     ip_load, ip_single = _median_result(local["load"]), _median_result(local["single"])
+    ip_idle = _median_result(local["idle"])
     gw_load, gw_single = _median_result(http["load"]), _median_result(http["single"])
     n = args.streams
     print(f"(median of {args.repeat} alternating repeats; {_cores()} cores)")
     print(f"in process:      {ip_load.tps:8.0f} output tok/s, TTFT median {ip_load.ttft_ms:7.1f} ms at {n} streams; "
-          f"unloaded TTFT {ip_single.ttft_ms:6.2f} ms")
+          f"unloaded TTFT {ip_single.ttft_ms:6.2f} ms ({ip_idle.ttft_ms:.2f} ms after {args.idle_gap:g} ms idle)")
     print(f"through gateway: {gw_load.tps:8.0f} output tok/s, TTFT median {gw_load.ttft_ms:7.1f} ms at {n} streams; "
           f"unloaded TTFT {gw_single.ttft_ms:6.2f} ms")
     tokens = sum(r.tokens for r in http["load"])
@@ -266,6 +276,7 @@ def _report(args: argparse.Namespace, http: dict[str, list[Result]], local: dict
     shares = ", ".join(f"{name} {sec * 1000 / tokens:.3f}" for name, sec in sorted(cpu.items(), key=lambda kv: -kv[1]))
     print(f"CPU seconds per 1000 output tokens: in process {ip_cpu * 1000 / tokens:.3f}; through the gateway "
           f"{sum(cpu.values()) * 1000 / tokens:.3f} = {shares}")
-    print(f"added TTFT (median): unloaded {gw_single.ttft_ms - ip_single.ttft_ms:+.2f} ms, at {n} streams "
-          f"{gw_load.ttft_ms - ip_load.ttft_ms:+.1f} ms")
+    print(f"added TTFT (median): unloaded {gw_single.ttft_ms - ip_single.ttft_ms:+.2f} ms "
+          f"({gw_single.ttft_ms - ip_idle.ttft_ms:+.2f} ms vs the engine after {args.idle_gap:g} ms idle), "
+          f"at {n} streams {gw_load.ttft_ms - ip_load.ttft_ms:+.1f} ms")
     print(f"ratio gateway/in-process (output tokens/s at {n} streams): {gw_load.tps / ip_load.tps:.2f}")

@@ -33,7 +33,8 @@ MiB = 1 << 20
 
 def _chunking(args: argparse.Namespace) -> ChunkingConfig:
     lanes = dict(max_in_flight=args.in_flight, express_activations=not args.one_lane,
-                 bulk_in_flight_under_activation=args.bulk_under_activation)
+                 bulk_in_flight_under_activation=args.bulk_under_activation,
+                 latency_in_flight=args.latency_in_flight or args.in_flight)
     if args.chunk_kib:  # pinned chunk size (for exploring the trade-off)
         return ChunkingConfig(min_chunk=args.chunk_kib << 10, max_chunk=args.chunk_kib << 10, **lanes)
     return ChunkingConfig(target_delay_s=args.target_delay_ms / 1000, **lanes)
@@ -75,6 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--one-lane", action="store_true", help="activations share the bulk endpoint (no express lane)")
     parser.add_argument("--bulk-under-activation", type=int, default=ChunkingConfig.bulk_in_flight_under_activation,
                         help="bulk chunks allowed in flight while an activation is outstanding")
+    parser.add_argument("--latency-in-flight", type=int, default=ChunkingConfig.latency_in_flight,
+                        help="bulk chunks in flight within 100 ms of an activation (0: as --in-flight)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--blocks-total", type=int, default=4096, help="(d) blocks in each side's cache")
     parser.add_argument("--blocks-moved", type=int, default=2048, help="(d) scattered blocks moved per round")

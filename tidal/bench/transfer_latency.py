@@ -153,8 +153,10 @@ async def bench_activation_latency(args: argparse.Namespace, rx: ReceiverProcess
           f"every {args.interval_ms} ms, {args.repeats} rounds; {load()})")
     print(f"    link: bandwidth {bw / 2**30:.2f} GiB/s, fixed cost {link.schedule.bandwidth.overhead * 1000:.2f} ms/chunk, "
           f"chunk {chunk / MiB:.2f} MiB = {chunk_ms:.2f} ms at that bandwidth, {cfg.max_in_flight} in flight, "
-          f"express lane {'on' if link.schedule.express else 'off'}, "
-          f"bulk under an activation <= {cfg.bulk_in_flight_under_activation} in flight")
+          f"express lane {'on' if link.schedule.express else 'off'}")
+    if link.schedule.express:
+        print(f"    bulk in flight: <= {cfg.bulk_in_flight_under_activation} while an activation is out, "
+              f"<= {cfg.latency_in_flight} within {cfg.latency_window_s * 1000:.0f} ms of one")
     print(f"    {'mode':<18} {'n':>5} {'P50 ms':>9} {'P99 ms':>9} {'max ms':>9} {'KV GiB/s':>9}")
     gib = args.size_mib / 1024
     for name, lat in {**rows, **idle}.items():

@@ -6,27 +6,29 @@ out in chunks and the sender picks the next chunk by priority at every chunk bou
 
 * Priority classes: ACTIVATION > KV > WEIGHTS (strict).
 * Activations have a lane of their own (`express_activations`): the link opens a second UCX
-  endpoint for them, with its own in-flight slots, so an activation never queues behind bulk
-  chunks already posted — neither in this scheduler nor inside UCX, which sends the
-  messages of one endpoint in order (over TCP: one socket; over RDMA: one QP). Bulk chunks
-  only share the wire's bandwidth with it. Without it (or in `fifo`), activations take the
-  next free slot of the bulk lane: they wait behind the chunks in flight.
+  endpoint for them, with its own in-flight slots, so an activation is posted at once —
+  never behind bulk chunks in this scheduler, nor behind their messages on one UCX endpoint
+  (UCX sends an endpoint's messages in order: over TCP one socket, over RDMA one QP) — and
+  travels as one message into receives posted ahead (express.py). Without the lane (or in
+  `fifo`), activations take the next free slot of the bulk lane, behind the chunks in flight.
 * Strict priority holds beyond the queue: while an activation is outstanding (queued, or
   posted and not yet acknowledged), at most `bulk_in_flight_under_activation` bulk chunks
-  are on the wire (0: none is posted until it is answered, at most `max_bulk_hold_s`). A
-  bulk chunk in flight keeps a sender and a receiver thread copying; on a CPU host those
-  are the cores the activation's own hand-offs need.
+  are on the wire (0: none is posted until it is answered, at most `max_bulk_hold_s`).
 * Latency mode: for `latency_window_s` after an activation was submitted, at most
-  `latency_in_flight` bulk chunks are on the wire, so the next activation finds at most
-  that many ahead of it (measured: an activation's latency grows with the bulk bytes in
-  flight when it arrives, second endpoint or not). Without activations around, bulk runs
-  `max_in_flight` deep (the fixed cost of one chunk overlaps the data of the other).
+  `latency_in_flight` bulk chunks are on the wire. Measured on a CPU host (docs/
+  benchmarks.md, transfer): an activation on its own endpoint still finishes only about
+  when the bulk chunks in flight at its arrival have — they hold both sides' UCX progress
+  threads and the cores — so it waits for about the bulk bytes in flight: one chunk here.
+  Without activations around, bulk runs `max_in_flight` deep (the fixed cost of one chunk
+  overlaps the data of the other). On RDMA the NIC moves the bytes and the lanes interleave.
 * Within a class: round-robin between transfers, one chunk each (fairness).
 * Chunk size = measured bandwidth x target preemption delay / chunks in flight, so the
   bytes already on the wire ahead of a new activation take about `target_delay_s` — but no
   shorter than the measured fixed cost per chunk allows at `min_efficiency` (on a CPU host
   over loopback TCP each UCX message costs ~0.5 ms: a 2 ms target there would halve the
-  throughput; on RDMA the cost is microseconds and the target decides). It is
+  throughput; on RDMA the cost is microseconds and the target decides). The fixed cost is
+  fitted only when chunk sizes vary (transfers' tails); `min_chunk` is the floor meanwhile.
+  It is
   fixed per transfer when its first chunk goes (announced to the receiver, which then
   pre-posts its receives without waiting for each chunk's header).
   Activations themselves go out whole (up to `max_activation_chunk`): nothing outranks them.
@@ -60,7 +62,7 @@ ALIGN = 4096  # chunk sizes are multiples of a page (except a transfer's tail)
 class ChunkingConfig:
     target_delay_s: float = 0.002  # what an activation may wait behind bulk bytes already posted
     min_efficiency: float = 0.9  # chunks at least this long: data time / (data time + fixed cost per chunk)
-    min_chunk: int = 4 << 20  # ~2.6 ms on CPU loopback (1.5 GiB/s), ~0.2 ms on a 25 GB/s link
+    min_chunk: int = 8 << 20  # ~5-8 ms on CPU loopback (1-1.5 GiB/s), ~0.3 ms on a 25 GB/s link
     max_chunk: int = 64 << 20
     max_activation_chunk: int = 64 << 20  # activations go out whole up to this size
     max_in_flight: int = 2  # bulk chunks posted and not yet completed (overlaps the fixed cost of the next)
