@@ -141,14 +141,15 @@ async def _http(port: int, streams: list[list[list[int]]], output_len: int) -> R
 
 
 async def _warm_up(port: int, streams: list[list[list[int]]], output_len: int, timeout_s: float = 60.0) -> None:
-    """Until a request goes through (the dispatcher may not have seen the worker's stats yet)."""
+    """Until a request goes through (the dispatcher or gateway may not have seen the worker yet)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             await _http(port, streams, output_len)
             return
         except BenchHTTPError as exc:
-            if time.monotonic() > deadline or "HTTP 503" not in str(exc):
+            # 503: no stats from the worker yet; 404: the model's registry record not seen yet
+            if time.monotonic() > deadline or not any(f"HTTP {c}" in str(exc) for c in (503, 404)):
                 raise
             await asyncio.sleep(0.5)
 
