@@ -1,7 +1,7 @@
 """Per-request records (what a live runner or the simulator writes) and optional overlays.
 
 All times are seconds on one clock (a run's start is 0 by convention). A record has
-`token_times_s` when the runner saw each token; the simulator leaves it out and the
+`token_times_s` when the runner saw each streamed chunk; the simulator leaves it out and the
 report then derives TPOT from first token and finish alone.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     status: RequestStatus = "ok"
     first_token_s: float | None = None
     finish_s: float | None = None  # last token (or the error) received
-    token_times_s: list[float] | None = None  # when each output token arrived, first token included
+    token_times_s: list[float] | None = None  # when each streamed chunk arrived (first token first; later chunks may carry several tokens: `stream_interval`)
     adapter: str | None = None
     worker: str | None = None
     error: str | None = None

@@ -26,7 +26,7 @@ _MESSAGE = re.compile(rb'"message":\s*"((?:[^"\\]|\\.)*)"')
 class StreamResult:
     sent: float  # perf_counter when the request's bytes were written
     status: int = 0  # HTTP status; 0 when no response came (connection error)
-    token_times: list[float] = field(default_factory=list)  # perf_counter of each token event
+    token_times: list[float] = field(default_factory=list)  # perf_counter of each token event (a chunk of >= 1 tokens)
     completion_tokens: int | None = None  # from the usage event
     response_id: str | None = None
     done: float = 0.0  # when [DONE] (or the failure) was read

@@ -95,10 +95,11 @@ async def test_client_timing_agrees_with_the_workers_chunks(live: E2ECluster) ->
     for res in outcome.results:
         rec = res.record
         assert rec.status == "ok", rec.error
-        assert rec.output_tokens == 24 and rec.token_times_s is not None and len(rec.token_times_s) == 24
+        assert rec.output_tokens == 24 and rec.token_times_s is not None
         assert res.response_id is not None and res.sent_s is not None
         bus = [t - t0 for t in clock.times[f"{res.response_id}-0"]]
-        assert len(bus) == 24, "one chunk per token per step on the bus"
+        # the worker coalesces tokens (`stream_interval`): one SSE event per chunk on the bus
+        assert len(rec.token_times_s) == len(bus) >= 2, (len(rec.token_times_s), len(bus))
         # the client sees each token after the bus did (the gateway relays it), and not much later
         ttft_gaps.append(rec.token_times_s[0] - bus[0])
         client_ttft_from_send.append(rec.token_times_s[0] - res.sent_s)
