@@ -14,128 +14,43 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from service_procs import ServiceProcess, wait_ready
+from migrate_cluster import PROMPT, MigrationCluster, Stream, migration_cluster, reference_engine
 from services.gpu_worker.dataplane import FAULT_CORRUPT_INBOUND_KV
-from services.gpu_worker.engine.checkpoint_gen import make_lora, make_model
 from services.gpu_worker.engine.engine import LLMEngine
 from services.gpu_worker.instance import engine_params
-from services.gpu_worker.loading import engine_config
 from shared.bus import Bus, BusSettings, Delivery
-from shared.config import load_config
-from shared.events import (
-    AssignAccepted, AssignReply, Assignment, SamplingParams, StreamError, TokenChunk, WorkerStats,
-)
+from shared.events import AssignAccepted, AssignReply, Assignment, SamplingParams, StreamError, TokenChunk, WorkerStats
 from shared.events.ctl import (
     CtlDone, CtlRefused, CtlReply, MigrateIn, MigrateKvCancel, MigrateKvStage, MigrateOut, MigrateRequest,
 )
-from shared.nats_server import NatsServer
 from shared.subjects import request_out, worker_assign, worker_ctl, worker_migrate, worker_stats
 
 pytestmark = pytest.mark.timeout(180)
 
 WORKERS = ("w0", "w1", "w2", "w3", "w4")  # w0 source, w1 destination, w2 corrupts inbound KV, w3/w4 are killed
-CONFIG = """
-[cluster]
-data_dir = "data"
-
-[registry]
-heartbeat_interval = "200ms"
-dead_after = "1s"
-
-[[models]]
-name = "tiny"
-path = "{model}"
-max_context = 2048
-
-[[adapters]]
-name = "tiny-lora"
-base = "tiny"
-path = "{adapter}"
-rank = 4
-targets = ["q_proj", "v_proj"]
-{workers}
-[policies]
-max_batch_size = 16
-step_token_budget = 32
-kv_block_tokens = 8
-"""
-WORKER = """
-[[workers]]
-id = "{id}"
-device = "cpu"
-memory = "64MiB"
-models = ["tiny"]
-adapters = ["tiny-lora"]
-"""
-PROMPT = [1, 40, 41, 42, 43, 44, 45, 46]
 MAX_TOKENS = 1000  # ~1 ms a token here: long enough to still run when the move is done, under load too
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, dict[str, ServiceProcess]]]:
-    directory = tmp_path_factory.mktemp("migrate-kv")
-    model = make_model(directory / "tiny", arch="llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3)
-    adapter = make_lora(directory / "tiny-lora", model, rank=4, targets=["q", "v"], seed=9)
-    config = directory / "cluster.toml"
-    config.write_text(CONFIG.format(model=model, adapter=adapter, workers="".join(WORKER.format(id=w) for w in WORKERS)))
-    nats = NatsServer(store_dir=directory / "nats").start()
-    procs = {"registry": ServiceProcess("registry", nats.url, config, "registry-k").start()}
-    for w in WORKERS:
-        proc = ServiceProcess("gpu_worker", nats.url, config, f"worker-{w}", "--worker-id", w, "--threads", "1")
-        if w == "w2":  # the environment is read at Popen
-            os.environ[FAULT_CORRUPT_INBOUND_KV] = "1"
-        try:
-            procs[w] = proc.start()
-        finally:
-            os.environ.pop(FAULT_CORRUPT_INBOUND_KV, None)
-
-    async def ready() -> None:
-        bus = await Bus.connect(BusSettings(url=nats.url), service="test")
-        try:
-            for proc in procs.values():
-                await wait_ready(bus, proc, timeout=120)
-        finally:
-            await bus.close()
-
-    try:
-        asyncio.run(ready())
-        yield nats.url, config, procs
-    finally:
-        for proc in reversed(list(procs.values())):
-            proc.stop()
-        nats.stop()
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MigrationCluster]:
+    with migration_cluster(tmp_path_factory.mktemp("migrate-kv"), WORKERS, max_context=2048, step_token_budget=32,
+                           worker_env={"w2": {FAULT_CORRUPT_INBOUND_KV: "1"}}) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
-def reference(cluster: tuple[str, Path, dict[str, ServiceProcess]]) -> LLMEngine:
-    cfg = load_config(cluster[1])
-    worker = cfg.worker("w0")
-    engine = LLMEngine(engine_config(cfg, worker, cfg.model("tiny"), int(worker.memory), threads=1))
-    engine.add_lora("tiny-lora", str(cfg.adapter("tiny-lora").path))
-    return engine
+def reference(cluster: MigrationCluster) -> LLMEngine:
+    return reference_engine(cluster.config)
 
 
 @pytest.fixture
-async def bus(cluster: tuple[str, Path, dict[str, ServiceProcess]]):  # type: ignore[no-untyped-def]
-    bus = await Bus.connect(BusSettings(url=cluster[0]), service="test")
+async def bus(cluster: MigrationCluster):  # type: ignore[no-untyped-def]
+    bus = await Bus.connect(BusSettings(url=cluster.url), service="test")
     yield bus
     await bus.close()
-
-
-class Stream:
-    def __init__(self) -> None:
-        self.chunks: list[TokenChunk] = []
-        self.errors: list[StreamError] = []
-        self.done = asyncio.Event()
-
-    async def on(self, msg: TokenChunk | StreamError, _ctx: Delivery) -> None:
-        (self.chunks if isinstance(msg, TokenChunk) else self.errors).append(msg)  # type: ignore[arg-type]
-        if msg.final:
-            self.done.set()
 
 
 class Stats:
@@ -220,13 +135,13 @@ async def test_kv_migrated_greedy_request_yields_the_unmigrated_tokens(bus: Bus,
 
 @pytest.mark.parametrize("when", ["first-stage", "final-stop"])
 async def test_destination_killed_during_the_migration_leaves_the_request_on_the_source(
-        bus: Bus, reference: LLMEngine, cluster: tuple[str, Path, dict[str, ServiceProcess]], when: str) -> None:
+        bus: Bus, reference: LLMEngine, cluster: MigrationCluster, when: str) -> None:
     """Killed at the first pre-copy stage, the request never stopped; killed at the final stop,
     the source has taken it out of its engine and must attach it back on its held blocks."""
     rid = f"kv-dest-killed-{when}"
     prompt = PROMPT * 30
     victim_id = "w3" if when == "first-stage" else "w4"
-    victim = cluster[2][victim_id]
+    victim = cluster.procs[victim_id]
 
     async def kill(msg: object, _ctx: Delivery) -> None:  # we see the victim's migration traffic too
         if isinstance(msg, MigrateKvStage) and (msg.final or when == "first-stage") and victim.proc.poll() is None:

@@ -7,121 +7,37 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from service_procs import ServiceProcess, wait_ready
-from services.gpu_worker.engine.checkpoint_gen import make_lora, make_model
+from migrate_cluster import PROMPT, MigrationCluster, Stream, migration_cluster, reference_engine
 from services.gpu_worker.engine.engine import LLMEngine
 from services.gpu_worker.instance import engine_params
-from services.gpu_worker.loading import engine_config
-from shared.bus import Bus, BusSettings, Delivery
-from shared.config import load_config
+from shared.bus import Bus, BusSettings
 from shared.events import AssignAccepted, AssignReply, Assignment, SamplingParams, StreamError, TokenChunk
 from shared.events.ctl import CtlDone, CtlRefused, CtlReply, MigrateIn, MigrateOut
-from shared.nats_server import NatsServer
 from shared.subjects import request_out, worker_assign, worker_ctl
 
 pytestmark = pytest.mark.timeout(180)
 
-CONFIG = """
-[cluster]
-data_dir = "data"
 
-[registry]
-heartbeat_interval = "200ms"
-dead_after = "1s"
-
-[[models]]
-name = "tiny"
-path = "{model}"
-max_context = 1024
-
-[[adapters]]
-name = "tiny-lora"
-base = "tiny"
-path = "{adapter}"
-rank = 4
-targets = ["q_proj", "v_proj"]
-
-[[workers]]
-id = "w0"
-device = "cpu"
-memory = "64MiB"
-models = ["tiny"]
-adapters = ["tiny-lora"]
-
-[[workers]]
-id = "w1"
-device = "cpu"
-memory = "64MiB"
-models = ["tiny"]
-adapters = ["tiny-lora"]
-
-[policies]
-max_batch_size = 16
-step_token_budget = 64
-kv_block_tokens = 8
-"""
-PROMPT = [1, 40, 41, 42, 43, 44, 45, 46]
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MigrationCluster]:
+    with migration_cluster(tmp_path_factory.mktemp("migrate"), ("w0", "w1"), max_context=1024,
+                           step_token_budget=64) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    directory = tmp_path_factory.mktemp("migrate")
-    model = make_model(directory / "tiny", arch="llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3)
-    adapter = make_lora(directory / "tiny-lora", model, rank=4, targets=["q", "v"], seed=9)
-    config = directory / "cluster.toml"
-    config.write_text(CONFIG.format(model=model, adapter=adapter))
-    nats = NatsServer(store_dir=directory / "nats").start()
-    procs = [ServiceProcess("registry", nats.url, config, "registry-m").start()] + [
-        ServiceProcess("gpu_worker", nats.url, config, f"worker-{w}", "--worker-id", w, "--threads", "1").start()
-        for w in ("w0", "w1")]
-
-    async def ready() -> None:
-        bus = await Bus.connect(BusSettings(url=nats.url), service="test")
-        try:
-            for proc in procs:
-                await wait_ready(bus, proc, timeout=90)
-        finally:
-            await bus.close()
-
-    try:
-        asyncio.run(ready())
-        yield nats.url, config
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        nats.stop()
-
-
-@pytest.fixture(scope="module")
-def reference(cluster: tuple[str, Path]) -> LLMEngine:
-    cfg = load_config(cluster[1])
-    worker = cfg.worker("w0")
-    engine = LLMEngine(engine_config(cfg, worker, cfg.model("tiny"), int(worker.memory), threads=1))
-    engine.add_lora("tiny-lora", str(cfg.adapter("tiny-lora").path))
-    return engine
+def reference(cluster: MigrationCluster) -> LLMEngine:
+    return reference_engine(cluster.config)
 
 
 @pytest.fixture
-async def bus(cluster: tuple[str, Path]):  # type: ignore[no-untyped-def]
-    bus = await Bus.connect(BusSettings(url=cluster[0]), service="test")
+async def bus(cluster: MigrationCluster):  # type: ignore[no-untyped-def]
+    bus = await Bus.connect(BusSettings(url=cluster.url), service="test")
     yield bus
     await bus.close()
-
-
-class Stream:
-    def __init__(self) -> None:
-        self.chunks: list[TokenChunk] = []
-        self.errors: list[StreamError] = []
-        self.done = asyncio.Event()
-
-    async def on(self, msg: TokenChunk | StreamError, _ctx: Delivery) -> None:
-        (self.chunks if isinstance(msg, TokenChunk) else self.errors).append(msg)  # type: ignore[arg-type]
-        if msg.final:
-            self.done.set()
 
 
 def assign(rid: str, prompt: list[int], adapter: str | None, max_tokens: int) -> Assignment:
