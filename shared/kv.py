@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from shared.bus import Bus
 
 T = TypeVar("T")
+KEYS_RETRY_DELAYS_S = (0.02, 0.05, 0.1, 0.2, 0.4)  # an empty keys() from a non-empty stream, asked again
 log = get_logger("tidal.kv")
 
 _DELETE_OPS = ("DEL", "PURGE")
@@ -109,11 +110,20 @@ class KVBucket(Generic[T]):
             raise
 
     async def keys(self) -> list[str]:
-        """All live keys (sorted); empty when the bucket is empty."""
-        try:
-            return sorted(await self.raw.keys())
-        except nats.js.errors.NoKeysError:
-            return []
+        """All live keys (sorted); empty when the bucket is empty.
+
+        nats-py's `keys()` decides "no keys" from the consumer's pending count at creation,
+        which reads 0 for a moment after a nats-server restart while the stream recovers: an
+        empty answer from a bucket whose stream holds messages is asked again, briefly (an
+        all-deleted bucket, whose delete markers count as messages, costs those retries)."""
+        for delay in KEYS_RETRY_DELAYS_S:
+            try:
+                return sorted(await self.raw.keys())
+            except nats.js.errors.NoKeysError:
+                if (await self.raw.status()).values == 0:
+                    return []
+            await asyncio.sleep(delay)
+        return []
 
     async def items(self) -> list[KVEntry[T]]:
         """Every live entry (a snapshot, one read per key)."""
