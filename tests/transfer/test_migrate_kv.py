@@ -17,11 +17,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from migrate_cluster import PROMPT, MigrationCluster, Stream, migration_cluster, reference_engine
+from migrate_cluster import PROMPT, MigrationCluster, Stream, migration_cluster
 from services.gpu_worker.dataplane import FAULT_CORRUPT_INBOUND_KV
 from services.gpu_worker.engine.engine import LLMEngine
 from services.gpu_worker.instance import engine_params
-from shared.bus import Bus, BusSettings, Delivery
+from shared.bus import Bus, Delivery
 from shared.events import AssignAccepted, AssignReply, Assignment, SamplingParams, StreamError, TokenChunk, WorkerStats
 from shared.events.ctl import (
     CtlDone, CtlRefused, CtlReply, MigrateIn, MigrateKvCancel, MigrateKvStage, MigrateOut, MigrateRequest,
@@ -39,18 +39,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MigrationClust
     with migration_cluster(tmp_path_factory.mktemp("migrate-kv"), WORKERS, max_context=2048, step_token_budget=32,
                            worker_env={"w2": {FAULT_CORRUPT_INBOUND_KV: "1"}}) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def reference(cluster: MigrationCluster) -> LLMEngine:
-    return reference_engine(cluster.config)
-
-
-@pytest.fixture
-async def bus(cluster: MigrationCluster):  # type: ignore[no-untyped-def]
-    bus = await Bus.connect(BusSettings(url=cluster.url), service="test")
-    yield bus
-    await bus.close()
 
 
 class Stats:

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from migrate_cluster import PROMPT, MigrationCluster, Stream, migration_cluster, reference_engine
+from migrate_cluster import PROMPT, MigrationCluster, Stream, migration_cluster
 from services.gpu_worker.engine.engine import LLMEngine
 from services.gpu_worker.instance import engine_params
-from shared.bus import Bus, BusSettings
+from shared.bus import Bus
 from shared.events import AssignAccepted, AssignReply, Assignment, SamplingParams, StreamError, TokenChunk
 from shared.events.ctl import CtlDone, CtlRefused, CtlReply, MigrateIn, MigrateOut
 from shared.subjects import request_out, worker_assign, worker_ctl
@@ -26,18 +26,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MigrationClust
     with migration_cluster(tmp_path_factory.mktemp("migrate"), ("w0", "w1"), max_context=1024,
                            step_token_budget=64) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def reference(cluster: MigrationCluster) -> LLMEngine:
-    return reference_engine(cluster.config)
-
-
-@pytest.fixture
-async def bus(cluster: MigrationCluster):  # type: ignore[no-untyped-def]
-    bus = await Bus.connect(BusSettings(url=cluster.url), service="test")
-    yield bus
-    await bus.close()
 
 
 def assign(rid: str, prompt: list[int], adapter: str | None, max_tokens: int) -> Assignment:
