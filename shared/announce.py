@@ -111,6 +111,7 @@ class Announcer(Actor):
             worker_id=self.worker.id, device=self.worker.device, host=self.host,
             memory_capacity_bytes=int(self.worker.memory), state=self._worker_state(), incarnation=self.service_id,
             ucx_address=self.ucx_address, started_ts=self.started_ts, last_heartbeat_ts=time.time(),
+            lifecycle=current.lifecycle if current is not None else None,  # the planner's to write (WarmServe)
         )
 
     def set_ucx_address(self, address: str | None) -> None:

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from shared.config_units import ByteSize, Duration, SloTarget
+from shared.config_units import Bandwidth, ByteSize, Duration, SloTarget
 from shared.events.base import ID_PATTERN, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, NAME_PATTERN
 
 DEFAULT_CONFIG_PATH = Path(__file__).with_name("default_cluster.toml")
@@ -64,7 +64,7 @@ def _unit_fields(cls: type) -> list[tuple[str, type]]:
     if cached is None:
         cached = []
         for field in msgspec.structs.fields(cls):
-            for unit in (ByteSize, Duration, SloTarget):
+            for unit in (ByteSize, Duration, SloTarget, Bandwidth):
                 if field.type is unit or unit in getattr(field.type, "__args__", ()):
                     cached.append((field.name, unit))
         _UNIT_FIELDS[cls] = cached
@@ -122,9 +122,15 @@ class GatewaySection(Section, kw_only=True):
 
 class DispatcherSection(Section, kw_only=True):
     queue_bound: PositiveInt = 256  # per model
+    # a request for a catalog model no live instance serves waits in its queue (past queue_bound: 503 +
+    # Retry-After) while the planner is asked to start one (WarmServe scale-from-zero); false: 503 at once
+    scale_from_zero: bool = False
     max_redispatches: Annotated[int, Meta(ge=0, le=100)] = 2
-    # later issues add: "rank_aware" (CaraServe), "memory_aware", "kunserve", "mell", "warmserve"
-    routing_policy: Literal["least_load"] = "least_load"
+    # rank_aware: CaraServe Alg. 1; most_idle, first_fit, random: its baselines (docs/caraserve.md);
+    # mell: the planner's placement hints (MELL's Allocate), else least load -- recommended with the
+    # planner on and [policies] migration != "off" (docs/planner.md)
+    routing_policy: Literal["least_load", "rank_aware", "most_idle", "first_fit", "random", "mell"] = "least_load"
+    lora_profile: str | None = None  # `tidal profile lora`'s file for rank_aware; None: the paper's numbers
     assign_timeout: Duration = 2.0
     stats_interval: Duration = 1.0
 
@@ -135,17 +141,40 @@ class PlannerSection(Section, kw_only=True):
     kv_high_watermark: Fraction = 0.9  # above: buy memory (the memory economy)
     kv_low_watermark: Fraction = 0.5  # below: give it back (restore layers, scale down)
     max_migrations_per_op: Annotated[int, Meta(ge=0, le=1000)] = 10  # MELL's bound
+    # MELL §V boundaries, per planning interval: KV bytes one link may carry for migrations, and
+    # prompt tokens a destination may re-prefill for token-mode migrations
+    migration_link_budget: ByteSize = 256 << 20
+    migration_prefill_budget: PositiveInt = 4096
+    ctl_timeout: Duration = 30.0  # a control command's deadline (a migration is answered when it is over)
+    lease_ttl: Duration = 3.0  # one planner decides: a standby takes over after the lease is this stale
+    # WarmServe (docs/warmserve.md): scale instances up and down from the predictor's forecasts and
+    # prewarm replicas (with [policies] prewarm); off: instances change only on capacity requests
+    autoscale: bool = False
+    scale_down_after: Duration = 10.0  # hysteresis: instances above the forecast this long before one stops
+    request_time: Duration = 2.0  # a request's mean time in the system: forecast rps -> concurrent requests
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.kv_low_watermark >= self.kv_high_watermark:
             raise ValueError("kv_low_watermark must be below kv_high_watermark")
+        if self.lease_ttl <= self.interval:
+            raise ValueError("lease_ttl must be longer than interval (the leader renews once per interval)")
 
 
 class PredictorSection(Section, kw_only=True):
     window: Duration = 60.0
     season: Duration = 86400.0  # the periodicity the seasonal predictor looks back by
     history_windows: PositiveInt = 10080
+    peak_slot: Duration = 10.0  # a window's peak rate is its busiest slot of this length (>= stats_interval)
+    lookback: Annotated[int, Meta(ge=1, le=64)] = 10  # N of WarmServe Eq. 3: recent windows in the correction
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        per = self.season / self.window
+        if abs(per - round(per)) > 1e-6:
+            raise ValueError(f"season ({self.season}s) must be a whole number of windows ({self.window}s)")
+        if self.peak_slot > self.window:
+            raise ValueError(f"peak_slot ({self.peak_slot}s) must not be longer than window ({self.window}s)")
 
 
 class RegistrySection(Section, kw_only=True):
@@ -173,12 +202,25 @@ class DemoModel(Section, kw_only=True):
     seed: Annotated[int, Meta(ge=0)] = 0
 
 
+class GgufSource(Section, kw_only=True):
+    """A llama.cpp GGUF file imported once (`tidal import-gguf`) into data_dir/models/<name>."""
+
+    file: Annotated[str, Meta(min_length=1)]  # a path, or with `package` a file inside that package
+    package: Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")] | None = None
+
+
 class ModelSpec(Section, kw_only=True):
     name: Name
-    path: str | None = None  # a local Hugging Face directory; generated here when `demo` is set
+    path: str | None = None  # a local Hugging Face directory; generated here when `demo` or `gguf` is set
     demo: DemoModel | None = None
+    gguf: GgufSource | None = None
     dtype: Dtype = "float32"
     max_context: Annotated[int, Meta(ge=16, le=2**24)] = 2048
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.demo is not None and self.gguf is not None:
+            raise ValueError("a model takes `demo` or `gguf`, not both")
 
 
 class DemoAdapter(Section, kw_only=True):
@@ -202,10 +244,23 @@ class WorkerSpec(Section, kw_only=True):
     memory: ByteSize  # the pool's capacity (on CUDA: at most the free HBM)
     models: list[Name] = []  # instances to load at start
     adapters: list[Name] = []  # adapters to make resident at start
+    # host repository of LoRA adapters (per instance): beyond it the least recently used are
+    # dropped from memory and read from their directory again on use; None: unbounded
+    lora_host_memory: ByteSize | None = None
+    # CaraServe: CPU LoRA processes per instance; with [policies] cpu_lora_assist a cold adapter's
+    # prefill runs on them while it loads (docs/caraserve.md). 0: none
+    cpu_lora_processes: Annotated[int, Meta(ge=0, le=256)] = 2
+    # Paces adapter loads to this rate ("16GB/s"): on a CPU worker the "device copy" is a memory
+    # copy, so this simulates a PCIe-like link for tests and demos. Unset: not paced.
+    lora_load_bandwidth: Bandwidth | None = None
     # A request's tokens after its first are held up to about this long and sent together, one
     # chunk per request per flush (vLLM's stream_interval, in time): fewer messages per token on
     # every hop (docs/benchmarks.md "## gateway"). 0: one chunk per request per engine step.
     stream_interval: Duration = 0.02
+    # WarmServe: an evicted instance's weights stay in the pool as prewarmed (kind prewarm) this long,
+    # so a LoadModel of the model meanwhile starts on them; 0: freed at once. Any catalog model may be
+    # loaded at run time: `models` above is the initial placement, not a limit (docs/warmserve.md).
+    grace_period: Duration = 30.0
 
 
 class PoliciesSection(Section, kw_only=True):
@@ -216,6 +271,8 @@ class PoliciesSection(Section, kw_only=True):
     max_lora_rank: Annotated[int, Meta(ge=1, le=1024)] = 64  # adapters of a higher rank are refused at load
     cpu_lora_assist: bool = True  # CaraServe: cold adapters prefill on CPU while loading
     buddy_groups: bool = True  # KunServe: drop layers under KV pressure
+    # KunServe's pipeline cost model: a built-in profile's name (shared/profiles/) or a .toml/.json path
+    kunserve_profile: Annotated[str, Meta(min_length=1, max_length=1024)] = "kunserve-qwen2.5-14b-a800"
     prewarm: bool = True  # WarmServe
     migration: Literal["auto", "kv", "tokens", "off"] = "auto"  # MELL
 
@@ -300,6 +357,6 @@ def config_to_builtins(cfg: ClusterConfig) -> dict[str, Any]:
 
 
 __all__ = [
-    "AdapterSpec", "ClusterConfig", "ConfigError", "DEFAULT_CONFIG_PATH", "ModelSpec", "WorkerSpec",
+    "AdapterSpec", "ClusterConfig", "ConfigError", "DEFAULT_CONFIG_PATH", "GgufSource", "ModelSpec", "WorkerSpec",
     "config_to_builtins", "load_config", "parse_config",
 ]

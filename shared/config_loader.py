@@ -190,8 +190,9 @@ def check_references(cfg: ClusterConfig, source: str) -> None:
     for i, model in enumerate(cfg.models):
         if model.name in models[:i]:
             fail(f"models[{i}].name", f"duplicate model {json.dumps(model.name)}")
-        if model.path is None and model.demo is None:
-            fail(f"models[{i}]", "set path (a local Hugging Face directory) or demo (a generated model)")
+        if model.path is None and model.demo is None and model.gguf is None:
+            fail(f"models[{i}]", "set path (a local Hugging Face directory), gguf (a GGUF file to import) "
+                 "or demo (a generated model)")
     adapters = [a.name for a in cfg.adapters]
     for i, adapter in enumerate(cfg.adapters):
         if adapter.name in adapters[:i] or adapter.name in models:
@@ -222,6 +223,8 @@ def resolve_paths(cfg: ClusterConfig, base_dir: Path) -> ClusterConfig:
     replace = msgspec.structs.replace
     models = [replace(m, path=str((base_dir / m.path).resolve() if m.path else data_dir / "models" / m.name))
               for m in cfg.models]
+    models = [replace(m, gguf=replace(m.gguf, file=str((base_dir / m.gguf.file).resolve())))
+              if m.gguf is not None and m.gguf.package is None else m for m in models]
     adapters = [replace(a, path=str((base_dir / a.path).resolve() if a.path else data_dir / "adapters" / a.name))
                 for a in cfg.adapters]
     return replace(cfg, cluster=replace(cfg.cluster, data_dir=str(data_dir)), models=models, adapters=adapters)

@@ -73,6 +73,30 @@ class Duration(float):
         return cls(seconds)
 
 
+_BANDWIDTH = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)/s\s*$", re.IGNORECASE)
+
+
+class Bandwidth(float):
+    """Bytes per second; written as a number or with a unit: "16GB/s", "500MiB/s"."""
+
+    EXPECTED = 'a bandwidth like "16GB/s" or "500MiB/s" (B, KB, MB, GB, TB, KiB, ... per second) or bytes/s'
+
+    @classmethod
+    def parse(cls, value: Any) -> "Bandwidth":
+        if isinstance(value, bool):
+            raise ValueError(f"expected {cls.EXPECTED}, got {_show(value)}")
+        if isinstance(value, (int, float)):
+            rate = float(value)
+        else:
+            match = _BANDWIDTH.match(value) if isinstance(value, str) else None
+            if not match:
+                raise ValueError(f"expected {cls.EXPECTED}, got {_show(value)}")
+            rate = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+        if not math.isfinite(rate) or rate <= 0:
+            raise ValueError(f"expected a bandwidth > 0, got {_show(value)}")
+        return cls(rate)
+
+
 class SloTarget(str):
     """A latency SLO: absolute ("500ms", "0.2s", 0.5) or relative to the unloaded P50 ("5x")."""
 
@@ -109,7 +133,7 @@ class SloTarget(str):
         return factor * unloaded_p50_s if factor is not None else float(Duration.parse(str(self)))
 
 
-UNIT_TYPES: tuple[type, ...] = (ByteSize, Duration, SloTarget)
+UNIT_TYPES: tuple[type, ...] = (ByteSize, Duration, SloTarget, Bandwidth)
 
 
 def dec_hook(target: type, value: Any) -> Any:
@@ -140,4 +164,7 @@ def schema_hook(target: type) -> dict[str, Any]:
     if target is SloTarget:
         return {"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string"}],
                 "description": SloTarget.EXPECTED}
+    if target is Bandwidth:
+        return {"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string", "pattern": _BANDWIDTH.pattern}],
+                "description": Bandwidth.EXPECTED}
     raise NotImplementedError(f"no schema for {target!r}")

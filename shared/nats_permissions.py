@@ -4,7 +4,8 @@ One user per role (the six services, the `tidal` CLI and external schedulers). A
 publish exactly on the subjects the catalog says it publishes or requests on, and subscribe
 exactly to those it listens on; requesters also subscribe to `_INBOX.>` (where replies come
 back) and responders get `allow_responses` (publish to the reply subject of a request they
-received, once). The registry alone also gets JetStream, for its KV buckets.
+received, once). The registry also gets JetStream, for its KV buckets, and the predictor for its
+own history bucket.
 """
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ INBOX = "_INBOX.>"
 JETSTREAM_PUBLISH = ("$JS.API.>", "$JS.ACK.>", "$JS.FC.>")  # JetStream API, acks and flow control
 
 
-def kv_publish() -> tuple[str, ...]:
-    """Writes to the catalog's KV buckets ($KV.<bucket>.<key>)."""
+def kv_publish(role: str = "registry") -> tuple[str, ...]:
+    """Writes to the role's KV buckets ($KV.<bucket>.<key>): the catalog's, or the predictor's own."""
+    if role == "predictor":
+        return (f"$KV.{subjects.PREDICTOR_BUCKET}.>",)
     return tuple(f"$KV.{subjects.kv_bucket(b)}.>" for b in Bucket)
 
 
@@ -38,7 +41,7 @@ def role_permissions(role: str) -> RolePermissions:
         sub.add(INBOX)
     if role in subjects.JETSTREAM_ROLES:
         pub.update(JETSTREAM_PUBLISH)
-        pub.update(kv_publish())
+        pub.update(kv_publish(role))
         sub.add(INBOX)
     responds = any(s.pattern is subjects.Pattern.REQUEST for s in listens)
     if not pub or not sub:

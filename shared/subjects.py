@@ -149,7 +149,8 @@ def _subjects() -> list[Subject]:
           "pre-copy stage's data-plane transfer (MigrateKvStage), release them (MigrateKvCancel).",
           reply=(ev.CtlDone, ev.CtlRefused), stable=False),
         S("worker.stats", f"{PREFIX}.evt.worker.stats", P, (ev.WorkerStats,),
-          frozenset({"gpu_worker"}), worker_readers,
+          frozenset({"gpu_worker"}), worker_readers | {"cli", "gateway"},  # cli: `tidal status` shows the pools;
+          # gateway: /v1/models shows where adapters are warm
           "Memory pool by kind, instances' batch/queue/KV use and growth, resident adapters (every 250 ms)."),
         S("worker.heartbeat", f"{PREFIX}.evt.worker.heartbeat", P, (ev.WorkerHeartbeat,),
           frozenset({"gpu_worker"}), frozenset({"registry", "dispatcher"}),
@@ -183,9 +184,16 @@ def _subjects() -> list[Subject]:
         S("service.heartbeat", f"{PREFIX}.evt.service.heartbeat", P, (ev.ServiceHeartbeat,),
           ALL_SERVICES - {"gpu_worker"}, frozenset({"registry"}),
           "Liveness of a non-worker service process, registries included (workers send worker heartbeats)."),
-        S("plan.event", f"{PREFIX}.evt.plan.<kind>", P, (ev.PlanDecided, ev.PlanApplied, ev.PlanFailed),
+        S("plan.event", f"{PREFIX}.evt.plan.<kind>", P, (ev.PlanDecided, ev.PlanApplied, ev.PlanFailed,
+                                                          ev.PlanCancelled),
           frozenset({"planner"}), frozenset({"dispatcher", "scheduler"}),
-          "A plan was decided, applied or failed (kind: `decided`, `applied`, `failed`).", stable=False),
+          "A plan was decided, applied, failed or cancelled (kind: `decided`, `applied`, `failed`, `cancelled`); "
+          "every decided plan ends with exactly one of the other three.", stable=False),
+        S("planner.placement", f"{PREFIX}.evt.planner.placement", P, (ev.PlacementHints,),
+          frozenset({"planner"}), frozenset({"dispatcher", "scheduler"}),
+          "Where the planner would place new requests of a model, by KV size class (MELL's Allocate), "
+          "every planner interval; the dispatcher's `mell` routing follows it until `valid_until`.",
+          stable=False),
         S("planner.capacity", f"{PREFIX}.planner.capacity", R, (ev.CapacityRequest,),
           frozenset({"dispatcher"}), frozenset({"planner"}),
           "The dispatcher asks for capacity for a model it cannot place.",
@@ -208,9 +216,10 @@ def _subjects() -> list[Subject]:
 CATALOG: Final[dict[str, Subject]] = {s.key: s for s in _subjects()}
 ERROR_REPLY: Final = ErrorReply
 
-# JetStream (the durable catalog's KV buckets) is the registry's alone; everyone else reads
-# and writes the catalog through the registry's request/reply API.
-JETSTREAM_ROLES: Final = frozenset({"registry"})
+# JetStream: the registry (the durable catalog's KV buckets; everyone else reads and writes the
+# catalog through the registry's request/reply API) and the predictor (its own load history).
+JETSTREAM_ROLES: Final = frozenset({"registry", "predictor"})
+PREDICTOR_BUCKET: Final = "tidal_predictor"  # the predictor's per-model windows (KV; docs/warmserve.md)
 
 
 def kv_bucket(bucket: str) -> str:
@@ -275,6 +284,10 @@ def plan_event(kind: str) -> str:
     if kind not in ev.PLAN_EVENT_KINDS:
         raise ValueError(f"unknown plan event kind {kind!r}: expected one of {sorted(ev.PLAN_EVENT_KINDS)}")
     return CATALOG["plan.event"].subject(kind=kind)
+
+
+def planner_placement() -> str:
+    return CATALOG["planner.placement"].template
 
 
 def planner_capacity() -> str:

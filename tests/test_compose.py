@@ -109,25 +109,28 @@ def _module(service: dict) -> str:
     return command[command.index("-m") + 1]
 
 
+def tidal_services(compose: dict) -> dict[str, dict]:
+    """The containers built from the Tidal image (not nats, prometheus, grafana)."""
+    return {name: s for name, s in compose["services"].items() if "build" in s}
+
+
 def test_compose_yaml_has_nats_and_one_container_per_service(compose):
     services = compose["services"]
     assert services["nats"]["image"].startswith("nats:")
     assert "-c" in services["nats"]["command"] and "./nats.conf:/etc/nats/nats.conf:ro" in services["nats"]["volumes"]
-    modules = {_module(s) for name, s in services.items() if name != "nats"}
+    assert set(services) - set(tidal_services(compose)) == {"nats", "prometheus", "grafana"}
+    modules = {_module(s) for s in tidal_services(compose).values()}
     assert modules == {f"services.{name}" for name in subjects.SERVICES}
-    for name, service in services.items():
-        if name != "nats":
-            assert service["build"]["dockerfile"] == "compose/Dockerfile"
-            assert service["depends_on"]["nats"]["condition"] == "service_healthy"
+    for service in tidal_services(compose).values():
+        assert service["build"]["dockerfile"] == "compose/Dockerfile"
+        assert service["depends_on"]["nats"]["condition"] == "service_healthy"
     dockerfile = (COMPOSE / "Dockerfile").read_text()
     assert dockerfile.startswith(("FROM python:3.11-slim", "# ")) and "FROM python:3.11-slim" in dockerfile
     assert "--constraint constraints.txt" in dockerfile
 
 
 def test_every_service_command_names_an_existing_module(compose):
-    for name, service in compose["services"].items():
-        if name == "nats":
-            continue
+    for name, service in tidal_services(compose).items():
         module = _module(service)
         assert module.startswith("services."), (name, module)
         main = ROOT / Path(*module.split(".")) / "__main__.py"
@@ -138,9 +141,7 @@ def test_each_container_connects_as_its_own_nats_user(compose):
     nats_env = compose["services"]["nats"]["environment"]
     for role in subjects.ROLES:
         assert f"TIDAL_NATS_{role.upper()}_PASSWORD" in nats_env
-    for name, service in compose["services"].items():
-        if name == "nats":
-            continue
+    for name, service in tidal_services(compose).items():
         role = _module(service).split(".")[1]
         url = urlsplit(service["environment"]["TIDAL_NATS_URL"])
         assert url.username == role and url.hostname == "nats", name
@@ -153,8 +154,11 @@ def _expected(role: str) -> tuple[set[str], set[str], bool]:
     sub = {s.wildcard for s in CATALOG.values() if role in s.listeners}
     if any(s.pattern is Pattern.REQUEST for s in CATALOG.values() if role in s.publishers):
         sub.add("_INBOX.>")
-    if role == "registry":  # JetStream for the catalog's KV buckets, nobody else
+    if role == "registry":  # JetStream for the catalog's KV buckets
         pub |= {"$JS.API.>", "$JS.ACK.>", "$JS.FC.>"} | {f"$KV.tidal_{b}.>" for b in Bucket}
+        sub.add("_INBOX.>")
+    if role == "predictor":  # JetStream for its own history bucket only
+        pub |= {"$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.tidal_predictor.>"}
         sub.add("_INBOX.>")
     responds = any(s.pattern is Pattern.REQUEST for s in CATALOG.values() if role in s.listeners)
     return pub, sub, responds

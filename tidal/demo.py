@@ -1,7 +1,8 @@
-"""The `make run` / `tidal up` demo: generate the demo checkpoints once, then show how to call the cluster.
+"""The `make run` / `tidal up` demo: prepare the checkpoints once, then show how to call the cluster.
 
-`prepare_assets` generates the config's demo models and adapters that are missing or stale
-(cached under `data_dir`, see services.gpu_worker.demo_assets) before any worker starts.
+`prepare_assets` imports the config's GGUF models and generates its demo models and adapters
+that are missing or stale (cached under `data_dir`, see services.gpu_worker.demo_assets)
+before any worker starts.
 `wait_until_serving` polls the gateway's `/ready` until a worker serves something, and
 `usage_banner` prints a ready-to-paste `curl` line and the equivalent `openai` snippet.
 """
@@ -16,20 +17,24 @@ from typing import Callable
 
 from shared.config import ClusterConfig
 
-PROMPT = "Tell me about the Jargon File."
+PROMPT = "What is the capital of France?"
 
 
 def prepare_assets(cfg: ClusterConfig, out: Callable[[str], None]) -> None:
-    """Generate missing demo models/adapters (blocking; seconds on 2 cores)."""
+    """Import GGUF models and generate demo models/adapters that are missing (blocking; seconds on
+    2 cores). Raises demo_assets.AssetError naming a model that cannot be prepared."""
     from services.gpu_worker.demo_assets import ensure_demo_assets, pending_demo_assets
 
     served = sorted({m for w in cfg.workers for m in w.models})
     if not pending_demo_assets(cfg, served):
         return
     started = time.monotonic()
-    made = ensure_demo_assets(cfg, models=served, progress=lambda line: out(f"tidal: {line}"))
-    out(f"tidal: generated {len(made)} demo asset(s) in {time.monotonic() - started:.1f}s "
-        f"(cached under {cfg.cluster.data_dir}; random weights: the text they write is gibberish)")
+    made = set(ensure_demo_assets(cfg, models=served, progress=lambda line: out(f"tidal: {line}")))
+    demo = [m.name for m in cfg.models if m.name in made and m.demo is not None]
+    demo += [a.name for a in cfg.adapters if a.name in made]
+    note = "; the demo models have random weights: the text they write is gibberish" if demo else ""
+    out(f"tidal: prepared {len(made)} model(s)/adapter(s) in {time.monotonic() - started:.1f}s "
+        f"(cached under {cfg.cluster.data_dir}{note})")
 
 
 def _ready(url: str) -> bool:
@@ -54,7 +59,7 @@ async def wait_until_serving(url: str, timeout_s: float, stop: asyncio.Event) ->
 
 
 def example_model(cfg: ClusterConfig) -> str | None:
-    """A model some worker serves (the first in config order)."""
+    """A model some worker serves (the first in config order: the default config lists its real one first)."""
     served = {m for w in cfg.workers for m in w.models}
     return next((m.name for m in cfg.models if m.name in served), None)
 
@@ -65,9 +70,12 @@ def usage_banner(cfg: ClusterConfig, url: str) -> str:
         return "  (no worker serves a model in this config: nothing to call yet)"
     keyed = bool(cfg.gateway.api_keys)
     auth = ' -H "Authorization: Bearer $TIDAL_API_KEY"' if keyed else ""
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 32})
-    adapters = [a.name for a in cfg.adapters if a.base == model]
+    # greedy: a 135M model sampled at temperature 1 wanders; at 0 it answers the same way every time
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 32,
+                       "temperature": 0})
     others = [m.name for m in cfg.models if m.name != model and any(m.name in w.models for w in cfg.workers)]
+    adapters = [a.name for a in cfg.adapters if a.base == model or a.base in others]
+    demo = [m.name for m in cfg.models if m.demo is not None and (m.name == model or m.name in others)]
     names = ", ".join([model, *others, *adapters])
     return (
         ("  (API keys are on: export TIDAL_API_KEY=<one of gateway.api_keys> first)\n" if keyed else "")
@@ -79,11 +87,12 @@ def usage_banner(cfg: ClusterConfig, url: str) -> str:
         f"    from openai import OpenAI\n"
         f"    import os\n"
         f"    client = OpenAI(base_url=\"{url}/v1\", api_key=os.environ.get(\"TIDAL_API_KEY\", \"unused\"))\n"
-        f"    stream = client.chat.completions.create(model=\"{model}\", max_tokens=32, stream=True,\n"
+        f"    stream = client.chat.completions.create(model=\"{model}\", max_tokens=32, temperature=0, stream=True,\n"
         f"        messages=[{{\"role\": \"user\", \"content\": \"{PROMPT}\"}}])\n"
         f"    for chunk in stream:\n"
         f"        print(chunk.choices[0].delta.content or \"\", end=\"\", flush=True)\n"
         f"    print()\n"
-        f"    EOF\n"
-        f"  (demo models have random weights and a real tokenizer: fluent-looking gibberish, by design)"
+        f"    EOF"
+        + (f"\n  ({', '.join(demo)}: random weights and a real tokenizer: fluent-looking gibberish, by design)"
+           if demo else "")
     )

@@ -161,7 +161,13 @@ class Launcher:
     async def _start_up(self) -> bool:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         if self.services is None or "gpu_worker" in self.services:  # demo checkpoints, once, before any worker
-            await asyncio.to_thread(demo.prepare_assets, self.cfg, self.out)
+            from services.gpu_worker.demo_assets import AssetError
+
+            try:
+                await asyncio.to_thread(demo.prepare_assets, self.cfg, self.out)
+            except AssetError as exc:
+                self.out(f"tidal: {exc}")
+                return False
         if self.external_nats is None:
             self.nats = NatsServer(store_dir=self.data_dir / "nats", log_file=self.logs_dir / "nats.log")
             await asyncio.to_thread(self.nats.start)

@@ -52,13 +52,14 @@ class BusWatch:
             self.memory.append(MemorySample(t_s=t, worker=msg.worker_id, kind=kind,
                                             bytes=int(getattr(pool, f"{kind}_bytes"))))
 
-    async def _on_plan(self, msg: PlanDecided | PlanApplied | PlanFailed, _ctx: Delivery) -> None:
+    async def _on_plan(self, msg: PlanEvent, _ctx: Delivery) -> None:
         if isinstance(msg, PlanDecided):
             self.plans.append(PlanMarker(t_s=msg.plan.ts - self.t0_unix, label=f"plan {msg.plan.plan_id} decided"))
         elif isinstance(msg, PlanApplied):
             self.plans.append(PlanMarker(t_s=msg.ts - self.t0_unix, label=f"plan {msg.plan_id} applied"))
-        else:
-            self.plans.append(PlanMarker(t_s=msg.ts - self.t0_unix, label=f"plan {msg.plan_id} failed"))
+        else:  # PlanFailed or PlanCancelled
+            ended = "failed" if isinstance(msg, PlanFailed) else "cancelled"
+            self.plans.append(PlanMarker(t_s=msg.ts - self.t0_unix, label=f"plan {msg.plan_id} {ended}"))
 
     def window(self, end_s: float) -> tuple[list[MemorySample], list[PlanMarker]]:
         """Samples and markers inside the run, [0, end_s]."""

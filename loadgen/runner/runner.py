@@ -79,18 +79,29 @@ class RunOutcome:
         return [r.record for r in self.results]
 
 
-def served_context(url: str, timeout_s: float = 10.0) -> dict[str, int]:
-    """`max_model_len` of each model and adapter the gateway lists (GET /v1/models)."""
+def model_cards(url: str, timeout_s: float = 10.0) -> list[dict[str, object]]:
+    """The gateway's model list (GET /v1/models): one card per model and adapter."""
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout_s) as resp:
             body = json.loads(resp.read())
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise ConnectionError(f"cannot list models at {url}/v1/models: {exc}") from None
+    return [card for card in body.get("data", []) if isinstance(card, dict) and "id" in card]
+
+
+def served_context(url: str, timeout_s: float = 10.0, cards: list[dict[str, object]] | None = None) -> dict[str, int]:
+    """`max_model_len` of each model and adapter the gateway lists (GET /v1/models)."""
     out: dict[str, int] = {}
-    for card in body.get("data", []):
-        if isinstance(card, dict) and isinstance(card.get("max_model_len"), int):
-            out[str(card["id"])] = card["max_model_len"]
+    for card in model_cards(url, timeout_s) if cards is None else cards:
+        if isinstance(card.get("max_model_len"), int):
+            out[str(card["id"])] = card["max_model_len"]  # type: ignore[assignment]
     return out
+
+
+def served_names(cards: list[dict[str, object]]) -> list[str]:
+    """The listed names, base models first (then adapters)."""
+    return ([str(c["id"]) for c in cards if c.get("parent") is None]
+            + [str(c["id"]) for c in cards if c.get("parent") is not None])
 
 
 def _record(p: PreparedRequest, res: StreamResult | None, arrival: float, t0: float, error: str | None,
@@ -211,5 +222,5 @@ async def run_trace(trace: Sequence[TraceRecord], config: RunnerConfig, *, progr
     return await LoadRunner(trace, config, context=context, progress=progress).run()
 
 
-__all__ = ["COMPLETIONS", "LiveResult", "LoadRunner", "RunOutcome", "RunProgress", "RunnerConfig", "run_trace",
-           "served_context"]
+__all__ = ["COMPLETIONS", "LiveResult", "LoadRunner", "RunOutcome", "RunProgress", "RunnerConfig", "model_cards",
+           "run_trace", "served_context", "served_names"]

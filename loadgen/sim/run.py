@@ -10,6 +10,7 @@ from loadgen.report.write import write_report
 from loadgen.sim.profile import CostProfile
 from loadgen.sim.simulator import SimResult, SimStats, Simulator
 from loadgen.traces.schema import Trace, TraceHeader
+from shared.policy.lora_routing import RoutingOptions
 from shared.policy.routing import make_policy
 
 class SimRunInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -29,8 +30,10 @@ BASELINE_GAP_S = 1e5  # far apart: each request runs alone on an idle worker
 
 
 def simulate(trace: Trace, profile: CostProfile, workers: int, policy: str = "least-load", seed: int = 0,
-             max_run_s: float = 0.5, check_invariants: bool = False) -> SimResult:
-    sim = Simulator(trace, profile, workers, make_policy(policy, seed), max_run_s=max_run_s,
+             max_run_s: float = 0.5, check_invariants: bool = False,
+             options: RoutingOptions | None = None) -> SimResult:
+    """`options`: rank-aware's LoRA model, kernel and SLO (shared.lora_profile_file.routing_options)."""
+    sim = Simulator(trace, profile, workers, make_policy(policy, seed, options), max_run_s=max_run_s,
                     check_invariants=check_invariants)
     return sim.run()
 

@@ -4,14 +4,16 @@ Time is float seconds on a heapq event queue; there is no wall clock. Arrivals a
 in order from the trace (never all pushed on the heap); each worker has at most one
 pending step event (a stale one is recognised by its generation number and skipped).
 At each arrival the simulator builds `RequestView` / `InstanceView` values and calls
-`shared.policy.routing.RoutingPolicy.choose` exactly as the live dispatcher does; an
-instance's view is refreshed from its worker's state at the worker's last step
+`shared.policy.routing.RoutingPolicy.choose` exactly as the live dispatcher does, on the
+instances the same admission gate lets through for an adapter request
+(`shared.policy.admission.serving` with the policy's `adapter_gate`); an instance's view is refreshed from its worker's state at the worker's last step
 boundary, like the dispatcher's view from the last worker stats.
 """
 from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from heapq import heappop, heappush
 
 import msgspec
@@ -21,6 +23,7 @@ from loadgen.sim.profile import CostProfile
 from loadgen.sim.request import SimRequest
 from loadgen.sim.worker import SimWorker
 from loadgen.traces.schema import Trace
+from shared.policy.admission import adapter_gate, serving
 from shared.policy.routing import InstanceView, RequestView, RoutingPolicy
 
 
@@ -62,7 +65,8 @@ def place_models(counts: dict[str, int], workers: int) -> list[str]:
 class Simulator:
     def __init__(self, trace: Trace, profile: CostProfile, workers: int, policy: RoutingPolicy, *,
                  max_run_s: float = 0.5, sample_interval_s: float | None = None,
-                 placement: list[str] | None = None, check_invariants: bool = False) -> None:
+                 placement: list[str] | None = None, check_invariants: bool = False,
+                 make_worker: Callable[..., SimWorker] | None = None) -> None:
         if workers < 1:
             raise ValueError(f"need at least one worker, got {workers}")
         self.trace = trace
@@ -76,10 +80,12 @@ class Simulator:
         if len(models) != workers:
             raise ValueError(f"placement names {len(models)} models for {workers} workers")
         width = len(str(workers - 1))
-        self.workers = [SimWorker(i, f"w{i:0{width}d}", m, profile.worker, profile.step_cost(m), max_run_s)
+        make = make_worker or SimWorker  # a subclass (or factory) with the same arguments, e.g. LoRA step costs
+        self.workers = [make(i, f"w{i:0{width}d}", m, profile.worker, profile.step_cost(m), max_run_s)
                         for i, m in enumerate(models)]
         self.by_instance = {w.instance_id: w for w in self.workers}
         self._adapter_sets: dict[int, tuple[int, frozenset[str]]] = {}
+        self.ranks = {a.name: a.rank for a in trace.header.adapters}  # views carry batch ranks when known
         self.views: dict[str, list[InstanceView]] = {}
         self.view_pos: dict[int, int] = {}
         for w in self.workers:
@@ -100,7 +106,16 @@ class Simulator:
             instance_id=w.instance_id, worker_id=w.worker_id, model=w.model, live=True, kv_blocks_used=w.used,
             kv_blocks_total=w.total, block_size=w.bs, queued_prompt_tokens=w.queued_tokens,
             running_requests=w.decoding + len(w.prefilling), waiting_requests=len(w.waiting),
-            resident_adapters=cached[1], max_batch=w.spec.max_batch)
+            resident_adapters=cached[1], max_batch=w.spec.max_batch, **self._ranks(w))
+
+    def _ranks(self, w: SimWorker) -> dict[str, tuple[int, ...]]:
+        """The LoRA ranks of the worker's batch and queue, as the dispatcher reads them from stats."""
+        rk = self.ranks
+        if not rk:
+            return {}
+        running = [rk.get(e[3].adapter, 0) for e in w.heap if e[2] == e[3].epoch]
+        running += [rk.get(r.adapter, 0) for r in w.prefilling]
+        return {"running_ranks": tuple(running), "waiting_ranks": tuple(rk.get(r.adapter, 0) for r in w.waiting)}
 
     def _sample(self, t: float) -> None:
         kv_bytes = self.profile.worker.kv_bytes_per_token * self.profile.worker.block_size
@@ -119,7 +134,7 @@ class Simulator:
         heap: list[tuple[float, int, int, int]] = []
         counter = itertools.count()
         workers, views, dirty, view_pos = self.workers, self.views, self.dirty, self.view_pos
-        choose = self.policy.choose
+        choose, gate = self.policy.choose, adapter_gate(self.policy)
         check = self.check_invariants
         next_sample, interval = 0.0, self.sample_interval
         finishes = events = 0
@@ -178,8 +193,10 @@ class Simulator:
                 for sw in stale:
                     model_views[view_pos[sw.index]] = self._view(sw)
                 stale.clear()
-            choice = choose(RequestView(request_id=req.request_id, model=req.model, prompt_tokens=req.prompt,
-                                        max_tokens=req.output, adapter=req.adapter), model_views, t_arr)
+            view = RequestView(request_id=req.request_id, model=req.model, prompt_tokens=req.prompt,
+                               max_tokens=req.output, adapter=req.adapter, adapter_rank=self.ranks.get(req.adapter, 0))
+            # the live gate (it narrows only adapter requests; the policies filter the rest themselves)
+            choice = choose(view, serving(view, model_views, gate) if req.adapter else model_views, t_arr)
             target = self.by_instance.get(choice) if choice is not None else None
             if target is None:
                 req.status, req.finish = "rejected", t_arr

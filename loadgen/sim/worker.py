@@ -198,12 +198,12 @@ class SimWorker:
             self.run_blocks = need
             self.run_k = 1
             self.run_chunks = [(req, n) for req, n, _ in chunks]
-            dt = self.cost.step_s(self.decoding, self.ctx_sum, ptok, attn) + extra_s
+            dt = self.cost.step_s(self.decoding, self.ctx_sum, ptok, attn) + extra_s + self.extra_step_s(chunks)
         elif self.decoding:
             heap = self.heap
             while heap[0][2] != heap[0][3].epoch:
                 heappop(heap)
-            base = self.c_over + self.c_seq * self.decoding + self.c_ctx * self.ctx_sum
+            base = self.c_over + self.c_seq * self.decoding + self.c_ctx * self.ctx_sum + self.extra_step_s(())
             limit = heap[0][0] - self.step
             cap = self.max_run_s / base
             if cap < limit:
@@ -227,6 +227,11 @@ class SimWorker:
         self.run_start = now
         self.gen += 1
         return now + dt
+
+    def extra_step_s(self, chunks) -> float:
+        """Seconds a subclass adds to a step (e.g. LoRA kernels, loadgen/sim/lora_worker.py); `chunks`
+        are this step's (request, tokens, blocks) prefill chunks, empty for a decode-only step."""
+        return 0.0
 
     # --- finishing a step ----------------------------------------------------------------
     def complete(self, now: float) -> None:

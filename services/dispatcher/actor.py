@@ -18,16 +18,22 @@ from shared.actors import Actor
 from shared.bus import Delivery, Subscription
 from shared.config import ClusterConfig
 from shared.events import (
-    AbortRequest, AssignAccepted, AssignRejected, AssignReply, StreamMessage, SubmitAccepted, SubmitReply, SubmitRequest, WorkerHeartbeat,
-    WorkerStats,
+    AbortRequest, AssignAccepted, AssignRejected, AssignReply, PlacementHints, StreamMessage, SubmitAccepted,
+    SubmitReply, SubmitRequest, WorkerHeartbeat, WorkerStats,
 )
 from shared.events.registry import Bucket
 from shared.logging import get_logger, request_id_var
+from shared.lora_profile_file import routing_options
 from shared.policy.routing import make_policy
+from shared.policy.routing_groups import GroupBatch, profiled_batch, summed_batch
+from shared.policy.routing_mell import OUTCOMES
+from shared.profiles import load_pipeline_profile
 from shared.registry_client import CatalogWatch, RegistryClient
 from shared.service import Service
+from shared.events.plan import CapacityReply, CapacityRequest
 from shared.subjects import (
-    CATALOG, dispatch_stats, dispatch_submit, request_out, worker_assign, worker_heartbeat, worker_stats,
+    CATALOG, planner_capacity, dispatch_stats, dispatch_submit, planner_placement, request_out, worker_assign, worker_heartbeat,
+    worker_stats,
 )
 from shared.wire import (
     DEADLINE_EXCEEDED, UNAVAILABLE, DeadlineExceeded, NoResponders, RemoteError, TidalError, Unavailable,
@@ -35,7 +41,9 @@ from shared.wire import (
 
 from services.dispatcher import metrics
 from services.dispatcher.core import DispatchCore
-from services.dispatcher.effects import AssignFailed, AssignOutcome, Effect, PublishStreamError, SendAssignment
+from services.dispatcher.effects import (
+    AssignFailed, AssignOutcome, Effect, PublishStreamError, RequestCapacity, SendAssignment,
+)
 from services.dispatcher.model_catalog import ModelCatalog
 from services.dispatcher.tracked import Phase
 
@@ -45,15 +53,23 @@ TICK_S = 0.1  # liveness, queue deadlines, retries of queued requests
 WATCHED = (Bucket.WORKERS, Bucket.MODELS, Bucket.ADAPTERS)
 
 
+def group_batch(cfg: ClusterConfig) -> GroupBatch:
+    """A buddy group's batch limit (§4.3) from KunServe's pipeline profile; without buddy groups none form."""
+    if not cfg.policies.buddy_groups:
+        return summed_batch
+    return profiled_batch(load_pipeline_profile(cfg.policies.kunserve_profile))
+
+
 class Dispatcher(Actor):
     def __init__(self, cfg: ClusterConfig, dispatcher_id: str) -> None:
         super().__init__("dispatcher")
         d = cfg.dispatcher
         self.core = DispatchCore(
-            dispatcher_id=dispatcher_id, policy=make_policy(d.routing_policy.replace("_", "-")),
+            dispatcher_id=dispatcher_id, policy=make_policy(d.routing_policy.replace("_", "-"), options=routing_options(cfg)),
             catalog=ModelCatalog.from_config(cfg), queue_bound=d.queue_bound, max_redispatches=d.max_redispatches,
             dead_after=float(cfg.registry.dead_after), block_size=cfg.policies.kv_block_tokens,
-            max_batch=cfg.policies.max_batch_size, now=time.time(),
+            max_batch=cfg.policies.max_batch_size, now=time.time(), scale_from_zero=d.scale_from_zero,
+            group_batch=group_batch(cfg),
         )
         self.assign_timeout = float(d.assign_timeout)
         self.stats_interval = float(d.stats_interval)
@@ -61,10 +77,16 @@ class Dispatcher(Actor):
         self._submit_sub: Subscription | None = None
         for phase in Phase:
             metrics.OWNED.labels(str(phase)).set_function(functools.partial(self.core.count, phase))
+        counts = getattr(self.core.policy, "counts", None)  # `mell` routing: hinted, or why it fell back
+        if getattr(self.core.policy, "take_hints", None) is not None and counts is not None:
+            for outcome in OUTCOMES:
+                metrics.HINT_ROUTES.labels(outcome).set_function(functools.partial(counts.__getitem__, outcome))
 
     async def on_start(self) -> None:
         await self.bind(worker_stats(), WorkerStats, self.on_worker_stats)
         await self.bind(worker_heartbeat(), WorkerHeartbeat, self.on_heartbeat)
+        if getattr(self.core.policy, "take_hints", None) is not None:  # `mell` routing follows the planner
+            await self.bind(planner_placement(), PlacementHints, self.on_placement_hints)
         out, abort = CATALOG["request.out"].wildcard, CATALOG["request.abort"].wildcard
         await self.bind(out, StreamMessage, self.on_stream, label=out)
         await self.bind(abort, AbortRequest, self.on_abort, label=abort)
@@ -96,6 +118,9 @@ class Dispatcher(Actor):
     async def on_heartbeat(self, msg: WorkerHeartbeat, _ctx: Delivery) -> None:
         await self._perform(self.core.heartbeat(msg, time.time()))
 
+    async def on_placement_hints(self, msg: PlacementHints, _ctx: Delivery) -> None:
+        self.core.placement_hints(msg, time.time())
+
     async def on_stream(self, msg: StreamMessage, _ctx: Delivery) -> None:
         await self._perform(self.core.stream(msg, time.time()))
 
@@ -119,6 +144,24 @@ class Dispatcher(Actor):
                     await self.bus.publish(request_out(error.request_id), error)
                 except Exception as exc:  # NATS away: the client times out instead
                     log.warning("stream error not published", request_id=error.request_id, error=repr(exc))
+            elif isinstance(effect, RequestCapacity):  # a cold model: ask the planner (answered off the mailbox)
+                task = asyncio.get_running_loop().create_task(self._ask_capacity(effect), context=contextvars.Context())
+                self._sends.add(task)
+                task.add_done_callback(self._sends.discard)
+
+    async def _ask_capacity(self, effect: RequestCapacity) -> None:
+        ask = CapacityRequest(dispatcher_id=self.core.dispatcher_id, model=effect.model, adapter=effect.adapter,
+                              queued_requests=effect.queued_requests, queued_prompt_tokens=effect.queued_prompt_tokens,
+                              ts=time.time())
+        try:
+            reply = await self.bus.request(planner_capacity(), ask, CapacityReply, timeout=self.assign_timeout)
+        except TidalError as exc:  # no planner, or it did not answer: asked again while requests wait
+            metrics.CAPACITY_ASKS.labels("unanswered").inc()
+            log.warning("capacity request unanswered", model=effect.model, error=str(exc))
+            return
+        metrics.CAPACITY_ASKS.labels(reply.outcome).inc()
+        log.info("capacity requested", model=effect.model, queued=effect.queued_requests, outcome=reply.outcome,
+                 plan_id=reply.plan_id)
 
     async def _send(self, effect: SendAssignment) -> None:
         a = effect.assignment

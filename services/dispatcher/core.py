@@ -11,17 +11,21 @@ from __future__ import annotations
 
 from collections import deque
 
+import msgspec
+
 from shared.events import (
-    AbortRequest, AssignAccepted, AssignRejected, CatalogChanged, DispatchStats, StreamError, StreamMessage,
-    SubmitAccepted, SubmitRejected, SubmitReply, SubmitRequest, Usage, WorkerHeartbeat, WorkerRecord,
+    AbortRequest, AssignAccepted, AssignRejected, CatalogChanged, DispatchStats, PlacementHints, StreamError,
+    StreamMessage, SubmitAccepted, SubmitRejected, SubmitReply, SubmitRequest, Usage, WorkerHeartbeat, WorkerRecord,
     WorkerStats,
 )
 from shared.events.registry import AdapterRecord, Bucket, ModelRecord
 from shared.logging import get_logger
-from shared.policy.admission import batch_load, serving, with_room
+from shared.policy.admission import adapter_gate, batch_load, serving, with_room
 from shared.policy.routing import RoutingPolicy
+from shared.policy.routing_groups import GroupBatch, summed_batch
 
 from services.dispatcher.admission_queue import AdmissionQueues
+from services.dispatcher.cold_start import CapacityAsks, cold_queue_full_message
 from services.dispatcher.effects import (
     AssignFailed, AssignmentRecord, AssignOutcome, Effect, PublishStreamError, SendAssignment,
 )
@@ -43,13 +47,16 @@ RECORD_KEEP = 10_000  # assignment records kept in memory
 
 class DispatchCore:
     def __init__(self, *, dispatcher_id: str, policy: RoutingPolicy, catalog: ModelCatalog, queue_bound: int,
-                 max_redispatches: int, dead_after: float, block_size: int, max_batch: int, now: float) -> None:
+                 max_redispatches: int, dead_after: float, block_size: int, max_batch: int, now: float,
+                 scale_from_zero: bool = False, group_batch: GroupBatch = summed_batch) -> None:
         self.dispatcher_id = dispatcher_id
+        self.capacity = CapacityAsks(scale_from_zero)  # cold models: queue and ask the planner (cold_start.py)
         self.policy = policy
         self.catalog = catalog
         self.max_redispatches = max_redispatches
         self.queues = AdmissionQueues(queue_bound)
-        self.table = InstanceTable(dead_after=dead_after, block_size=block_size, max_batch=max_batch)
+        self.table = InstanceTable(dead_after=dead_after, block_size=block_size, max_batch=max_batch,
+                                   group_batch=group_batch)
         self.requests: dict[str, TrackedRequest] = {}
         self.records: deque[AssignmentRecord] = deque(maxlen=RECORD_KEEP)
         self.counters = LoadCounters(dispatcher_id, now)
@@ -76,12 +83,16 @@ class DispatchCore:
                 self.counters.arrival(msg.model, msg.adapter, len(msg.prompt_token_ids), admitted=True)
                 if not effects:  # behind others, or no room now: in line, and the line moves if it can
                     self.queues.push(req)
-                    effects = self.drain_queue(msg.model, now)
+                    effects = self.drain_queue(msg.model, now) + self._ask_if_cold(msg.model, msg.adapter, now)
                 return self._accepted(req), effects
-            refusal = SubmitRejected(
-                request_id=rid, reason="queue_full", retry_after_s=self._retry_after(msg.model),
-                message=f"the queue of {msg.model!r} is full ({self.queues.bound} waiting); retry later",
-            )
+            if not self.table.views(msg.model, now):  # waiting for an instance to start: 503, not 429
+                refusal = SubmitRejected(request_id=rid, reason="no_capacity", retry_after_s=self._retry_after(msg.model),
+                                         message=cold_queue_full_message(msg.model, self.queues.bound))
+            else:
+                refusal = SubmitRejected(
+                    request_id=rid, reason="queue_full", retry_after_s=self._retry_after(msg.model),
+                    message=f"the queue of {msg.model!r} is full ({self.queues.bound} waiting); retry later",
+                )
         if refusal.reason != "model_not_found":  # per-model load of real models only (names are the client's)
             self.counters.arrival(msg.model, msg.adapter, len(msg.prompt_token_ids), admitted=False)
         return refusal, []
@@ -96,7 +107,10 @@ class DispatchCore:
         if refusal is not None:
             return SubmitRejected(request_id=rid, reason=refusal.reason, message=refusal.message)  # type: ignore[arg-type]
         view = TrackedRequest(submit=msg, admitted_ts=now).view()
-        if not serving(view, self.table.views(msg.model, now)):
+        instances = self.table.views(msg.model, now)
+        if not instances and self.capacity.enabled:
+            pass  # no instance at all: queued while the planner starts one (cold_start.py)
+        elif not serving(view, instances):
             what = f"{msg.model!r}" + (f" with adapter {msg.adapter!r}" if msg.adapter else "")
             return SubmitRejected(request_id=rid, reason="no_capacity", retry_after_s=self.table.dead_after,
                                   message=f"no live instance can serve {what} now")
@@ -120,7 +134,10 @@ class DispatchCore:
     def _place(self, req: TrackedRequest, now: float) -> SendAssignment | None:
         """Route `req` to an instance with room (the policy picks), or None to keep it queued."""
         view = req.view()
-        room = [inst for inst in with_room(view, self.table.views(req.model, now))
+        if view.adapter is not None:  # rank and size: what rank-aware routing and hosting checks need
+            rank, nbytes = self.catalog.adapter_size(view.adapter)
+            view = msgspec.structs.replace(view, adapter_rank=rank, adapter_bytes=nbytes)
+        room = [inst for inst in with_room(view, self.table.views(req.model, now), adapter_gate(self.policy))
                 if not req.avoided(inst.instance_id, now)]
         if not room:
             return None
@@ -133,7 +150,7 @@ class DispatchCore:
         req.worker_id, req.instance_id = target.worker_id, target.instance_id
         req.abandoned.discard(target.worker_id)  # back on a worker given up on before: follow it again
         req.incarnation = self.table.incarnation(target.worker_id)
-        self.table.assigned(target.instance_id, req.request_id, req.prefill_tokens)
+        self.table.assigned(target.instance_id, req.request_id, req.prefill_tokens, view.adapter_rank)
         self.records.append(AssignmentRecord(
             ts=now, request_id=req.request_id, attempt=req.attempt, idempotency_key=key, worker_id=target.worker_id,
             instance_id=target.instance_id, resumed_tokens=len(req.emitted), owner=self.dispatcher_id,
@@ -232,7 +249,8 @@ class DispatchCore:
         req.instance_id = self.table.instance_on(worker, req.model)
         req.incarnation = self.table.incarnation(worker)
         if req.instance_id:
-            self.table.assigned(req.instance_id, req.request_id, 0)
+            rank = self.catalog.adapter_size(req.submit.adapter)[0] if req.submit.adapter else 0
+            self.table.assigned(req.instance_id, req.request_id, 0, rank)
 
     def abort(self, msg: AbortRequest, now: float) -> list[Effect]:
         """The client went away: a queued request is dropped; a running one its worker stops."""
@@ -254,6 +272,12 @@ class DispatchCore:
     def heartbeat(self, msg: WorkerHeartbeat, now: float) -> list[Effect]:
         lost = self.table.heartbeat(msg, now)
         return self._handle_lost(lost, now) if lost else []
+
+    def placement_hints(self, msg: PlacementHints, now: float) -> bool:
+        """The planner's placement for new requests of a model; kept by a policy that routes by it
+        (`mell`), ignored by the others. False when ignored or older than the hints held."""
+        take = getattr(self.policy, "take_hints", None)
+        return bool(take(msg)) if take is not None else False
 
     def catalog_changed(self, event: CatalogChanged, now: float) -> list[Effect]:
         record = event.record
@@ -302,13 +326,23 @@ class DispatchCore:
         self._requeue(req, now)
         return self.drain_queue(req.model, now)
 
+    def _ask_if_cold(self, model: str, adapter: str | None, now: float) -> list[Effect]:
+        """Ask the planner for an instance of `model` if none is live and requests wait for it."""
+        if self.table.views(model, now) or not self.queues.size(model):
+            self.capacity.served(model)
+            return []
+        return list(self.capacity.ask(model, adapter, self.queues.size(model), self.queues.queued_prompt_tokens(model),
+                                      now))
+
     # --- time -----------------------------------------------------------------------------
     def tick(self, now: float) -> list[Effect]:
-        """Lose silent workers, expire queued requests, retry queues."""
+        """Lose silent workers, expire queued requests, retry queues, ask for cold models again."""
         effects: list[Effect] = []
         for lost in self.table.expire(now):
             effects += self._handle_lost(lost, now)
         effects += self._expire_queued(now)
+        for model in self.queues.models():
+            effects += self._ask_if_cold(model, None, now)
         return effects + self.drain_all(now)
 
     def _expire_queued(self, now: float) -> list[Effect]:

@@ -11,6 +11,8 @@ from typing import Literal
 
 from shared.events import AssignAccepted, AssignRejected, Assignment, StreamError
 
+from services.dispatcher.cold_start import RequestCapacity  # cold models: ask the planner (cold_start.py)
+
 
 @dataclass(frozen=True, slots=True)
 class SendAssignment:
@@ -27,7 +29,7 @@ class PublishStreamError:
     error: StreamError
 
 
-Effect = SendAssignment | PublishStreamError
+Effect = SendAssignment | PublishStreamError | RequestCapacity
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,4 +58,5 @@ class AssignmentRecord:
     owner: str  # the dispatcher that admitted the request
 
 
-__all__ = ["AssignFailed", "AssignOutcome", "AssignmentRecord", "Effect", "PublishStreamError", "SendAssignment"]
+__all__ = ["AssignFailed", "AssignOutcome", "AssignmentRecord", "Effect", "PublishStreamError", "RequestCapacity",
+           "SendAssignment"]

@@ -15,15 +15,17 @@ from dataclasses import dataclass, field
 
 from shared.events import InstanceStats, WorkerHeartbeat, WorkerRecord, WorkerState, WorkerStats
 from shared.policy.routing import InstanceView
+from shared.policy.routing_groups import GroupBatch, collapse_groups, summed_batch
 
 
 @dataclass(slots=True)
 class InstanceLoad:
     """What this dispatcher knows about an instance beyond its last stats."""
 
-    own: set[str] = field(default_factory=set)  # our requests assigned here and not finished
+    own: dict[str, int] = field(default_factory=dict)  # our requests assigned here and not finished -> LoRA rank
     since: dict[str, int] = field(default_factory=dict)  # ours assigned after the last stats -> tokens
     finished_since: int = 0  # ours that finished after the last stats (which still counted them)
+    finished_ranks: list[int] = field(default_factory=list)  # ... and their ranks (the stats list them)
 
 
 @dataclass(slots=True)
@@ -47,10 +49,12 @@ class WorkerLost:
 
 
 class InstanceTable:
-    def __init__(self, *, dead_after: float, block_size: int, max_batch: int) -> None:
+    def __init__(self, *, dead_after: float, block_size: int, max_batch: int,
+                 group_batch: GroupBatch = summed_batch) -> None:
         self.dead_after = dead_after
         self.block_size = block_size
         self.max_batch = max_batch
+        self.group_batch = group_batch  # a KunServe buddy group's batch limit by stage count (§4.3)
         self.workers: dict[str, WorkerView] = {}
         self.loads: dict[str, InstanceLoad] = {}
         self._instance_worker: dict[str, str] = {}
@@ -75,6 +79,9 @@ class InstanceTable:
             if load is not None:
                 load.since.clear()
                 load.finished_since = 0
+                load.finished_ranks.clear()
+                if not load.own:
+                    del self.loads[iid]
         return sorted({inst.model for inst in msg.instances})
 
     def heartbeat(self, msg: WorkerHeartbeat, now: float) -> WorkerLost | None:
@@ -118,19 +125,21 @@ class InstanceTable:
         self._worker(worker_id).state = WorkerState.DRAINING
 
     # --- our own assignments --------------------------------------------------------------
-    def assigned(self, instance_id: str, request_id: str, prefill_tokens: int) -> None:
+    def assigned(self, instance_id: str, request_id: str, prefill_tokens: int, rank: int = 0) -> None:
+        """`rank`: the request's LoRA rank (0: none), shown as waiting until the worker's next stats."""
         load = self.loads.setdefault(instance_id, InstanceLoad())
-        load.own.add(request_id)
+        load.own[request_id] = rank
         load.since[request_id] = prefill_tokens
 
     def released(self, instance_id: str | None, request_id: str) -> None:
         load = self.loads.get(instance_id) if instance_id else None
         if load is None or request_id not in load.own:
             return
-        load.own.discard(request_id)
+        rank = load.own.pop(request_id)
         if load.since.pop(request_id, None) is None:
             load.finished_since += 1
-        if not load.own and not load.since:
+            load.finished_ranks.append(rank)
+        if not load.own and not load.finished_since:  # (since is a subset of own)
             del self.loads[instance_id]  # type: ignore[arg-type]
 
     # --- reading --------------------------------------------------------------------------
@@ -139,27 +148,32 @@ class InstanceTable:
                 and now - w.last_heard < self.dead_after and now - w.stats_at < self.dead_after)
 
     def views(self, model: str, now: float) -> list[InstanceView]:
-        """Instances of `model` on routable workers, with this dispatcher's recent assignments added."""
+        """Instances of `model` on routable workers, with this dispatcher's recent assignments added; a
+        buddy group's members as one pooled instance, its entry (shared/policy/routing_groups.py)."""
         out: list[InstanceView] = []
         for w in self.workers.values():
             if not self.routable(w, now):
                 continue
             for inst in w.instances.values():
-                if inst.model == model:
+                if inst.model == model and inst.accepting:  # not one being evicted (EvictModel)
                     out.append(self._view(w, inst))
-        return out
+        return collapse_groups(out, self.group_batch)
 
     def _view(self, w: WorkerView, inst: InstanceStats) -> InstanceView:
         load = self.loads.get(inst.instance_id) or InstanceLoad()
         estimate = inst.running + inst.waiting + len(load.since) - load.finished_since
         total = max(len(load.own), estimate, 0)
         running = min(inst.running, total)
+        running_ranks, waiting_ranks = _ranks(inst, load)
         return InstanceView(
             instance_id=inst.instance_id, worker_id=w.worker_id, model=inst.model, live=True,
             kv_blocks_used=inst.kv_blocks_used, kv_blocks_total=inst.kv_blocks_total, block_size=self.block_size,
             queued_prompt_tokens=inst.queued_prompt_tokens + sum(load.since.values()), running_requests=running,
             waiting_requests=total - running, resident_adapters=w.resident_adapters,
             adapters=w.adapters.get(inst.instance_id, frozenset()), max_batch=self.max_batch,
+            running_ranks=running_ranks, waiting_ranks=waiting_ranks,
+            adapter_room_bytes=inst.adapter_room_bytes, kv_block_bytes=inst.kv_block_bytes,
+            group_id=inst.group_id, layers=(inst.layers.start, inst.layers.end),
         )
 
     def worker_of(self, instance_id: str) -> str | None:
@@ -177,3 +191,16 @@ class InstanceTable:
 
     def served_models(self, now: float) -> set[str]:
         return {i.model for w in self.workers.values() if self.routable(w, now) for i in w.instances.values()}
+
+
+def _ranks(inst: InstanceStats, load: InstanceLoad) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The stats' (running, waiting) ranks, less ours that finished since, plus ours assigned since
+    (waiting: not yet in the batch as far as we know), so rank-aware routing sees a burst's ranks."""
+    running, waiting = list(inst.running_ranks), list(inst.waiting_ranks)
+    for rank in load.finished_ranks:
+        for ranks in (running, waiting):
+            if rank in ranks:
+                ranks.remove(rank)
+                break
+    waiting += [load.own[rid] for rid in load.since]
+    return tuple(running), tuple(waiting)

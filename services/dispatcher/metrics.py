@@ -21,6 +21,11 @@ ASSIGN_SECONDS = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
     registry=REGISTRY,
 )
+CAPACITY_ASKS = Counter(
+    "tidal_dispatch_capacity_requests_total",
+    "Capacity requests to the planner for a model with no live instance, by outcome: planned, none, unanswered",
+    ["outcome"], registry=REGISTRY,
+)
 REDISPATCHES = Counter(
     "tidal_dispatch_redispatches_total",
     "Requests re-dispatched because their worker died (or stopped answering)",
@@ -35,4 +40,10 @@ OWNED = Gauge(
     "tidal_dispatch_owned_requests",
     "Requests this dispatcher admitted and still tracks, by phase (queued, assigning, running)",
     ["phase"], registry=REGISTRY,
+)
+HINT_ROUTES = Gauge(
+    "tidal_dispatch_hint_routes",
+    "Requests the `mell` routing policy placed (cumulative): hinted (by the planner's placement hints), "
+    "or the reason it fell back to least load (no_hint, stale, no_kv_size, unplaced, unavailable, no_room)",
+    ["outcome"], registry=REGISTRY,
 )

@@ -27,12 +27,14 @@ class ModelCatalog:
         self._registry_models: dict[str, int] = {}
         self._registry_adapters: dict[str, str] = {}
         self._unloaded: set[str] = set()  # deleted from the registry (unloaded): the config no longer counts
+        self._sizes: dict[str, tuple[int, int]] = {}  # adapter -> (rank, bytes; 0: unknown), for rank-aware routing
 
     @classmethod
     def from_config(cls, cfg: ClusterConfig) -> "ModelCatalog":
         catalog = cls()
         catalog._config_models = {m.name: m.max_context for m in cfg.models}
         catalog._config_adapters = {a.name: a.base for a in cfg.adapters}
+        catalog._sizes = {a.name: (a.rank, 0) for a in cfg.adapters}
         return catalog
 
     def put_model(self, record: ModelRecord) -> None:
@@ -44,10 +46,15 @@ class ModelCatalog:
     def put_adapter(self, record: AdapterRecord) -> None:
         self._registry_adapters[record.name] = record.base
         self._unloaded.discard(record.name)
+        self._sizes[record.name] = (record.rank, record.bytes)
 
     def delete_adapter(self, name: str) -> None:
         self._registry_adapters.pop(name, None)
         self._unloaded.add(name)
+
+    def adapter_size(self, adapter: str) -> tuple[int, int]:
+        """(LoRA rank, device bytes) of an adapter; 0 where unknown."""
+        return self._sizes.get(adapter, (0, 0))
 
     def max_context(self, model: str) -> int | None:
         return self._registry_models.get(model, self._config_models.get(model))

@@ -17,6 +17,7 @@ class LoadLoraAdapterRequest(msgspec.Struct, kw_only=True):
     lora_name: Annotated[str, Meta(min_length=1, max_length=256, description="The name requests will use as `model`.")]
     lora_path: Annotated[str, Meta(min_length=1, max_length=4096, description="A PEFT directory the workers can read.")]
     base_model_name: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
+    pinned: Annotated[bool, Meta(description="Keep it on every worker's device: never evicted by LRU.")] = False
 
 
 class UnloadLoraAdapterRequest(msgspec.Struct, kw_only=True):

@@ -55,6 +55,15 @@ class ErrorResponse(msgspec.Struct, kw_only=True):
     error: ErrorBody
 
 
+class AdapterResidencyCard(msgspec.Struct, kw_only=True):
+    """Workers where an adapter is held, by level: "device" (ready for the batch), "host" (one copy
+    away), "pinned" (on the device and never evicted by LRU). A worker in none has it cold."""
+
+    device: list[str] = []
+    host: list[str] = []
+    pinned: list[str] = []
+
+
 class ModelCard(msgspec.Struct, kw_only=True):
     id: str
     object: Literal["model"] = "model"
@@ -62,6 +71,7 @@ class ModelCard(msgspec.Struct, kw_only=True):
     owned_by: str = "tidal"
     parent: str | None = None  # a LoRA adapter's base model; None for a base model
     max_model_len: int | None = None
+    residency: AdapterResidencyCard | None = None  # an adapter's: workers where it is warm (docs/caraserve.md)
 
 
 class ModelList(msgspec.Struct, kw_only=True):
@@ -75,7 +85,7 @@ class HealthBody(msgspec.Struct, kw_only=True):
 
 
 __all__ = [
-    "ChoiceCount", "ErrorBody", "ErrorResponse", "FinishReason", "HealthBody", "MaxTokens", "MinTokens", "ModelCard",
+    "AdapterResidencyCard", "ChoiceCount", "ErrorBody", "ErrorResponse", "FinishReason", "HealthBody", "MaxTokens", "MinTokens", "ModelCard",
     "ModelField", "ModelList", "Seed", "Stop", "StopTokenIds", "StreamOptions", "Temperature", "TopK", "TopP",
     "UsageInfo",
 ]

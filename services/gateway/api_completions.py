@@ -10,11 +10,19 @@ from services.gateway.api_common import (
     ChoiceCount, FinishReason, MaxTokens, MinTokens, ModelField, Seed, Stop, StopTokenIds, StreamOptions, Temperature,
     TokenIdField, TopK, TopP, UsageInfo,
 )
+from shared.events.base import MAX_PROMPT_TOKENS
+
+MAX_PROMPTS = 128  # prompts in one request (a list of strings or of token-id lists)
 
 # A string, a list of strings (one choice per prompt), a list of token ids, or a list of token-id lists.
-# (msgspec allows one array type per union, so the list's items are a union; the handler checks the shape.)
-PromptItem = Annotated[str, Meta(max_length=1 << 20)] | TokenIdField | Annotated[list[TokenIdField], Meta(min_length=1)]
-Prompt = Annotated[str, Meta(max_length=1 << 20)] | Annotated[list[PromptItem], Meta(min_length=1, max_length=128)]
+# (msgspec allows one array type per union, so the list's items are a union and one bound covers both a
+# list of prompts and one prompt's ids: the type allows the wire's longest prompt, and `prep` applies
+# MAX_PROMPTS to a list of prompts and max_prompt_tokens / the model's context to each prompt.)
+PromptItem = (Annotated[str, Meta(max_length=1 << 20)] | TokenIdField
+              | Annotated[list[TokenIdField], Meta(min_length=1, max_length=MAX_PROMPT_TOKENS)])
+Prompt = Annotated[str, Meta(max_length=1 << 20)] | Annotated[list[PromptItem], Meta(
+    min_length=1, max_length=MAX_PROMPT_TOKENS,
+    description=f"A string, token ids, or a list of at most {MAX_PROMPTS} strings or token-id lists.")]
 
 
 class CompletionRequest(msgspec.Struct, kw_only=True):
@@ -80,5 +88,5 @@ class CompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 __all__ = [
     "CompletionChoice", "CompletionChunk", "CompletionChunkChoice", "CompletionLogprobs", "CompletionRequest",
-    "CompletionResponse", "Prompt",
+    "CompletionResponse", "MAX_PROMPTS", "Prompt",
 ]

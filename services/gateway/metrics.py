@@ -27,6 +27,11 @@ TTFT_SECONDS = Histogram(
     "tidal_gateway_ttft_seconds", "Time to first token: HTTP arrival to the first generated token's chunk", ["route"],
     buckets=_SECONDS, registry=REGISTRY,
 )
+TPOT_SECONDS = Histogram(
+    "tidal_gateway_tpot_seconds",
+    "Time per output token after the first, per finished choice: (last token - first token) / (tokens - 1)", ["route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0), registry=REGISTRY,
+)
 INFLIGHT_STREAMS = Gauge(
     "tidal_gateway_inflight_streams", "Generations (HTTP requests) in progress, streaming or not", ["route"],
     registry=REGISTRY,
@@ -50,5 +55,5 @@ def route_label(path: str) -> str:
 
 __all__ = [
     "ABORTS", "GENERATED_TOKENS", "HTTP_REQUESTS", "HTTP_SECONDS", "INFLIGHT_STREAMS", "ROUTES", "STREAM_ANOMALIES",
-    "TTFT_SECONDS", "route_label",
+    "TPOT_SECONDS", "TTFT_SECONDS", "route_label",
 ]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from services.gateway.api_chat import ChatMessage
+from services.gateway.api_completions import MAX_PROMPTS
 from services.gateway.errors import ApiError
 from shared.config import GatewayLimits
 from shared.events.common import SamplingParams
@@ -47,10 +48,13 @@ def completion_prompts(prompt: str | list[str | int | list[int]], tok: Encoder) 
     """OpenAI's four prompt shapes -> one token-id list per prompt."""
     if isinstance(prompt, str):
         return [_encode(prompt, tok)]
-    if all(isinstance(p, str) for p in prompt):
-        return [_encode(p, tok) for p in prompt]  # type: ignore[arg-type]
     if all(isinstance(p, int) for p in prompt):
         return [_check_ids(prompt, tok)]  # type: ignore[arg-type]
+    if len(prompt) > MAX_PROMPTS:
+        raise ApiError.bad_request(f"prompt takes at most {MAX_PROMPTS} prompts in one request, got {len(prompt)}",
+                                   param="prompt")
+    if all(isinstance(p, str) for p in prompt):
+        return [_encode(p, tok) for p in prompt]  # type: ignore[arg-type]
     if all(isinstance(p, list) for p in prompt):
         return [_check_ids(p, tok) for p in prompt]  # type: ignore[arg-type]
     raise ApiError.bad_request(
@@ -113,7 +117,8 @@ def sampling_for(knobs: Knobs, *, prompt_len: int, max_context: int, limits: Gat
     """The sampling parameters of one sequence; max_tokens defaults to what the context leaves."""
     if prompt_len > limits.max_prompt_tokens:
         raise ApiError.context_length(
-            f"The prompt is {prompt_len} tokens; this gateway accepts at most {limits.max_prompt_tokens}.",
+            f"The prompt is {prompt_len} tokens; this gateway accepts at most {limits.max_prompt_tokens} "
+            "(max_prompt_tokens).",
             param=prompt_param)
     room = max_context - prompt_len
     if room < 1:

@@ -82,7 +82,7 @@ async def load_lora_adapter(request: Request[Any, Any, Any], data: JSONBody[Load
         raise ApiError.unavailable("no_capacity", "The registry is not reachable; retry later.") from None
     key = f"lora-load-{uuid.uuid4().hex}"
     replies = await _fan_out(bus, workers, LoadAdapter(idempotency_key=key, adapter=name, base=base,
-                                                       path=str(info.path)))
+                                                       path=str(info.path), pinned=data.pinned))
     done = [w for w, r in replies.items() if isinstance(r, CtlDone)]
     failed = [WorkerFailure(worker_id=w, error=_why(r)) for w, r in replies.items() if not isinstance(r, CtlDone)]
     if not done:

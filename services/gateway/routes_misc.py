@@ -1,13 +1,14 @@
 """`/health`, `/ready`, `/metrics`, `/v1/models` and `/openapi.json`."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from litestar import Request, Response, get
 from litestar.openapi import ResponseSpec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from services.gateway.api_common import HealthBody, ModelCard, ModelList
+from services.gateway.api_common import AdapterResidencyCard, HealthBody, ModelCard, ModelList
 from services.gateway.errors import ApiError
 from services.gateway.openapi import ApiOperation, errors
 from services.gateway.state import GatewayState
@@ -56,8 +57,9 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
         raise ApiError.unavailable("no_capacity", "The model catalog is not loaded yet; retry shortly.", 1.0)
     cards = [ModelCard(id=m.name, created=int(ts), max_model_len=m.max_context) for m, ts in state.catalog.models()]
     contexts = {card.id: card.max_model_len for card in cards}
-    cards += [ModelCard(id=a.name, created=int(ts), parent=a.base, max_model_len=contexts.get(a.base))
-              for a, ts in state.catalog.adapters()]
+    warm = state.residency.cards(time.time())
+    cards += [ModelCard(id=a.name, created=int(ts), parent=a.base, max_model_len=contexts.get(a.base),
+                        residency=warm.get(a.name, AdapterResidencyCard())) for a, ts in state.catalog.adapters()]
     cards.sort(key=lambda card: card.id)
     return Response(encoder.encode(ModelList(data=cards)), media_type=_JSON)
 

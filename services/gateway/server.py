@@ -19,6 +19,7 @@ import uvicorn
 
 from services.gateway.app import build_app
 from services.gateway.catalog import ModelCatalog
+from services.gateway.residency import ResidencyWatch
 from services.gateway.hub import Mode, StreamHub
 from services.gateway.state import GatewayState
 from shared.config import ClusterConfig
@@ -59,6 +60,7 @@ class GatewayServer:
         self.hub_mode = hub_mode
         self.catalog = service.add_actor(ModelCatalog())  # type: ignore[assignment]
         self.state = GatewayState(config, self.catalog, is_draining=lambda: service.state == "draining")  # type: ignore[arg-type]
+        service.add_actor(ResidencyWatch(self.state.residency))
         self.app = build_app(self.state)
         self.server: _Uvicorn | None = None
         self.sock: socket.socket | None = None

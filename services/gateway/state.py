@@ -10,6 +10,7 @@ from typing import Callable
 
 from services.gateway.auth import ApiKeys
 from services.gateway.catalog import ModelCatalog, Target
+from services.gateway.residency import ResidencyTable
 from services.gateway.errors import ApiError
 from services.gateway.generation import Generation
 from services.gateway.hub import StreamHub
@@ -29,6 +30,7 @@ class GatewayState:
         self.api_keys = ApiKeys(gw.api_keys)
         self.rate_limiter = RateLimiter(gw.rate_limit.requests_per_s, gw.rate_limit.burst)
         self.catalog = catalog
+        self.residency = ResidencyTable()  # where adapters are warm (fed by ResidencyWatch in the server)
         self.tokenizers = TokenizerCache(config_dirs(config))
         self.hub: StreamHub | None = None
         self.is_draining = is_draining

@@ -16,7 +16,7 @@ import msgspec
 from services.gateway.api_common import StreamOptions, UsageInfo
 from services.gateway.errors import ApiError
 from services.gateway.generation import Abandoned, Choice, Generation
-from services.gateway.metrics import GENERATED_TOKENS, TTFT_SECONDS
+from services.gateway.metrics import GENERATED_TOKENS, TPOT_SECONDS, TTFT_SECONDS
 from services.gateway.sse import DONE, event, event_stream, wait_disconnect
 from shared.events.stream import StreamError, TokenChunk
 
@@ -61,20 +61,29 @@ def abandoned_error(reason: str) -> ApiError:
 
 
 class Metering:
-    """TTFT (arrival to the first token) and token counts for one generation."""
+    """TTFT (arrival to the first token), TPOT (per finished choice) and token counts for one generation."""
 
     def __init__(self, route: str, arrival: float) -> None:
         self.arrival = arrival
         self.first = False
+        self.first_at: dict[int, tuple[float, int]] = {}  # choice index -> (its first chunk's time, tokens since)
         self.ttft = TTFT_SECONDS.labels(route)
+        self.tpot = TPOT_SECONDS.labels(route)
         self.tokens = GENERATED_TOKENS.labels(route)
 
-    def saw(self, msg: TokenChunk) -> None:
+    def saw(self, msg: TokenChunk, choice: int = 0) -> None:
         if msg.token_ids:
+            now = time.perf_counter()
             if not self.first:
                 self.first = True
-                self.ttft.observe(time.perf_counter() - self.arrival)
+                self.ttft.observe(now - self.arrival)
+            started, later = self.first_at.get(choice, (now, -len(msg.token_ids)))
+            self.first_at[choice] = (started, later + len(msg.token_ids))
             self.tokens.inc(len(msg.token_ids))
+        if msg.finish_reason is not None and choice in self.first_at:
+            started, later = self.first_at.pop(choice)
+            if later > 0:
+                self.tpot.observe((time.perf_counter() - started) / later)
 
 
 def stream_response(gen: Generation, fmt: Format, meter: Metering, options: StreamOptions | None) -> Any:
@@ -99,7 +108,7 @@ async def sse_events(gen: Generation, fmt: Format, meter: Metering, *, include_u
                 if isinstance(msg, StreamError):
                     failed = msg
                     break
-                meter.saw(msg)
+                meter.saw(msg, choice.index)
                 part = fmt.chunk(choice, msg)
                 if part is not None:
                     parts.append(part)
@@ -136,7 +145,7 @@ async def collect(gen: Generation, meter: Metering, receive: Callable[[], Awaita
                 if isinstance(msg, StreamError):
                     await gen.abandon("cancelled")
                     raise stream_error(msg)
-                meter.saw(msg)
+                meter.saw(msg, choice.index)
                 on_chunk(choice, msg)
     except Abandoned as exc:
         if gone or exc.reason == "client_disconnected":

@@ -3,7 +3,8 @@
 The directory is the one the registry's ModelRecord names; when that path does not exist on
 the gateway's host, the cluster config's path for the model (or its generated demo directory,
 `<data_dir>/models/<name>`) is tried. Only `tokenizer.json` / `tokenizer_config.json` /
-`generation_config.json` are read — no weights, no torch.
+`generation_config.json` and the chat templates (`chat_template.jinja`,
+`additional_chat_templates/`) are read — no weights, no torch.
 """
 from __future__ import annotations
 

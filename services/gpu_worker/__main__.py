@@ -13,8 +13,10 @@ import asyncio
 import os
 
 from services.gpu_worker.catalog import CatalogWriter
-from services.gpu_worker.demo_assets import ensure_demo_assets
+from services.gpu_worker.demo_assets import AssetError, ensure_demo_assets
+from services.gpu_worker.engine.memory_pool import MemoryPool
 from services.gpu_worker.loading import LoadError, default_threads, load_instances
+from services.gpu_worker.model_ctl import ModelControl
 from services.gpu_worker.worker import GpuWorker
 from shared.bootstrap import bootstrap, fail
 from shared.logging import get_logger
@@ -44,17 +46,20 @@ def main() -> None:
     threads = boot.args.threads or default_threads(cfg, spec)
     worker = GpuWorker(boot.service, worker_id, spec.device, stats_interval=boot.args.stats_interval,
                        max_waiting=4 * cfg.policies.max_batch_size)
+    pool = MemoryPool(int(spec.memory), spec.device)  # the device's one pool: every instance, warm weights too
+    worker.model_ctl = ModelControl(worker, cfg, spec, pool, threads)  # LoadModel / EvictModel / Prewarm
+    worker.group_ctl.dead_after = float(cfg.registry.dead_after)  # a buddy-group member silent this long is lost
     worker.announcer = boot.announce(worker=spec)  # it publishes the worker's data-plane address
     boot.service.add_actor(worker)
 
     async def load_and_serve(service: Service) -> None:
         def load() -> list:
             ensure_demo_assets(cfg, models=spec.models)
-            return load_instances(cfg, spec, threads=threads)
+            return load_instances(cfg, spec, threads=threads, pool=pool)
 
         try:
             instances = await asyncio.to_thread(load)
-        except LoadError as exc:
+        except (LoadError, AssetError) as exc:
             log.error("cannot load this worker's models", error=str(exc))
             raise
         catalog = CatalogWriter(RegistryClient(service.bus, timeout=2.0), cfg, worker_id, instances)

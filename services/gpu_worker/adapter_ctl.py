@@ -51,11 +51,10 @@ REGISTRY_TIMEOUT_S = 2.0
 MAX_DETAIL = 1000  # characters of an error kept in a reply (Reason allows 2048)
 
 
-def _install(engine: LLMEngine, adapter: LoRAAdapter) -> None:
-    """On the engine thread: `LoRAManager.register` without the read (done off the thread)."""
-    lora = engine.runner.lora
-    lora.unregister(adapter.name)
-    lora.host[adapter.name] = adapter
+def _install(engine: LLMEngine, adapter: LoRAAdapter, path: str, pinned: bool) -> None:
+    """On the engine thread: `LoRAManager.register` without the read (done off the thread); a
+    pinned adapter is made device-resident now (MemoryError if it cannot be)."""
+    engine.runner.lora.install(adapter, path, pinned=pinned)
 
 
 class AdapterControl:
@@ -136,15 +135,19 @@ class AdapterControl:
                     adapter = await asyncio.to_thread(load_adapter, Path(path), name, lora.cfg, lora.layers)
                 except Exception as exc:  # CheckpointError, OSError, bad JSON, a safetensors error, ...
                     return self._refused(msg, "invalid", f"adapter {name!r} from {path}: {exc}"[:MAX_DETAIL])
-                await inst.run_on_engine(lambda engine, a=adapter: _install(engine, a))
+                try:
+                    await inst.run_on_engine(lambda engine, a=adapter: _install(engine, a, path, msg.pinned))
+                except MemoryError as exc:  # pinned with no device room, or the host repository is full
+                    inst.adapters = inst.adapters - {name}  # a failed re-load left it unregistered there
+                    return self._refused(msg, "insufficient_memory", f"adapter {name!r}: {exc}"[:MAX_DETAIL])
                 inst.adapters = inst.adapters | {name}
                 rank = adapter.rank
         finally:
             self.loading.discard(name)
         await self._changed(instances)
-        log.info("LoRA adapter loaded", adapter=name, base=msg.base, path=path, rank=rank,
+        log.info("LoRA adapter loaded", adapter=name, base=msg.base, path=path, rank=rank, pinned=msg.pinned,
                  instances=[i.instance_id for i in instances])
-        return self._done(msg, f"adapter {name!r} (rank {rank}) registered on "
+        return self._done(msg, f"adapter {name!r} (rank {rank}{', pinned' if msg.pinned else ''}) registered on "
                                f"{', '.join(i.instance_id for i in instances)}")
 
     async def _catalog_path(self, name: str) -> str | None:

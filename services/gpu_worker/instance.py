@@ -22,6 +22,7 @@ from typing import Protocol
 
 from services.gpu_worker.engine.engine import DetachedRequest, KvProgress, LLMEngine
 from services.gpu_worker.engine.sampling_params import SamplingParams, SamplingParamsError
+from services.gpu_worker.group.member import GroupMember
 from services.gpu_worker.stream import Payload, StreamEncoder
 from shared.events import Assignment
 from shared.events import SamplingParams as WireSamplingParams
@@ -43,6 +44,7 @@ GIL_SWITCH_S = 0.0002  # how long the event loop may wait for the GIL while the 
 HANDOFF_MAX_RUNNING = 4  # up to this many running requests, a first token's publish is awaited
 HANDOFF_WAIT_S = 0.002  # ... at most this long
 PICKUP_WAIT_S = 0.001  # how long an assignment to an idle engine waits for the engine thread to take it
+STALLED_WAIT_S = 0.002  # a step that scheduled nothing (waiting for KV another instance holds): pause, don't spin
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +55,24 @@ class InstanceSnapshot:
     running: int = 0
     waiting: int = 0
     queued_prompt_tokens: int = 0
-    kv_blocks_total: int = 0
+    kv_blocks_total: int = 0  # the most it could hold: its own + what the shared pool could give it
     kv_blocks_used: int = 0
+    kv_blocks_held: int = 0  # held now, used or free (the rest of kv_blocks_total is the pool's or others')
     tokens_emitted: int = 0  # cumulative
     steps: int = 0  # cumulative
     pool_capacity: int = 0
+    pool_id: int | None = None  # which pool (instances of a worker share one); None: count it on its own
     pool_by_owner: dict[str, dict[str, int]] = field(default_factory=dict)  # kind -> owner -> bytes
     resident_adapters: tuple[str, ...] = ()
+    # per request (running and waiting): (request_id, prompt tokens, tokens, KV-computed tokens, KV blocks held,
+    # KV blocks at prompt + max_tokens); plain tuples, made cheaply on the engine thread (StatsBuilder types them)
+    requests: tuple[tuple[str, int, int, int, int, int], ...] = ()
+    # LoRA (CaraServe): ranks of the batch and the queue (0: no adapter), where adapters are warm
+    # ((adapter, "device" | "host", pinned, rank, bytes) rows), device room for a new one
+    running_ranks: tuple[int, ...] = ()
+    waiting_ranks: tuple[int, ...] = ()
+    adapter_residency: tuple[tuple[str, str, bool, int, int], ...] = ()
+    adapter_room_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +117,11 @@ class ModelInstance:
         self.adapters = frozenset(engine.runner.lora.host)  # registered (host) adapters
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.runner.cfg.vocab_size
+        self.accepting = True  # False once EvictModel stops its admissions (services/gpu_worker/model_ctl.py)
         self.snapshot = InstanceSnapshot()
+        self.group: GroupMember | None = None  # set on the engine thread by JoinGroup (group_ctl.py)
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._next: tuple[str, object] | None = None  # a command `_stall` took off the inbox
         self._idle = False  # the engine thread sleeps on the inbox
         self._picked = threading.Event()  # set when it woke up with a command
         self._thread: threading.Thread | None = None
@@ -113,6 +129,17 @@ class ModelInstance:
         self._crashed: Crashed | None = None
         self._steps = 0
         self._snapshot_at = 0.0
+        # Another instance on the shared pool may take this one's free KV blocks (on its own
+        # thread): an idle engine thread is woken to refresh its snapshot, else its stats go stale.
+        retire = engine.blocks.on_retire
+
+        def retired(ids: list[int]) -> None:
+            if retire is not None:
+                retire(ids)
+            if self._idle or self._thread is None:
+                self._inbox.put(("poke", None))
+
+        engine.blocks.on_retire = retired
         self._take_snapshot()
 
     # --- asyncio side (thread-safe) ---------------------------------------------------------
@@ -233,6 +260,15 @@ class ModelInstance:
                 raise
         return self.run_on_engine(admit)  # type: ignore[return-value]
 
+    def deliver_group_frame(self, frame: object, tensors: list[object]) -> None:
+        """A buddy-group frame for this member, handled on the engine thread between steps."""
+        self._inbox.put(("group", (frame, tensors)))
+
+    def _has_work(self) -> bool:
+        if self.group is not None and (self.group.busy or self.group.exchanging):
+            return True
+        return self.engine.has_unfinished
+
     @property
     def pending(self) -> int:
         """Commands queued for the engine thread (assignments accepted, not yet in the engine)."""
@@ -256,10 +292,19 @@ class ModelInstance:
             while True:
                 payloads: list[Payload] = []
                 ended: list[str] = []
-                if not self._apply(block=not self.engine.has_unfinished, payloads=payloads, ended=ended):
+                if self.engine.stalled:  # nothing could run: give the other instances the core and the GIL
+                    self._stall()
+                if not self._apply(block=not self._has_work(), payloads=payloads, ended=ended):
                     return
                 firsts = 0
-                if self.engine.has_unfinished:
+                if self.group is not None:  # a buddy group's member (services/gpu_worker/group/)
+                    outputs = self.group.step()
+                    if self.group is not None:  # (a collapse may have ended the group in the step)
+                        self.group.pump_exchange(1, time.monotonic())
+                    self._steps += 1
+                    now = time.monotonic()
+                    firsts = self.encoder.encode_outputs(outputs, now, payloads, ended)
+                elif self.engine.has_unfinished:
                     outputs = self.engine.step()
                     self._steps += 1
                     now = time.monotonic()
@@ -283,11 +328,20 @@ class ModelInstance:
             if self._crashed is not None:
                 self._crashed(self.instance_id, exc)
 
+    def _stall(self) -> None:
+        """Wait a moment for a command (kept for `_apply`, first) instead of spinning on empty steps."""
+        try:
+            self._next = self._inbox.get(timeout=STALLED_WAIT_S)
+        except queue.Empty:
+            pass
+
     def _apply(self, *, block: bool, payloads: list[Payload], ended: list[str]) -> bool:
         """Apply queued commands (waiting for one when idle); False on stop."""
         while True:
             try:
-                if block:
+                if self._next is not None:  # taken by _stall
+                    (kind, arg), self._next = self._next, None
+                elif block:
                     self._idle = True
                     try:
                         kind, arg = self._inbox.get(timeout=1.0)
@@ -303,7 +357,9 @@ class ModelInstance:
             block = False
             if kind == "stop":
                 return False
-            if kind == "abort":
+            if kind == "poke":
+                pass  # only wakes the thread: the snapshot is taken after the commands
+            elif kind == "abort":
                 self.engine.abort(str(arg))  # its final "abort" output comes with the next step
             elif kind == "call":
                 fn, done = arg  # type: ignore[misc]
@@ -313,6 +369,10 @@ class ModelInstance:
                     done.set_exception(exc)
             elif kind == "detach":
                 self._detach(*arg)  # type: ignore[misc]
+            elif kind == "group":  # a frame from another member of this instance's buddy group
+                if self.group is not None:
+                    outputs = self.group.handle(*arg)  # type: ignore[misc]
+                    self.encoder.encode_outputs(outputs, time.monotonic(), payloads, ended)
             elif kind == "add":
                 self._add(arg, payloads, ended)  # type: ignore[arg-type]
 
@@ -351,7 +411,32 @@ class ModelInstance:
         self._snapshot_at = time.monotonic() if now is None else now
         self.snapshot = InstanceSnapshot(
             ts=time.time(), running=len(sched.running), waiting=len(sched.waiting), queued_prompt_tokens=queued,
-            kv_blocks_total=blocks.num_blocks, kv_blocks_used=blocks.num_used_blocks,
+            kv_blocks_total=blocks.capacity_blocks, kv_blocks_used=blocks.num_used_blocks,
+            kv_blocks_held=blocks.num_blocks, pool_id=id(engine.pool.root),
             tokens_emitted=self.encoder.tokens_emitted, steps=self._steps, pool_capacity=engine.pool.capacity_bytes,
             pool_by_owner=engine.pool.by_owner(), resident_adapters=tuple(engine.runner.lora.resident),
+            requests=self._request_rows(), **self._lora_fields(),
         )
+
+    def _lora_fields(self) -> dict[str, object]:
+        engine = self.engine
+        lora = engine.runner.lora
+
+        def rank(adapter: str | None) -> int:
+            held = lora.host.get(adapter) if adapter is not None else None
+            return held.rank if held is not None else 0
+
+        return {"running_ranks": tuple(rank(s.adapter) for s in engine.scheduler.running),
+                "waiting_ranks": tuple(rank(s.adapter) for s in engine.scheduler.waiting),
+                "adapter_residency": tuple(lora.residency()), "adapter_room_bytes": lora.room_bytes()}
+
+    def _request_rows(self) -> tuple[tuple[str, int, int, int, int, int], ...]:
+        engine = self.engine
+        blocks, size = engine.blocks, engine.blocks.block_size
+        layers = len(blocks.layers)
+        rows = []
+        for seq in (*engine.scheduler.running, *engine.scheduler.waiting):
+            final = min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
+            rows.append((seq.seq_id, seq.num_prompt_tokens, seq.num_tokens, seq.num_computed_tokens,
+                         blocks.num_blocks_of(seq.seq_id), -(-final // size) * layers))
+        return tuple(rows)

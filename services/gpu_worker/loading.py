@@ -1,10 +1,10 @@
 """Build a worker's model instances from the cluster config.
 
-One `LLMEngine` per model the worker's `[[workers]]` entry lists. Each engine has its own
-memory pool, and the worker's `memory` is split evenly between them (decision: pools are
-per engine today, so two models cannot borrow each other's free KV; the split keeps every
-byte attributable and the pressure reproducible). Within an instance the pool holds its
-weights, workspace, resident adapters, and KV takes the rest.
+One `LLMEngine` per model the worker's `[[workers]]` entry lists, all on ONE memory pool of
+the worker's `memory` (one pool per device): every instance charges its weights, workspace
+and resident adapters to it under its instance id, and KV takes the rest — each instance's
+KV grows and shrinks with its load, claiming free bytes and other instances' free blocks
+(never live ones; see `engine/block_manager.py`).
 
 Every adapter of a served model is registered in its engine's host store (so a request may
 name it), and the adapters the worker lists are made resident on the device at start.
@@ -16,7 +16,9 @@ import re
 from pathlib import Path
 
 from services.gpu_worker.engine.engine import EngineConfig, LLMEngine
+from services.gpu_worker.engine.memory_pool import MemoryPool
 from services.gpu_worker.engine.model_config import CheckpointError
+from services.gpu_worker.engine.preloaded import PreloadedWeights
 from services.gpu_worker.instance import ModelInstance
 from shared.config import ClusterConfig, ModelSpec, WorkerSpec
 from shared.logging import get_logger
@@ -58,41 +60,63 @@ def engine_config(cfg: ClusterConfig, worker: WorkerSpec, model: ModelSpec, pool
         model_dir=str(model.path), pool_bytes=pool_bytes, block_size=pol.kv_block_tokens,
         max_num_seqs=pol.max_batch_size, max_num_batched_tokens=max(pol.step_token_budget, pol.max_batch_size),
         max_model_len=model.max_context, dtype=model.dtype, device=worker.device, lora_mode=pol.lora_kernel,
-        num_threads=threads,
+        num_threads=threads, cpu_lora_assist=pol.cpu_lora_assist, cpu_lora_processes=worker.cpu_lora_processes,
+        lora_load_bandwidth=worker.lora_load_bandwidth,
     )
 
 
-def load_instances(cfg: ClusterConfig, worker: WorkerSpec, *, threads: int | None = None) -> list[ModelInstance]:
-    """Load every model of `worker` (blocking: call it off the event loop). Raises LoadError."""
+def load_instances(cfg: ClusterConfig, worker: WorkerSpec, *, threads: int | None = None,
+                   pool: MemoryPool | None = None) -> list[ModelInstance]:
+    """Load every model of `worker` (blocking: call it off the event loop) on `pool` (default: a
+    new pool of the worker's `memory`). Raises LoadError."""
     if not worker.models:
         return []
     threads = threads or default_threads(cfg, worker)
-    pool_bytes = int(worker.memory) // len(worker.models)
-    instances = []
-    for name in worker.models:
-        model = cfg.model(name)
-        if not model.path or not (Path(model.path) / "config.json").is_file():
-            hint = " (a demo model: run `tidal up`, which generates it, or `tidal make-model`)" if model.demo else ""
-            raise LoadError(f"model {name!r}: no checkpoint at {model.path}{hint}")
+    pool = pool if pool is not None else MemoryPool(int(worker.memory), worker.device)  # shared by every instance
+    return [load_instance(cfg, worker, name, pool, threads) for name in worker.models]
+
+
+def load_instance(cfg: ClusterConfig, worker: WorkerSpec, name: str, pool: MemoryPool, threads: int, *,
+                  instance: str | None = None, preloaded: PreloadedWeights | None = None,
+                  background_load: bool = False) -> ModelInstance:
+    """One instance of catalog model `name` on the worker's pool (blocking). `preloaded`: its warm
+    weights (services/gpu_worker/prewarm.py), used without a copy; `background_load`: the layers not
+    preloaded load while it serves. Raises LoadError."""
+    pool_bytes = pool.capacity_bytes
+    model = cfg.model(name)
+    if not model.path or not (Path(model.path) / "config.json").is_file():
+        hint = " (a demo model: run `tidal up`, which generates it, or `tidal make-model`)" if model.demo else ""
+        raise LoadError(f"model {name!r}: no checkpoint at {model.path}{hint}")
+    tenant = instance or instance_id(worker.id, name)
+    try:
+        engine = LLMEngine(engine_config(cfg, worker, model, pool_bytes, threads), pool, tenant=tenant,
+                           preloaded=preloaded, background_load=background_load)
+    except (CheckpointError, MemoryError, ValueError, OSError) as exc:
+        pool.release_tenant(tenant)  # what it charged before failing
+        raise LoadError(f"model {name!r} from {model.path} ({pool.free_bytes} B left of the worker's pool of "
+                        f"{pool_bytes} B): {exc}") from exc
+    if engine.tokenizer is None:
+        pool.release_tenant(tenant)
+        raise LoadError(f"model {name!r}: {model.path} has no tokenizer.json (the gateway tokenizes with it)")
+    engine.runner.lora.set_host_limit(worker.lora_host_memory)  # None: unbounded
+    for adapter in cfg.adapters:
+        if adapter.base != name:
+            continue
         try:
-            engine = LLMEngine(engine_config(cfg, worker, model, pool_bytes, threads))
+            engine.add_lora(adapter.name, str(adapter.path))
+            if adapter.name in worker.adapters:
+                engine.runner.lora.ensure_resident([adapter.name])
         except (CheckpointError, MemoryError, ValueError, OSError) as exc:
-            raise LoadError(f"model {name!r} from {model.path} ({pool_bytes} B of the worker's pool): {exc}") from exc
-        if engine.tokenizer is None:
-            raise LoadError(f"model {name!r}: {model.path} has no tokenizer.json (the gateway tokenizes with it)")
-        for adapter in cfg.adapters:
-            if adapter.base != name:
-                continue
-            try:
-                engine.add_lora(adapter.name, str(adapter.path))
-                if adapter.name in worker.adapters:
-                    engine.runner.lora.ensure_resident([adapter.name])
-            except (CheckpointError, MemoryError, ValueError, OSError) as exc:
-                raise LoadError(f"adapter {adapter.name!r} of {name!r} from {adapter.path}: {exc}") from exc
-        engine.blocks.sync_with_pool()  # KV takes what the adapters left
-        inst = ModelInstance(instance_id(worker.id, name), name, engine, worker.id,
-                             stream_interval_s=float(worker.stream_interval))
-        log.info("model instance loaded", instance=inst.instance_id, model=name, pool_bytes=pool_bytes,
-                 kv_blocks=engine.blocks.num_blocks, adapters=sorted(inst.adapters), threads=threads)
-        instances.append(inst)
-    return instances
+            pool.release_tenant(tenant)
+            raise LoadError(f"adapter {adapter.name!r} of {name!r} from {adapter.path}: {exc}") from exc
+    engine.blocks.sync_with_pool()  # KV takes what the adapters left
+    if any(a.base == name for a in cfg.adapters):
+        engine.cold.start_helpers(wait=True)  # CPU LoRA helpers (assist on, loads beside the steps); else on first use
+    if engine.runner.loading is not None:
+        engine.runner.loading.start()  # the layers not preloaded arrive while it serves
+    inst = ModelInstance(tenant, name, engine, worker.id, stream_interval_s=float(worker.stream_interval))
+    log.info("model instance loaded", instance=inst.instance_id, model=name, pool_bytes=pool_bytes,
+             pool_free=pool.free_bytes, kv_blocks=engine.blocks.num_blocks, adapters=sorted(inst.adapters),
+             threads=threads, preloaded_layers=len(preloaded.layers) if preloaded is not None else 0,
+             loading_layers=len(engine.runner.loading.pending) if engine.runner.loading is not None else 0)
+    return inst

@@ -7,9 +7,12 @@ latest distinct snapshots of an instance, divided by the time between them.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from services.gpu_worker.instance import InstanceSnapshot, ModelInstance
 from shared.events import InstanceStats, LayerRange, MemoryHolding, MemoryKind, PoolBreakdown, WorkerState, WorkerStats
+from shared.events.base import MAX_LIST
+from shared.events.worker import MAX_REQUEST_LOADS, AdapterResidency, RequestLoad
 
 # The engine's pool kinds → the wire's (the engine says "lora", the catalog "adapter").
 _KINDS = {"weights": MemoryKind.WEIGHTS, "prewarm": MemoryKind.PREWARM, "lora": MemoryKind.ADAPTER,
@@ -20,12 +23,17 @@ _LAYER = re.compile(r":layer(\d+)$")
 
 
 def pool_breakdown(pairs: list[tuple[str, InstanceSnapshot]]) -> PoolBreakdown:
-    """Every instance's pool summed; one holding per (instance, kind, owner), layers where known."""
+    """The instances' charges summed (a pool the instances share counted once); one holding per
+    (instance, kind, owner), layers where known."""
     totals = {name: 0 for name in _FIELD.values()}
     holdings: list[MemoryHolding] = []
     capacity = 0
+    shared: dict[int, int] = {}  # pool id -> capacity
     for instance_id, snap in pairs:
-        capacity += snap.pool_capacity
+        if snap.pool_id is None:
+            capacity += snap.pool_capacity
+        else:
+            shared[snap.pool_id] = snap.pool_capacity
         for kind_name, owners in snap.pool_by_owner.items():
             kind = _KINDS.get(kind_name)
             if kind is None:
@@ -37,23 +45,61 @@ def pool_breakdown(pairs: list[tuple[str, InstanceSnapshot]]) -> PoolBreakdown:
                     kind=kind, owner=f"{instance_id}/{owner}"[:128], bytes=nbytes,
                     layers=LayerRange(start=int(layer.group(1)), end=int(layer.group(1)) + 1) if layer else None,
                 ))
+    capacity += sum(shared.values())
     used = sum(totals.values())
     return PoolBreakdown(capacity_bytes=capacity, free_bytes=max(0, capacity - used), holdings=holdings, **totals)
 
 
+def instance_bytes(snap: InstanceSnapshot, block_bytes: int) -> dict[str, int]:
+    """One instance's share of the pool: its KV blocks (live, free) and its other kinds' bytes."""
+    def kind(name: str) -> int:
+        return sum(snap.pool_by_owner.get(name, {}).values())
+
+    return {
+        "kv_used_bytes": snap.kv_blocks_used * block_bytes,
+        "kv_free_bytes": max(0, snap.kv_blocks_held - snap.kv_blocks_used) * block_bytes,
+        "weights_bytes": kind("weights"), "adapter_bytes": kind("lora"), "workspace_bytes": kind("workspace"),
+    }
+
+
+def request_loads(snap: InstanceSnapshot, block_bytes: int) -> list[RequestLoad]:
+    """The snapshot's per-request rows, typed; bounded (the largest KV kept when there are too many)."""
+    rows = snap.requests
+    if len(rows) > MAX_REQUEST_LOADS:
+        rows = tuple(sorted(rows, key=lambda r: -r[4])[:MAX_REQUEST_LOADS])
+    return [RequestLoad(request_id=rid, prompt_tokens=prompt, tokens=tokens, kv_tokens=computed,
+                        kv_bytes=held * block_bytes, projected_kv_bytes=final * block_bytes)
+            for rid, prompt, tokens, computed, held, final in rows]
+
+
+def adapter_residency(snaps: list[InstanceSnapshot]) -> list[AdapterResidency]:
+    """One row per (adapter, level) on this worker: bytes summed over its instances, pinned if any pins it."""
+    rows: dict[tuple[str, str], AdapterResidency] = {}
+    for snap in snaps:
+        for name, level, pinned, rank, nbytes in snap.adapter_residency:
+            seen = rows.get((name, level))
+            if seen is not None:
+                pinned, nbytes = pinned or seen.pinned, nbytes + seen.bytes
+            rows[(name, level)] = AdapterResidency(adapter=name, level=level, pinned=pinned, rank=rank, bytes=nbytes)  # type: ignore[arg-type]
+    return [rows[key] for key in sorted(rows)][:MAX_LIST]
+
+
 class StatsBuilder:
-    def __init__(self, worker_id: str, device: str, instances: list[ModelInstance]) -> None:
+    def __init__(self, worker_id: str, device: str, instances: list[ModelInstance],
+                 pool_extra: Callable[[], list[tuple[str, InstanceSnapshot]]] | None = None) -> None:
         self.worker_id = worker_id
         self.device = device
-        self.instances = instances
+        self.instances = instances  # replaced as instances come and go (LoadModel / EvictModel)
+        self.pool_extra = pool_extra  # pool holdings no instance owns (prewarmed weights), as snapshots
         self.seq = 0
         self._previous: dict[str, InstanceSnapshot] = {}
 
     def build(self, state: WorkerState, now: float) -> WorkerStats:
-        pairs = [(inst.instance_id, inst.snapshot) for inst in self.instances]
+        instances = list(self.instances)
+        pairs = [(inst.instance_id, inst.snapshot) for inst in instances]
         stats: list[InstanceStats] = []
         adapters: set[str] = set()
-        for inst, (_, snap) in zip(self.instances, pairs):
+        for inst, (_, snap) in zip(instances, pairs):
             prev = self._previous.get(inst.instance_id)
             growth = tokens_per_s = 0.0
             if prev is not None and snap.ts > prev.ts:
@@ -69,11 +115,16 @@ class StatsBuilder:
                 kv_blocks_total=snap.kv_blocks_total, kv_blocks_used=snap.kv_blocks_used, kv_block_bytes=inst.block_bytes,
                 kv_growth_blocks_per_s=max(-1e9, min(1e9, growth)), tokens_per_s=tokens_per_s,
                 adapters=sorted(inst.adapters),  # registered: what the dispatcher may route here
+                accepting=getattr(inst, "accepting", True),  # False: being evicted (EvictModel), routed nowhere
+                requests=request_loads(snap, inst.block_bytes), **instance_bytes(snap, inst.block_bytes),
+                running_ranks=list(snap.running_ranks[:MAX_REQUEST_LOADS]),
+                waiting_ranks=list(snap.waiting_ranks[:MAX_REQUEST_LOADS]), adapter_room_bytes=snap.adapter_room_bytes,
             ))
         msg = WorkerStats(
             worker_id=self.worker_id, seq=self.seq, ts=now,
-            device=self.device, state=state, pool=pool_breakdown(pairs), instances=stats,
-            resident_adapters=sorted(adapters),
+            device=self.device, state=state, pool=pool_breakdown(pairs + (self.pool_extra() if self.pool_extra else [])),
+            instances=stats,
+            resident_adapters=sorted(adapters), adapter_residency=adapter_residency([s for _, s in pairs]),
         )
         self.seq += 1
         return msg

@@ -17,6 +17,9 @@
   closed at stop. Migrations: `migration.py` (MigrateOut runs as a task of its own and
   answers when done), `migration_kv.py` (source), `migration_dest.py` (destination, on
   `tidal.v1.worker.<id>.migrate`: a KV migration's source talking to this worker).
+* instances that come and go — `LoadModel` / `EvictModel` / `Prewarm` (`model_ctl.py`, WarmServe):
+  `add_instance` / `remove_instance` change the served set at run time; warm weights sit in the
+  pool as kind `prewarm` (`prewarm.py`) and show in the stats as holdings of `prewarm/<model>:...`.
 
 The active-request table is touched only on the event loop, never across an await.
 """
@@ -35,12 +38,15 @@ import nats.errors
 from prometheus_client import Counter
 
 from services.gpu_worker import migration
+from services.gpu_worker import metrics as worker_metrics
+from services.gpu_worker.adapter_metrics import export_residency
 from services.gpu_worker.adapter_ctl import AdapterControl
+from services.gpu_worker.group_ctl import GROUP_COMMANDS, GroupControl
 from services.gpu_worker.catalog import CatalogWriter
 from services.gpu_worker.dataplane import WorkerDataPlane
 from services.gpu_worker.migration_dest import KvInbound
-from services.gpu_worker.instance import ModelInstance
-from services.gpu_worker.stats import StatsBuilder
+from services.gpu_worker.instance import InstanceSnapshot, ModelInstance
+from services.gpu_worker.stats import StatsBuilder, pool_breakdown
 from services.gpu_worker.stream import Payload
 from shared.actors import Actor
 from shared.bus import Delivery
@@ -49,9 +55,10 @@ from shared.events import (
 )
 from shared.announce import Announcer
 from shared.events.ctl import (
-    CtlReply, CtlRequest, EvictAdapter, LoadAdapter, MigrateIn, MigrateKvCancel, MigrateKvStage, MigrateOut,
-    MigrateRequest,
+    CtlReply, CtlRequest, EvictAdapter, EvictModel, LoadAdapter, LoadModel, MigrateIn, MigrateKvCancel, MigrateKvStage,
+    MigrateOut, MigrateRequest, Prewarm, RestoreLayers,
 )
+from shared.events.worker import PoolBreakdown
 from shared.logging import get_logger
 from shared.metrics import REGISTRY
 from shared.registry_client import RegistryClient
@@ -98,11 +105,14 @@ class GpuWorker(Actor):
         self._outbox_ready = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.adapter_ctl = AdapterControl(self)  # LoadAdapter / EvictAdapter (services/gpu_worker/adapter_ctl.py)
+        self.group_ctl = GroupControl(self)  # JoinGroup / DropLayers / LeaveGroup (services/gpu_worker/group_ctl.py)
         self.announcer: Announcer | None = None  # publishes the data-plane address (set by __main__)
         self.dataplane = WorkerDataPlane(worker_id)
         self.kv_inbound = KvInbound(self)  # KV migrations into this worker
         self.migrating: set[str] = set()  # requests a MigrateOut is moving away from here
         self._tasks: set[asyncio.Task[Any]] = set()  # migrations under way (answered when done)
+        self.model_ctl: Any = None  # LoadModel / EvictModel / Prewarm (model_ctl.ModelControl; set by __main__)
+        self.activated = False  # the configured instances (maybe none) are loaded
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def on_start(self) -> None:
@@ -114,6 +124,7 @@ class GpuWorker(Actor):
         self.spawn("publisher", self._publish_loop)
         self.spawn("stats", self._stats_loop)
         await self.dataplane.start(RegistryClient(self.bus, timeout=2.0))
+        self.group_ctl.start()  # buddy-group frames may come before this worker's JoinGroup
         if self.announcer is not None:
             self.announcer.set_ucx_address(self.dataplane.address)
 
@@ -123,7 +134,8 @@ class GpuWorker(Actor):
         for inst in instances:
             self.instances[inst.instance_id] = inst
             inst.start(self._emitted, self._crashed)
-        self._stats = StatsBuilder(self.worker_id, self.device, list(self.instances.values()))
+        self._stats = StatsBuilder(self.worker_id, self.device, list(self.instances.values()), pool_extra=self._warm_snapshot)
+        self.activated = True
         if self.catalog is not None:
             self.spawn("catalog", self.catalog.register_until_done)
             self.spawn("adapters", self.adapter_ctl.adopt_catalog_adapters)  # ones loaded at runtime before we came
@@ -148,6 +160,7 @@ class GpuWorker(Actor):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.kv_inbound.close()
+        self.group_ctl.close()
         await asyncio.gather(*(asyncio.to_thread(inst.stop) for inst in self.instances.values()))
         await self.dataplane.close()
         if self.catalog is not None:
@@ -164,7 +177,40 @@ class GpuWorker(Actor):
     def state(self) -> WorkerState:
         if self.draining or self.service.state == "draining":
             return WorkerState.DRAINING
-        return WorkerState.READY if self.service.state == "ready" and self.instances else WorkerState.STARTING
+        return WorkerState.READY if self.service.state == "ready" and self.activated else WorkerState.STARTING
+
+    # --- instances that come and go (model_ctl.py) ---------------------------------------------
+    async def add_instance(self, inst: ModelInstance) -> None:
+        """Serve a loaded instance from now on: its engine thread, stats at once, the catalog."""
+        inst.start(self._emitted, self._crashed)
+        self.instances[inst.instance_id] = inst
+        self._stats.instances = list(self.instances.values())
+        await self.publish_stats()
+        if self.catalog is not None:
+            self.spawn_task(self.catalog.add(inst))
+
+    def remove_instance(self, inst: ModelInstance) -> None:
+        """Stop routing to and reporting an instance whose engine thread has stopped."""
+        self.instances.pop(inst.instance_id, None)
+        self._stats.instances = list(self.instances.values())
+
+    def catalog_state(self, inst: ModelInstance, state: str) -> None:
+        if self.catalog is not None:
+            self.spawn_task(self.catalog.set_instance_state(inst, state))
+
+    def _warm_snapshot(self) -> list[tuple[str, InstanceSnapshot]]:
+        """The pool's warm weights and capacity for the stats (no instance owns them)."""
+        return self.model_ctl.warm_snapshot() if self.model_ctl is not None else []
+
+    def pool_breakdown(self) -> PoolBreakdown:
+        return pool_breakdown([(i.instance_id, i.snapshot) for i in self.instances.values()] + self._warm_snapshot())
+
+    async def publish_stats(self) -> None:
+        """WorkerStats now (a change dispatchers should see before the next interval)."""
+        try:
+            await self.bus.publish(worker_stats(), self._stats.build(self.state, time.time()))
+        except Exception as exc:  # the regular stats loop carries it within one interval anyway
+            log.warning("stats not published after a change", error=repr(exc))
 
     # --- assignments ----------------------------------------------------------------------------
     async def on_assign(self, a: Assignment, _ctx: Delivery) -> AssignAccepted | AssignRejected:
@@ -206,6 +252,8 @@ class GpuWorker(Actor):
         if self.draining:
             return "draining", f"worker {self.worker_id} is draining"
         inst = self.instances.get(a.instance_id)
+        if inst is not None and not inst.accepting:
+            return "model_not_loaded", f"instance {a.instance_id} of {a.model} is being evicted from {self.worker_id}"
         if inst is None or inst.model != a.model:
             served = ", ".join(f"{i.instance_id} ({i.model})" for i in self.instances.values()) or "none yet"
             return "model_not_loaded", f"worker {self.worker_id} has no instance {a.instance_id} of {a.model}; it serves {served}"
@@ -257,6 +305,13 @@ class GpuWorker(Actor):
     async def on_ctl(self, msg: object, _ctx: Delivery) -> CtlReply | None:
         if isinstance(msg, (LoadAdapter, EvictAdapter)):
             return await self.adapter_ctl.handle(msg, _ctx)  # may answer later, from its own task
+        if isinstance(msg, (LoadModel, EvictModel, Prewarm)) and self.model_ctl is not None:
+            return await self.model_ctl.handle(msg, _ctx)  # answered from its own task
+        if isinstance(msg, RestoreLayers):  # answered once the layers are back (as KV frees): its own task
+            self.spawn_task(self._restore_layers(msg, _ctx))
+            return None
+        if isinstance(msg, GROUP_COMMANDS):
+            return await self.group_ctl.handle(msg)
         if isinstance(msg, MigrateOut):  # answered when the move is over; the worker serves meanwhile
             self.spawn_task(self._migrate_out(msg, _ctx))
             return None
@@ -265,6 +320,11 @@ class GpuWorker(Actor):
         return CtlRefused(idempotency_key=msg.idempotency_key, command=type(msg).__name__,  # type: ignore[attr-defined]
                           worker_id=self.worker_id, code="unsupported",
                           message=f"{type(msg).__name__} is not implemented by this worker yet")
+
+    async def _restore_layers(self, msg: RestoreLayers, ctx: Delivery) -> None:
+        reply = await self.group_ctl.handle(msg)
+        if ctx.reply:
+            await self.bus.respond(ctx, reply)
 
     async def on_migrate(self, msg: object, _ctx: Delivery) -> CtlReply:
         """A KV migration's source talking to this worker, its destination."""
@@ -281,6 +341,7 @@ class GpuWorker(Actor):
         except Exception as exc:  # a bug: say so rather than leave the caller waiting
             log.exception("migration failed unexpectedly", request_id=msg.request_id)
             reply = migration.refused(self, msg, "busy", f"internal error migrating {msg.request_id}: {exc!r}")
+        worker_metrics.record_migration(self.worker_id, msg, reply)
         if ctx.reply:
             await self.bus.respond(ctx, reply)
 
@@ -341,5 +402,10 @@ class GpuWorker(Actor):
             for request_id, entry in list(self.active.items()):
                 if entry.deadline_ts is not None and now > entry.deadline_ts:
                     self._abort(request_id)
-            await self.bus.publish(subject, self._stats.build(self.state, now))
+            if self.model_ctl is not None:
+                self.model_ctl.tick(time.monotonic())  # warm weights past their grace period are freed
+            stats = self._stats.build(self.state, now)
+            worker_metrics.export_stats(stats)
+            export_residency(stats)
+            await self.bus.publish(subject, stats)
             await asyncio.sleep(self.stats_interval)

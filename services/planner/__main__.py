@@ -1,15 +1,20 @@
-"""`python -m services.planner`: starts, announces itself in the registry, answers health, drains.
+"""`python -m services.planner`: the planner (docs/planner.md).
 
-Its real work comes in later issues; until then it runs and does nothing else.
+Subscribes to worker stats, liveness and the catalog; every `[planner] interval` the lease holder
+runs the pure PlannerCore (shared/planner) and applies its effects with ctl commands, publishing
+every effect on `tidal.v1.evt.plan.<kind>`. `[planner] enabled = false`: it runs and decides nothing.
 """
 from __future__ import annotations
 
 from shared.bootstrap import bootstrap
 from shared.service import run
 
+from services.planner.actor import Planner
+
 
 def main() -> None:
     boot = bootstrap("planner")
+    boot.service.add_actor(Planner(boot.config, boot.service.settings.instance))
     boot.announce()
     run(boot.service)
 

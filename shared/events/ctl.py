@@ -7,7 +7,8 @@ answered with `CtlDone` or `CtlRefused`. They are declared here as the public co
 the mechanisms behind them arrive with later issues (engine residency, buddy groups, live
 migration) and until then a worker answers `CtlRefused(code="unsupported")`. Implemented
 today: `LoadAdapter`/`EvictAdapter` (services/gpu_worker/adapter_ctl.py) and
-`MigrateIn`/`MigrateOut` (services/gpu_worker/migration.py).
+`MigrateIn`/`MigrateOut` (services/gpu_worker/migration.py), `JoinGroup`/`DropLayers`/`LeaveGroup`
+(services/gpu_worker/group_ctl.py).
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ class LoadAdapter(CtlCommand, kw_only=True):
     adapter: AdapterName
     base: ModelName
     path: FilePath | None = None  # as the worker sees it; None: the path in the adapter's catalog record
+    pinned: bool = False  # made resident on the device now and never evicted by LRU (docs/caraserve.md)
 
 
 class EvictAdapter(CtlCommand, kw_only=True):
@@ -88,6 +90,10 @@ class Prewarm(CtlCommand, kw_only=True):
     layers: LayerRange
     max_bytes: ByteCount | None = None  # never take more of the pool than this
     peer: WorkerId | None = None
+    # proactive prewarming (WarmServe §4.1): first cap this (grace-period) instance's KV at
+    # `kv_cap_bytes` (Eq. 1's reservation target), its free blocks above it go back to the pool
+    cap_instance_id: InstanceId | None = None
+    kv_cap_bytes: ByteCount | None = None
 
 
 class JoinGroup(CtlCommand, kw_only=True):

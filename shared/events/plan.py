@@ -1,10 +1,13 @@
 """Family `plan`: the planner's decisions, published for dashboards and external schedulers.
 
-Subjects: `tidal.v1.evt.plan.<kind>` (pub/sub; kind = decided | applied | failed) and
+Subjects: `tidal.v1.evt.plan.<kind>` (pub/sub; kind = decided | applied | failed | cancelled),
+`tidal.v1.evt.planner.placement` (pub/sub: `PlacementHints`, the dispatcher's `mell` routing) and
 `tidal.v1.planner.capacity` (request/reply, queue group `planner`: the dispatcher asks for
 capacity it does not have). A plan is a list of actions; the planner carries each out with
-control commands (family `ctl`) that carry the plan's id. Provisional: later issues (buddy
-groups, MELL migration, WarmServe prewarming) add actions and fields.
+control commands (family `ctl`) that carry the plan's id. The built-in planner (shared/planner)
+decides one action per plan (an *effect*, plan_id = its effect id) and closes every plan it
+published with exactly one of applied, failed or cancelled. Provisional: later issues (buddy
+groups, WarmServe prewarming) add actions and fields.
 """
 from __future__ import annotations
 
@@ -45,12 +48,42 @@ class Migrate(Message, kw_only=True):
     mode: MigrationMode = "kv"
 
 
+class DropInstanceLayers(Message, kw_only=True):
+    """An instance in buddy group `group_id` releases the weights of `layers` (ctl DropLayers)."""
+
+    worker_id: WorkerId
+    instance_id: InstanceId
+    group_id: GroupId
+    layers: LayerRange
+
+
+class RestoreInstanceLayers(Message, kw_only=True):
+    """An instance loads `layers` back, from its host copy or from `peer` (ctl RestoreLayers)."""
+
+    worker_id: WorkerId
+    instance_id: InstanceId
+    layers: LayerRange
+    peer: WorkerId | None = None
+
+
+class ReportIdle(Message, kw_only=True):
+    """`worker_id` holds no request any more (MELL terminates such a GPU): a candidate for scale-down,
+    prewarming or another model. Carries no control command; applied as soon as it is published."""
+
+    worker_id: WorkerId
+    since_ts: Timestamp
+
+
 class PlacePrewarm(Message, kw_only=True):
-    """Load `model`'s first `layers` on a worker's unused KV space ahead of demand (WarmServe)."""
+    """Load `model`'s first `layers` on a worker's unused KV space ahead of demand (WarmServe).
+    Proactive prewarming (§4.1) into a grace-period instance's KV surplus also caps that instance's
+    KV at its reservation target (Eq. 1): `cap_instance_id`, `kv_cap_bytes`."""
 
     worker_id: WorkerId
     model: ModelName
     layers: LayerRange
+    cap_instance_id: InstanceId | None = None
+    kv_cap_bytes: ByteCount | None = None
 
 
 class ReleasePrewarm(Message, kw_only=True):
@@ -72,11 +105,17 @@ class ScaleUp(Message, kw_only=True):
 
 
 class ScaleDown(Message, kw_only=True):
+    """Stop an instance (EvictModel, drain): its weights stay prewarmed through the grace period."""
+
     instance_id: InstanceId
     worker_id: WorkerId
+    model: ModelName | None = None  # needed to apply it (EvictModel names the model)
 
 
-PlanAction = FormGroup | DissolveGroup | Migrate | PlacePrewarm | ReleasePrewarm | ReleaseAdapter | ScaleUp | ScaleDown
+PlanAction = (
+    FormGroup | DissolveGroup | Migrate | DropInstanceLayers | RestoreInstanceLayers | ReportIdle | PlacePrewarm
+    | ReleasePrewarm | ReleaseAdapter | ScaleUp | ScaleDown
+)
 
 PlanTrigger = Literal["kv_pressure", "fragmentation", "forecast", "idle", "capacity_request", "manual"]
 
@@ -112,8 +151,20 @@ class PlanFailed(Message, kw_only=True):
     message: Reason
 
 
-PlanEvent = PlanDecided | PlanApplied | PlanFailed
-PLAN_EVENT_KINDS: dict[str, type] = {"decided": PlanDecided, "applied": PlanApplied, "failed": PlanFailed}
+class PlanCancelled(Message, kw_only=True):
+    """A decided plan was dropped before it took effect: stale (the request finished or moved, a worker
+    died), or its planner lost the lease. Nothing of it was applied."""
+
+    plan_id: PlanId
+    ts: Timestamp
+    message: Reason
+
+
+PlanEvent = PlanDecided | PlanApplied | PlanFailed | PlanCancelled
+PLAN_EVENT_KINDS: dict[str, type] = {
+    "decided": PlanDecided, "applied": PlanApplied, "failed": PlanFailed, "cancelled": PlanCancelled,
+}
+PlanOutcome = PlanApplied | PlanFailed | PlanCancelled  # how a plan ended
 
 
 # --- tidal.v1.planner.capacity ---
@@ -137,23 +188,60 @@ class CapacityReply(Message, kw_only=True):
     retry_after_s: Seconds | None = None
 
 
+# --- tidal.v1.evt.planner.placement ---
+RequestClassName = Literal["tiny", "T", "S", "M", "L"]
+
+
+class PlacementEntry(Value, kw_only=True):
+    """Requests of `model` whose prompt KV is in (lower_bytes, upper_bytes] (MELL class `request_class`)
+    go to `worker_id`, if it has room; None: MELL would open a device it has no id for, or has no
+    room: route by load. `room_bytes`: what MELL's plan leaves free on that worker (a larger request
+    falls back too)."""
+
+    request_class: RequestClassName
+    lower_bytes: ByteCount  # exclusive
+    upper_bytes: ByteCount  # inclusive
+    worker_id: WorkerId | None = None
+    room_bytes: ByteCount = 0
+
+
+class PlacementHints(Message, kw_only=True):
+    """The planner's placement for new requests of one model (MELL's Allocate, peeked), every interval:
+    the dispatcher's `mell` routing sends a request where MELL would allocate it, so MELL need not
+    migrate it there. Past `valid_until` the dispatcher ignores it (routes by load)."""
+
+    model: ModelName
+    ts: Timestamp
+    capacity_bytes: ByteCount  # MELL's KV capacity C per device (the class bounds are fractions of it)
+    entries: Annotated[list[PlacementEntry], Meta(max_length=16)] = []
+    valid_until: Timestamp
+
+
 __all__ = [
     "CapacityReply",
     "CapacityRequest",
     "DissolveGroup",
+    "DropInstanceLayers",
     "FormGroup",
     "Migrate",
     "PLAN_EVENT_KINDS",
     "PlacePrewarm",
+    "PlacementEntry",
+    "PlacementHints",
     "Plan",
     "PlanAction",
     "PlanApplied",
+    "PlanCancelled",
     "PlanDecided",
     "PlanEvent",
     "PlanFailed",
+    "PlanOutcome",
     "PlanTrigger",
     "ReleaseAdapter",
     "ReleasePrewarm",
+    "ReportIdle",
+    "RequestClassName",
+    "RestoreInstanceLayers",
     "ScaleDown",
     "ScaleUp",
 ]

@@ -29,6 +29,7 @@ class Bucket(enum.StrEnum):
     INSTANCES = "instances"
     GROUPS = "groups"
     SERVICES = "services"
+    LEASES = "leases"
 
 
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -60,6 +61,9 @@ class AdapterRecord(Message, kw_only=True):
     bytes: ByteCount = 0
 
 
+WorkerLifecycle = Literal["idle", "universal", "dedicated", "grace"]
+
+
 class WorkerRecord(Message, kw_only=True):
     """One device and its worker process (key: worker_id). `state` DEAD is set by the registry."""
 
@@ -72,6 +76,10 @@ class WorkerRecord(Message, kw_only=True):
     ucx_address: Annotated[str, Meta(max_length=4096)] | None = None  # data-plane endpoint (issue 6)
     started_ts: Timestamp = 0.0
     last_heartbeat_ts: Timestamp = 0.0
+    # WarmServe's worker lifecycle (§4, Fig. 5), written by the planner (compare-and-set): idle (no
+    # weights), universal (prewarmed weights, no instance), dedicated (serving), grace (dedicated,
+    # its instances stopping); None: not yet classified (no planner, or not yet seen)
+    lifecycle: WorkerLifecycle | None = None
 
 
 InstanceState = Literal["loading", "ready", "draining", "stopped"]
@@ -121,7 +129,20 @@ class ServiceRecord(Message, kw_only=True):
     last_heartbeat_ts: Timestamp = 0.0
 
 
-Record = ModelRecord | AdapterRecord | WorkerRecord | InstanceRecord | GroupRecord | ServiceRecord
+class LeaseRecord(Message, kw_only=True):
+    """Who holds a cluster-wide role (key: name, e.g. "planner"): one holder at a time, by compare-and-set.
+
+    The holder rewrites it every `renew_every_s`; another contender takes it over once the record's
+    revision has not changed for `ttl_s` on the contender's own clock (no clock sync needed)."""
+
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")]
+    holder: ServiceId
+    term: Annotated[int, Meta(ge=1, le=2**53)] = 1  # +1 at every takeover
+    ttl_s: Annotated[float, Meta(gt=0, le=3600)]
+    renewed_ts: Timestamp = 0.0  # the holder's clock, for humans
+
+
+Record = ModelRecord | AdapterRecord | WorkerRecord | InstanceRecord | GroupRecord | ServiceRecord | LeaseRecord
 
 RECORD_BUCKET: dict[type, Bucket] = {
     ModelRecord: Bucket.MODELS,
@@ -130,6 +151,7 @@ RECORD_BUCKET: dict[type, Bucket] = {
     InstanceRecord: Bucket.INSTANCES,
     GroupRecord: Bucket.GROUPS,
     ServiceRecord: Bucket.SERVICES,
+    LeaseRecord: Bucket.LEASES,
 }
 BUCKET_RECORD: dict[Bucket, type] = {bucket: cls for cls, bucket in RECORD_BUCKET.items()}
 
@@ -147,6 +169,8 @@ def record_key(record: Record) -> str:
             return record.group_id
         case ServiceRecord():
             return record.service_id
+        case LeaseRecord():
+            return record.name
     raise TypeError(f"not a catalog record: {type(record).__name__}")
 
 
@@ -270,6 +294,7 @@ __all__ = [
     "GetReply",
     "GroupRecord",
     "InstanceRecord",
+    "LeaseRecord",
     "ModelRecord",
     "PutReply",
     "RECORD_BUCKET",
@@ -285,6 +310,7 @@ __all__ = [
     "RegistryWritten",
     "ServiceHeartbeat",
     "ServiceRecord",
+    "WorkerLifecycle",
     "WorkerRecord",
     "record_bucket",
     "record_key",

@@ -100,7 +100,8 @@ class MemoryHolding(Value, kw_only=True):
 
 
 class PoolBreakdown(Value, kw_only=True):
-    """The device pool by kind; the kinds and free sum to capacity."""
+    """The device pool by kind (one pool per worker, shared by its instances); the kinds and
+    free sum to capacity. Each instance's share is in its InstanceStats."""
 
     capacity_bytes: ByteCount
     weights_bytes: ByteCount = 0
@@ -110,6 +111,21 @@ class PoolBreakdown(Value, kw_only=True):
     workspace_bytes: ByteCount = 0
     free_bytes: ByteCount = 0
     holdings: Annotated[list[MemoryHolding], Meta(max_length=MAX_LIST)] = []
+
+
+class RequestLoad(Value, kw_only=True):
+    """One request on an instance (running or waiting) and its KV: what a planner packs (MELL)."""
+
+    request_id: RequestId
+    prompt_tokens: Count = 0
+    tokens: Count = 0  # prompt + generated so far
+    kv_tokens: Count = 0  # of those, tokens whose KV is computed here
+    kv_bytes: ByteCount = 0  # the KV blocks it holds now (every layer)
+    projected_kv_bytes: ByteCount = 0  # what it will hold at prompt + max_tokens (or the context length)
+
+
+LoraRank = Annotated[int, Meta(ge=0, le=1024)]
+MAX_REQUEST_LOADS = 1024  # per instance per stats message; the rest are left out (largest KV first kept)
 
 
 class InstanceStats(Value, kw_only=True):
@@ -122,12 +138,41 @@ class InstanceStats(Value, kw_only=True):
     running: Count = 0  # sequences in the batch
     waiting: Count = 0  # admitted, not yet scheduled
     queued_prompt_tokens: Count = 0  # prompt tokens not yet prefilled
-    kv_blocks_total: Count = 0
+    kv_blocks_total: Count = 0  # the most it could hold: its own + what the worker's shared pool could give it
     kv_blocks_used: Count = 0
     kv_block_bytes: ByteCount = 0
+    # Its share of the worker's one pool now (the instances' shares plus PoolBreakdown.free_bytes
+    # make the capacity): KV blocks it holds, live and free (free ones go to other instances on
+    # demand), and the bytes it charged of the other kinds.
+    kv_used_bytes: ByteCount = 0
+    kv_free_bytes: ByteCount = 0
+    weights_bytes: ByteCount = 0
+    adapter_bytes: ByteCount = 0
+    workspace_bytes: ByteCount = 0
     kv_growth_blocks_per_s: Annotated[float, Meta(ge=-1e9, le=1e9)] = 0.0
     tokens_per_s: Rate = 0.0  # generated, over the last stats interval
     adapters: Annotated[list[AdapterName], Meta(max_length=MAX_LIST)] = []  # registered here: routable
+    requests: Annotated[list[RequestLoad], Meta(max_length=MAX_REQUEST_LOADS)] = []
+    # CaraServe's rank-aware routing: the LoRA rank of each request in the batch and queue (0: none),
+    # and the device bytes a newly loaded adapter could get (free pool + unpinned adapters to evict)
+    running_ranks: Annotated[list[LoraRank], Meta(max_length=MAX_REQUEST_LOADS)] = []
+    waiting_ranks: Annotated[list[LoraRank], Meta(max_length=MAX_REQUEST_LOADS)] = []
+    adapter_room_bytes: ByteCount | None = None
+    accepting: bool = True  # False: being evicted (EvictModel): it finishes its requests and takes no new ones
+
+
+AdapterLevel = Literal["device", "host"]
+
+
+class AdapterResidency(Value, kw_only=True):
+    """Where one adapter is warm on this worker: a row per level it is at (device copies have a
+    host copy too, unless spilled). Registered adapters with no row are cold (re-read from disk)."""
+
+    adapter: AdapterName
+    level: AdapterLevel
+    pinned: bool = False  # device level: never evicted by LRU (`pinned: true` on load)
+    rank: LoraRank = 0
+    bytes: ByteCount = 0
 
 
 class WorkerStats(Message, kw_only=True):
@@ -141,6 +186,7 @@ class WorkerStats(Message, kw_only=True):
     pool: PoolBreakdown
     instances: Annotated[list[InstanceStats], Meta(max_length=MAX_LIST)] = []
     resident_adapters: Annotated[list[AdapterName], Meta(max_length=MAX_LIST)] = []
+    adapter_residency: Annotated[list[AdapterResidency], Meta(max_length=MAX_LIST)] = []
 
 
 class WorkerHeartbeat(Message, kw_only=True):
@@ -158,6 +204,8 @@ class WorkerHeartbeat(Message, kw_only=True):
 
 
 __all__ = [
+    "AdapterLevel",
+    "AdapterResidency",
     "AssignAccepted",
     "AssignRejectReason",
     "AssignRejected",
@@ -167,6 +215,7 @@ __all__ = [
     "MemoryHolding",
     "MemoryKind",
     "PoolBreakdown",
+    "RequestLoad",
     "WorkerHeartbeat",
     "WorkerState",
     "WorkerStats",

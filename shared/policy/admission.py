@@ -11,20 +11,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shared.policy.routing import InstanceView, RequestView, candidates
+from shared.policy.routing import AdapterGate, InstanceView, RequestView, can_host, candidates
 
 
-def serving(request: RequestView, instances: Sequence[InstanceView]) -> list[InstanceView]:
+def adapter_gate(policy: object) -> AdapterGate:
+    """The candidate rule a routing policy asks for (its `adapter_gate`; default resident_first)."""
+    return getattr(policy, "adapter_gate", "resident_first")
+
+
+def serving(request: RequestView, instances: Sequence[InstanceView],
+            gate: AdapterGate = "resident_first") -> list[InstanceView]:
     """Live instances able to serve the request at all (its model; its adapter, if any).
 
     For an adapter request, only instances that have the adapter registered are candidates
     (`InstanceView.adapters`; when unknown, every instance of the base model: a worker without
-    it rejects the assignment with `adapter_unavailable` and the dispatcher moves on); among
-    them, instances on workers where the adapter is resident are preferred.
+    it rejects the assignment with `adapter_unavailable` and the dispatcher moves on). Then, by
+    `gate` (the policy's, `adapter_gate(policy)`): "resident_first" keeps the instances where
+    the adapter is resident when any is; "hostable" keeps every instance where it is resident
+    or that has room to load it (`can_host`), and the policy prices the load (rank-aware).
     """
     able = candidates(request, instances)
     if request.adapter is None:
         return able
+    if gate == "hostable":
+        return [inst for inst in able if can_host(request, inst)]
     resident = [inst for inst in able if request.adapter in inst.resident_adapters]
     return resident or able
 
@@ -45,9 +55,10 @@ def has_room(request: RequestView, instance: InstanceView) -> bool:
     return free >= request.prompt_tokens
 
 
-def with_room(request: RequestView, instances: Sequence[InstanceView]) -> list[InstanceView]:
-    """The instances that may serve the request and have room for it now."""
-    return [inst for inst in serving(request, instances) if has_room(request, inst)]
+def with_room(request: RequestView, instances: Sequence[InstanceView],
+              gate: AdapterGate = "resident_first") -> list[InstanceView]:
+    """The instances that may serve the request (by `gate`) and have room for it now."""
+    return [inst for inst in serving(request, instances, gate) if has_room(request, inst)]
 
 
-__all__ = ["batch_load", "has_room", "serving", "with_room"]
+__all__ = ["adapter_gate", "batch_load", "has_room", "serving", "with_room"]

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import msgspec
+
+if TYPE_CHECKING:
+    from shared.policy.lora_routing import RoutingOptions
 
 
 class RequestView(msgspec.Struct, frozen=True, kw_only=True):
@@ -23,6 +26,8 @@ class RequestView(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     max_tokens: int
     adapter: str | None = None
+    adapter_rank: int = 0  # the adapter's LoRA rank (0: none or unknown), for rank-aware costs
+    adapter_bytes: int = 0  # its device bytes (0: unknown), to tell whether an instance has room to load it
 
 
 class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,6 +46,17 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
     resident_adapters: frozenset[str] = frozenset()
     adapters: frozenset[str] | None = None  # LoRA adapters registered on it; None: unknown (any may be tried)
     max_batch: int = 64
+    running_ranks: tuple[int, ...] = ()  # LoRA rank of each request in the batch (0: no adapter)
+    waiting_ranks: tuple[int, ...] = ()  # ... and of each waiting one
+    adapter_room_bytes: int | None = None  # device bytes it could give a newly loaded adapter; None: unknown
+    kv_block_bytes: int = 0  # bytes of one KV block (all layers), for KV-size routing (mell); 0: unknown
+    group_id: str | None = None  # the KunServe buddy group it is a stage of (routing_groups.py pools a group)
+    layers: tuple[int, int] | None = None  # [start, end) of the layers it keeps; None: unknown (all)
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV bytes one token holds on this instance (0.0: unknown)."""
+        return self.kv_block_bytes / self.block_size if self.block_size else 0.0
 
     @property
     def kv_tokens_used(self) -> int:
@@ -54,6 +70,21 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
     def outstanding_tokens(self) -> int:
         """Work the instance holds: tokens in KV plus prompt tokens still to prefill."""
         return self.kv_blocks_used * self.block_size + self.queued_prompt_tokens
+
+
+# Which instances the admission gate offers a policy for an adapter request (`adapter_gate`, a
+# class attribute; without one, "resident_first"): "resident_first" narrows to instances where the
+# adapter is resident when any is; "hostable" offers every instance that can host it (resident, or
+# room to load it: CaraServe Alg. 1's candidates) and leaves the cold load to the policy's cost.
+AdapterGate = Literal["resident_first", "hostable"]
+
+
+def can_host(request: RequestView, inst: InstanceView) -> bool:
+    """The request's adapter is resident there, or the instance has room to load it (unknown room: yes)."""
+    adapter = request.adapter
+    if adapter is None or adapter in inst.resident_adapters or inst.adapter_room_bytes is None:
+        return True
+    return inst.adapter_room_bytes >= max(request.adapter_bytes, 1)  # unknown size: any room at all
 
 
 @runtime_checkable
@@ -101,28 +132,46 @@ class HashRandom:
     reproducible, so a simulation with the same seed makes the same choices."""
 
     name = "random"
+    adapter_gate: AdapterGate = "hostable"  # CaraServe §7.5's Random: any server that can host the adapter
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
 
     def choose(self, request: RequestView, instances: Sequence[InstanceView], now: float) -> str | None:
-        pool = sorted(candidates(request, instances), key=lambda inst: inst.instance_id)
+        pool = sorted((i for i in candidates(request, instances) if can_host(request, i)), key=lambda i: i.instance_id)
         if not pool:
             return None
         digest = hashlib.blake2b(f"{self.seed}:{request.request_id}".encode(), digest_size=8).digest()
         return pool[int.from_bytes(digest, "big") % len(pool)].instance_id
 
 
-POLICIES: dict[str, Callable[[int], RoutingPolicy]] = {
-    "least-load": lambda seed: LeastOutstandingWork(),
-    "random": lambda seed: HashRandom(seed),
+def _lora():  # type: ignore[no-untyped-def]
+    from shared.policy import lora_routing  # imports this module: loaded on first use
+
+    return lora_routing
+
+
+def _mell():  # type: ignore[no-untyped-def]
+    from shared.policy import routing_mell  # imports this module: loaded on first use
+
+    return routing_mell
+
+
+POLICIES: dict[str, Callable[[int, "RoutingOptions"], RoutingPolicy]] = {
+    "least-load": lambda seed, opts: LeastOutstandingWork(),
+    "random": lambda seed, opts: HashRandom(seed),
+    "rank-aware": lambda seed, opts: _lora().RankAware.from_options(opts),  # CaraServe Alg. 1
+    "most-idle": lambda seed, opts: _lora().MostIdle(),
+    "first-fit": lambda seed, opts: _lora().FirstFit(),
+    "mell": lambda seed, opts: _mell().MellRouting(),  # the planner's placement hints (MELL's Allocate)
 }
 
 
-def make_policy(name: str, seed: int = 0) -> RoutingPolicy:
-    """A routing policy by name (see POLICIES)."""
+def make_policy(name: str, seed: int = 0, options: RoutingOptions | None = None) -> RoutingPolicy:
+    """A routing policy by name (see POLICIES); `options` configure rank-aware (default: the
+    paper's profile, the segmented kernel, no SLO)."""
     try:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
-    return factory(seed)
+    return factory(seed, options if options is not None else _lora().RoutingOptions())

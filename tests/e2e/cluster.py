@@ -40,6 +40,12 @@ class ClusterSpec:
     resident_adapters: dict[str, list[str]] = field(default_factory=dict)
     gateway: bool = True  # False: clients speak NATS (SubmitRequest) to the dispatcher directly
     dispatchers: int = 1  # more than one: a queue group, each owning the requests it admitted
+    worker_memory: str = "192MiB"  # each worker's pool (a real model needs more than the tiny ones)
+    metrics: bool = False  # every process serves /metrics on a free port (its HealthReply says which)
+    control_plane: bool = False  # also the planner and the predictor
+    migration: str = "auto"  # [policies] migration
+    extra_toml: str = ""  # appended to the config (e.g. a [planner] section)
+    scale_from_zero: bool = False  # [dispatcher] scale_from_zero (requests for a model with no instance wait)
 
 
 def free_port() -> int:
@@ -52,10 +58,11 @@ def cluster_toml(spec: ClusterSpec, assets: TinyAssets, data_dir: Path, port: in
     lines = [
         f'[cluster]\ndata_dir = "{data_dir}"\n',
         f'[gateway]\nhost = "127.0.0.1"\nport = {port}\ndrain_timeout = "3s"\n',
-        f'[dispatcher]\nqueue_bound = {spec.queue_bound}\nmax_redispatches = {spec.max_redispatches}\n',
+        f'[dispatcher]\nqueue_bound = {spec.queue_bound}\nmax_redispatches = {spec.max_redispatches}\n'
+        f'scale_from_zero = {str(spec.scale_from_zero).lower()}\n',
         '[registry]\nheartbeat_interval = "200ms"\ndead_after = "1s"\n',
         f'[policies]\nmax_batch_size = {spec.max_batch}\nstep_token_budget = {STEP_TOKEN_BUDGET}\n'
-        f'kv_block_tokens = {BLOCK_TOKENS}\n',
+        f'kv_block_tokens = {BLOCK_TOKENS}\nmigration = "{spec.migration}"\n',
     ]
     for name, path in assets.models.items():
         lines.append(f'[[models]]\nname = "{name}"\npath = "{path}"\nmax_context = {MAX_CONTEXT}\n')
@@ -64,8 +71,9 @@ def cluster_toml(spec: ClusterSpec, assets: TinyAssets, data_dir: Path, port: in
                      'targets = ["q_proj", "v_proj"]\n')
     for worker, models in spec.workers.items():
         resident = spec.resident_adapters.get(worker, [])
-        lines.append(f'[[workers]]\nid = "{worker}"\ndevice = "cpu"\nmemory = "192MiB"\n'
+        lines.append(f'[[workers]]\nid = "{worker}"\ndevice = "cpu"\nmemory = "{spec.worker_memory}"\n'
                      f'models = {models!r}\nadapters = {resident!r}\n'.replace("'", '"'))
+    lines.append(spec.extra_toml)
     return "\n".join(lines)
 
 
@@ -102,15 +110,19 @@ class E2ECluster:
         self.config.write_text(cluster_toml(self.spec, self.assets, self.root / "data", self.port))
         self.nats = NatsServer(store_dir=self.root / "nats").start()
         url = self.nats.url
-        self.procs["registry"] = ServiceProcess("registry", url, self.config, "registry-e2e").start()
+        m = ("--metrics-port", "0") if self.spec.metrics else ()  # the last --metrics-port wins
+        self.procs["registry"] = ServiceProcess("registry", url, self.config, "registry-e2e", *m).start()
         for i in range(self.spec.dispatchers):
             name = "dispatcher" if i == 0 else f"dispatcher-{i}"
-            self.procs[name] = ServiceProcess("dispatcher", url, self.config, f"{name}-e2e").start()
+            self.procs[name] = ServiceProcess("dispatcher", url, self.config, f"{name}-e2e", *m).start()
         for worker in self.spec.workers:
             self.procs[worker] = WorkerProcess("gpu_worker", url, self.config, f"gpu_worker-{worker}-e2e",
-                                               "--worker-id", worker).start()
+                                               "--worker-id", worker, *m).start()
         if self.spec.gateway:
-            self.procs["gateway"] = ServiceProcess("gateway", url, self.config, "gateway-e2e").start()
+            self.procs["gateway"] = ServiceProcess("gateway", url, self.config, "gateway-e2e", *m).start()
+        if self.spec.control_plane:
+            for name in ("planner", "predictor"):
+                self.procs[name] = ServiceProcess(name, url, self.config, f"{name}-e2e", *m).start()
         try:
             asyncio.run(self._wait_healthy(timeout))
             if self.spec.gateway:

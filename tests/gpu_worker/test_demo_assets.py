@@ -6,7 +6,9 @@ import json
 import shlex
 from pathlib import Path
 
-from services.gpu_worker.demo_assets import ensure_demo_assets, pending_demo_assets
+import pytest
+
+from services.gpu_worker.demo_assets import AssetError, ensure_demo_assets, pending_demo_assets
 from services.gpu_worker.engine.engine import EngineConfig, LLMEngine
 from services.gpu_worker.engine.sampling_params import SamplingParams
 from shared.config import load_config, parse_config
@@ -71,6 +73,20 @@ def test_banner_has_a_pasteable_curl_and_openai_snippet() -> None:
     words = shlex.split(curl.rstrip("\\") + body_line)
     assert words[:3] == ["curl", "-sN", "http://127.0.0.1:8000/v1/chat/completions"]
     body = json.loads(words[words.index("-d") + 1])
-    assert body["model"] == "demo-llama" and body["messages"][0]["role"] == "user"
-    assert 'OpenAI(base_url="http://127.0.0.1:8000/v1"' in text and 'model="demo-llama"' in text
+    # the example calls the real trained model; only the random demo models are called gibberish
+    assert body["model"] == "smollm2-135m-instruct" and body["messages"][0]["role"] == "user"
+    assert 'OpenAI(base_url="http://127.0.0.1:8000/v1"' in text and 'model="smollm2-135m-instruct"' in text
     assert "demo-llama-lora-r8" in text and "demo-qwen" in text
+    assert "(demo-llama, demo-qwen: random weights" in text and "smollm2-135m-instruct:" not in text
+
+
+def test_a_gguf_model_that_cannot_be_found_is_named(tmp_path: Path) -> None:
+    cfg = parse_config('[cluster]\ndata_dir = "data"\n'
+                       '[[models]]\nname = "from-pkg"\ngguf = { package = "no_such_package_x", file = "m.gguf" }\n'
+                       '[[models]]\nname = "from-file"\ngguf = { file = "missing.gguf" }\n', base_dir=tmp_path)
+    assert pending_demo_assets(cfg) == ["from-pkg", "from-file"]
+    with pytest.raises(AssetError, match="model 'from-pkg': the Python package 'no_such_package_x' .* is not installed"):
+        ensure_demo_assets(cfg, models=["from-pkg"])
+    with pytest.raises(AssetError, match=f"model 'from-file': {tmp_path / 'missing.gguf'}: cannot read"):
+        ensure_demo_assets(cfg, models=["from-file"])
+    assert not (tmp_path / "data" / "models").exists() or not any((tmp_path / "data" / "models").iterdir())

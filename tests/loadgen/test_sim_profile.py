@@ -38,7 +38,7 @@ def test_bad_profiles_name_the_problem(tmp_path: Path) -> None:
     bad.write_text("[step]\noverhead_s = -1.0\n")
     with pytest.raises(ValueError, match="non-negative"):
         load_profile(bad)
-    with pytest.raises(ValueError, match="cannot read.*built-ins: a100-7b, cpu"):
+    with pytest.raises(ValueError, match="cannot read.*built-ins: a10-llama2-7b-lora, a100-40g-llama2-13b, a100-7b, a800-qwen2.5-14b, cpu, rtx4090-llama2-7b"):
         load_profile("h100-nonexistent")
 
 

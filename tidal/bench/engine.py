@@ -5,7 +5,9 @@ token ids and output lengths drawn uniformly from 100–1024 scaled to the model
 (half the context each for input and output). Both produce exactly the requested number
 of tokens (greedy, EOS ignored). transformers runs static batches of --hf-batch-size
 (left-padded, each batch generating its longest request's length); ours runs continuous
-batching. Then the decode step time vs batch size curve of our engine, saved as a PNG.
+batching. Then the decode step time vs batch size curve of our engine, saved as a PNG in
+the run's --out directory (default runs/engine-<time>/; `--update-docs` also copies it to
+docs/images/engine_decode_step.png).
 The last line is the ratio of output tokens/s (goal on CPU: >= 5x).
 """
 from __future__ import annotations
@@ -16,6 +18,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tidal.bench.output import add_out_argument, out_dir, publish_plot
+
+PLOT = "engine_decode_step.png"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--curve-batches", default="1,2,4,8,16,32,64,128", help="batch sizes for the decode curve")
     p.add_argument("--curve-context", type=int, default=256, help="tokens of context per sequence in the curve")
     p.add_argument("--curve-steps", type=int, default=16, help="decode steps timed per batch size (fastest kept)")
-    p.add_argument("--plot", default="engine_decode_step.png", help="where the curve PNG is written")
+    p.add_argument("--no-plot", action="store_true", help="do not draw the curve PNG")
+    add_out_argument(p, "engine", doc_image=PLOT)
     p.add_argument("--skip-baseline", action="store_true", help="ours only (no ratio)")
     p.set_defaults(func=run)
 
@@ -209,9 +216,14 @@ def run(args: argparse.Namespace) -> int:
           f"{ours.output_tps:.0f} output tok/s, {ours.total_tps:.0f} total tok/s, {ours.seconds:.1f} s ({note})")
     points = decode_curve(model_dir, args, cfg.vocab_size)
     print("decode step time vs batch: " + ", ".join(f"B={b}: {s * 1000:.1f} ms" for b, s in points))
-    save_plot(points, args.plot, f"tidal engine decode step, {cfg.num_layers}L h{cfg.hidden_size}, "
-                                 f"context {args.curve_context}, torch threads: {torch.get_num_threads()}")
-    print(f"curve saved to {args.plot}")
+    if not args.no_plot:
+        plot = out_dir(args, time.time()) / PLOT
+        save_plot(points, plot, f"tidal engine decode step, {cfg.num_layers}L h{cfg.hidden_size}, "
+                                f"context {args.curve_context}, torch threads: {torch.get_num_threads()}")
+        print(f"curve saved to {plot}")
+        docs = publish_plot(args, plot)
+        if docs is not None:
+            print(f"docs figure updated: {docs}")
     if args.skip_baseline:
         return 0
     base = run_transformers(model_dir, requests, args.hf_batch_size)

@@ -14,7 +14,10 @@ import argparse
 import asyncio
 import os
 import tempfile
+import time
 from pathlib import Path
+
+from tidal.bench.output import add_out_argument, out_dir
 
 CONFIG = """
 [cluster]
@@ -60,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calibration-requests", type=int, default=12,
                    help="requests sent one at a time to measure the live path's overheads")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/fidelity", help="reports: <out>/live and <out>/sim, plus the profile")
+    add_out_argument(p, "fidelity")  # reports: <out>/live and <out>/sim, plus the profile
     p.set_defaults(func=run)
 
 
@@ -94,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from tidal.bench.fidelity_cluster import MultiWorkerCluster
     from tidal.bench.gateway import _free_port
 
-    out = Path(args.out)
+    out = out_dir(args, time.time())
     out.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.TemporaryDirectory(prefix="tidal-bench-fidelity-")
     root = Path(tmp.name)

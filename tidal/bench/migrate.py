@@ -13,7 +13,9 @@ the same request again with `mode="tokens"` (the baseline, same run). Per run:
 * total time, KV bytes moved and data-plane stages (pre-copy + final stop).
 
 Medians over `--repeats`. Both modes must give the same tokens (checked). The goal (issue 6,
-Llumnix): KV-mode downtime flat in the sequence length. Writes a PNG of stall vs length.
+Llumnix): KV-mode downtime flat in the sequence length. Writes a PNG of stall vs length in
+the run's --out directory (default runs/migrate-<time>/); `--update-docs` also copies it to
+docs/images/migrate_downtime.png.
 The machine is shared: the load average is printed beside the figures.
 """
 from __future__ import annotations
@@ -36,6 +38,9 @@ from shared.events import AssignAccepted, AssignReply, Assignment, SamplingParam
 from shared.events.ctl import CtlDone, CtlReply, MigrateOut, MigrationReport
 from shared.nats_server import NatsServer
 from shared.subjects import request_out, worker_assign, worker_ctl
+from tidal.bench.output import add_out_argument, out_dir, publish_plot
+
+PLOT = "migrate_downtime.png"
 
 CONFIG = """
 [cluster]
@@ -236,6 +241,7 @@ def _plot(rows: list[dict[str, float]], path: Path, title: str) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     from services.gpu_worker.engine.checkpoint_gen import make_model
 
+    started = time.time()
     args.lengths = sorted(int(x) for x in str(args.lengths).split(","))
     root = Path(args.dir or tempfile.mkdtemp(prefix="tidal-bench-migrate-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -267,10 +273,14 @@ def run_bench(args: argparse.Namespace) -> int:
               f"{r['kv_total_ms']:>7.1f} {r['kv_mib']:>6.1f} {int(r['kv_stages']):>6} | {r['tokens_stall_ms']:>12.1f} "
               f"{r['tokens_total_ms']:>7.1f} | {r['kv_step_ms']:>11.1f}")
     first, last = rows[0], rows[-1]
-    if args.plot:
-        _plot(rows, Path(args.plot), f"live migration downtime vs length: 2 CPU workers, loopback UCX\n"
-                                     f"{time.strftime('%Y-%m-%d')}, {_load()}")
-        print(f"# plot: {args.plot}")
+    if not args.no_plot:
+        plot = out_dir(args, started) / PLOT
+        _plot(rows, plot, f"live migration downtime vs length: 2 CPU workers, loopback UCX\n"
+                          f"{time.strftime('%Y-%m-%d')}, {_load()}")
+        print(f"# plot: {plot}")
+        docs = publish_plot(args, plot)
+        if docs is not None:
+            print(f"# docs figure updated: {docs}")
     print(f"KV-mode stall {first['kv_stall_ms']:.1f} -> {last['kv_stall_ms']:.1f} ms from {int(first['length'])} to "
           f"{int(last['length'])} tokens (x{last['kv_stall_ms'] / first['kv_stall_ms']:.2f}); token mode "
           f"{first['tokens_stall_ms']:.1f} -> {last['tokens_stall_ms']:.1f} ms "
@@ -292,5 +302,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--memory", default="1GiB", help="each worker's pool")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--dir", default="", help="where the model, config and logs go (default: a temp dir)")
-    parser.add_argument("--plot", default="docs/images/migrate_downtime.png", help="PNG to write ('' for none)")
+    parser.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
+    add_out_argument(parser, "migrate", doc_image=PLOT)
     parser.set_defaults(func=run_bench)

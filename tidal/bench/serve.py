@@ -2,11 +2,14 @@
 
 Every record of the trace is sent at its arrival time (divided by --time-scale) as a
 streaming completion (token-id prompt of its length, `max_tokens` = its output length,
-`ignore_eos`), whatever earlier requests are doing. While it runs: a progress bar and a
-table of the run so far. Then the report (`loadgen/report`: records.jsonl, summary.json,
-report.md, cdf.png, timeline.png with per-worker memory by kind and plan events when the
-bus is reachable), the client's own overhead, and on the last line SLO attainment and
-achieved vs offered throughput.
+`ignore_eos`), whatever earlier requests are doing. Before anything is sent, the trace's
+models are checked against the gateway's /v1/models: a trace naming a model the cluster does
+not serve is refused with the served list (`--model-map OLD=NEW` renames trace models at
+load), and records longer than their model's context are reported (they are shortened).
+While it runs: a progress bar and a table of the run so far. Then the report
+(`loadgen/report`: records.jsonl, summary.json, report.md, cdf.png, timeline.png with
+per-worker memory by kind and plan events when the bus is reachable), the client's own
+overhead, and on the last line SLO attainment and achieved vs offered throughput.
 """
 from __future__ import annotations
 
@@ -15,16 +18,21 @@ import asyncio
 import contextlib
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+
+from tidal.bench.output import add_out_argument, out_dir
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run a trace open-loop against a gateway; writes the SLO report")
     p.add_argument("trace", help="trace file (from `tidal trace`)")
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway (default: the local one)")
-    p.add_argument("--out", default=None, help="report directory (default: runs/serve-<time>)")
+    add_out_argument(p, "serve")  # the report's directory
     p.add_argument("--time-scale", type=float, default=1.0, help="divide the trace's arrival times by this")
     p.add_argument("--limit", type=int, default=None, help="only the first N requests of the trace")
+    p.add_argument("--model-map", action="append", default=[], metavar="OLD=NEW",
+                   help="send the trace's model (or adapter) OLD as NEW (repeatable), e.g. model-0=demo-llama")
     p.add_argument("--slo-ttft", type=float, default=None, metavar="MS", help="TTFT SLO in milliseconds")
     p.add_argument("--slo-tpot", type=float, default=None, metavar="MS", help="TPOT SLO in milliseconds")
     p.add_argument("--slo-e2e", type=float, default=None, metavar="MS", help="end-to-end SLO in milliseconds")
@@ -55,15 +63,18 @@ async def _serve(args: argparse.Namespace, trace, slo):  # type: ignore[no-untyp
     from loadgen.report.metrics import SloSpec
     from loadgen.runner.baseline import live_unloaded_baseline
     from loadgen.runner.bus_watch import BusWatch, local_nats_url
-    from loadgen.runner.runner import LoadRunner, RunnerConfig, RunProgress, served_context
+    from loadgen.runner.runner import (
+        LoadRunner, RunnerConfig, RunProgress, model_cards, served_context, served_names,
+    )
+    from loadgen.runner.trace_fit import check_served, length_notes
 
     config = RunnerConfig(url=args.url, time_scale=args.time_scale, request_timeout_s=args.request_timeout,
                           seed=args.seed)
-    context = await asyncio.to_thread(served_context, args.url)
-    missing = sorted({r.adapter or r.model for r in trace} - set(context))
-    if missing:
-        print(f"warning: the gateway does not list {', '.join(missing[:5])}; those requests will fail",
-              file=sys.stderr)
+    cards = await asyncio.to_thread(model_cards, args.url)
+    context = served_context(args.url, cards=cards)
+    check_served(trace, served_names(cards), args.url)  # before anything is sent
+    for note in length_notes(trace, context):
+        print(f"note: {note}", file=sys.stderr)
     baseline = None
     if args.slo_scale is not None:
         baseline = await live_unloaded_baseline(trace, config, context, args.baseline_requests)
@@ -103,14 +114,17 @@ def run(args: argparse.Namespace) -> int:
 
     from loadgen.report.markdown import render_markdown
     from loadgen.report.write import write_report
+    from loadgen.runner.trace_fit import map_models, parse_model_map
     from loadgen.traces.io import TraceFormatError, read_trace, scale_time
 
+    started = time.time()
     try:
+        mapping = parse_model_map(args.model_map)
         loaded = read_trace(args.trace)
         if args.time_scale != 1.0:
             loaded = scale_time(loaded, args.time_scale)
             args.time_scale = 1.0  # already applied to the records
-        trace = loaded.records[: args.limit] if args.limit is not None else loaded.records
+        trace = map_models(loaded.records[: args.limit] if args.limit is not None else loaded.records, mapping)
         if not trace:
             raise ValueError(f"{args.trace}: no requests to send")
         slo = _slo(args)
@@ -118,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TraceFormatError, ConnectionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.out or f"runs/serve-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = out_dir(args, started)
     records = outcome.records
     end = max((r.finish_s or r.arrival_s) for r in records)
     memory, plans = watch.window(end) if watch is not None else (None, None)
@@ -135,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
                            memory=memory or None, plans=plans or None, extra=extra, plots=not args.no_plots)
     print(render_markdown(summary, extra))
     print(f"report in {out}")
+    failures = Counter(r.error or r.status for r in records if r.status != "ok")
+    for error, count in failures.most_common(3):
+        print(f"failed: {count} x {error}", file=sys.stderr)
     attain = f"SLO attainment {summary.slo.attainment:.1%}, " if summary.slo is not None else ""
     ratio = summary.request_throughput / offered if offered == offered and offered > 0 else float("nan")
     print(f"serve: {summary.completed}/{summary.requests} ok, {attain}throughput {summary.request_throughput:.3f} "

@@ -1,8 +1,12 @@
-"""`tidal status [--config FILE | --data-dir DIR] [--nats URL] [--json]`: services and workers.
+"""`tidal status [--config FILE | --data-dir DIR] [--nats URL] [--json] [--watch [SECONDS]]`.
 
 Services come from the registry's catalog and from their health replies (every instance
 answers `tidal.v1.<service>.health`); workers from the catalog, with liveness as the registry
-judged it from heartbeats. Exits 1 when NATS or the registry cannot be reached.
+judged it from heartbeats, and each live worker's pool, instances and adapters from the
+latest `WorkerStats` it published on `tidal.v1.evt.worker.stats` (collected for up to
+`--stats-window` seconds, until every live worker has been heard). `--watch` keeps one
+connection and redraws in place until Ctrl-C. Exits 1 when NATS or the registry cannot be
+reached. The rendering is `status_view.py`.
 """
 from __future__ import annotations
 
@@ -11,15 +15,15 @@ import asyncio
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from shared.config import ConfigError, load_config
-from shared.config_units import ByteSize
 from shared.events.registry import Bucket, CatalogEntry
-from shared.events.worker import WorkerState
+from shared.events.worker import WorkerState, WorkerStats
 from shared.health import HealthReply
-from shared.subjects import SERVICES
+from shared.subjects import SERVICES, worker_stats
 from shared.wire import TidalError
 from tidal.run_state import read_state
 
@@ -44,6 +48,9 @@ class WorkerRow(msgspec.Struct, kw_only=True):
     last_heartbeat_age_s: float | None
     host: str = ""
     incarnation: str = ""
+    stats: WorkerStats | None = None  # the latest it published; None when dead or not heard
+    stats_age_s: float | None = None
+    lifecycle: str | None = None  # WarmServe: idle | universal | dedicated | grace (the planner writes it)
 
 
 class StatusReport(msgspec.Struct, kw_only=True):
@@ -66,12 +73,16 @@ def resolve_data_dir(args: argparse.Namespace) -> Path | None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("status", help="services and workers of the running cluster, with liveness")
+    parser = sub.add_parser("status", help="services, workers and their memory pools, with liveness")
     parser.add_argument("--config", help="the cluster TOML file it was started with (to find its data_dir)")
     parser.add_argument("--data-dir", help="the cluster's data directory (default: from the config, .tidal)")
     parser.add_argument("--nats", metavar="URL", help="ask this NATS (default: the one `tidal up` recorded)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS", help="per request (default: %(default)s)")
+    parser.add_argument("--stats-window", type=float, default=1.0, metavar="SECONDS",
+                        help="wait this long at most for every live worker's stats (default: %(default)s)")
+    parser.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
+                        help="redraw every SECONDS (default 2) until Ctrl-C")
     parser.set_defaults(func=run)
 
 
@@ -91,41 +102,120 @@ def run(args: argparse.Namespace) -> int:
                   "or pass --nats URL", file=sys.stderr)
             return 1
         nats_url = state.nats_url
-    report = asyncio.run(collect(nats_url, args.timeout))
+    if args.watch is not None:
+        if args.watch <= 0:
+            print(f"tidal status: --watch takes a positive number of seconds, not {args.watch}", file=sys.stderr)
+            return 2
+        try:
+            asyncio.run(watch(nats_url, args.timeout, args.stats_window, args.watch))
+        except KeyboardInterrupt:
+            pass
+        return 0
+    report = asyncio.run(collect(nats_url, args.timeout, args.stats_window))
     if args.json:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(report), indent=2).decode() + "\n")
     else:
-        render(report)
+        from rich.console import Console
+
+        from tidal.commands.status_view import status_view
+
+        Console().print(status_view(report))
     return 0 if report.registry_reachable else 1
 
 
-async def collect(nats_url: str, timeout: float) -> StatusReport:
-    from shared.bus import Bus, BusSettings
-    from shared.logging import configure_logging
-    from shared.registry_client import RegistryClient
-    from tidal.health_probe import gather_health
-
-    configure_logging("cli", level="warning")  # stdout is for the report
-
+async def collect(nats_url: str, timeout: float, stats_window: float = 1.0) -> StatusReport:
     try:
-        bus = await Bus.connect(BusSettings(url=nats_url, initial_connect_s=timeout), service="cli")
+        source = await StatusSource.open(nats_url, timeout)
     except TidalError as exc:
         return StatusReport(nats_url=nats_url, registry_reachable=False, error=f"NATS unreachable: {exc}")
     try:
-        registry = RegistryClient(bus, timeout=timeout)
+        return await source.report(stats_window)
+    finally:
+        await source.close()
+
+
+async def watch(nats_url: str, timeout: float, stats_window: float, interval: float) -> None:
+    from rich.console import Console
+    from rich.live import Live
+
+    from tidal.commands.status_view import status_view
+
+    try:
+        source = await StatusSource.open(nats_url, timeout)
+    except TidalError as exc:
+        raise SystemExit(f"tidal status: NATS unreachable: {exc}") from None
+    try:
+        with Live(console=Console(), auto_refresh=False, screen=False) as live:
+            window = stats_window
+            while True:
+                live.update(status_view(await source.report(window)), refresh=True)
+                window = 0.0  # the subscription keeps the latest stats from now on
+                await asyncio.sleep(interval)
+    finally:
+        await source.close()
+
+
+class StatusSource:
+    """One NATS connection, the registry, and the latest WorkerStats of every worker heard."""
+
+    def __init__(self, bus: Any, nats_url: str, timeout: float) -> None:
+        self.bus = bus
+        self.nats_url = nats_url
+        self.timeout = timeout
+        self.latest: dict[str, WorkerStats] = {}
+        self.heard = asyncio.Event()
+        self.sub: Any = None
+
+    @classmethod
+    async def open(cls, nats_url: str, timeout: float) -> "StatusSource":
+        from shared.bus import Bus, BusSettings
+        from shared.logging import configure_logging
+
+        configure_logging("cli", level="warning")  # stdout is for the report
+        bus = await Bus.connect(BusSettings(url=nats_url, initial_connect_s=timeout), service="cli")
+        source = cls(bus, nats_url, timeout)
+        source.sub = await bus.subscribe(worker_stats(), WorkerStats, source._on_stats)
+        return source
+
+    async def _on_stats(self, msg: WorkerStats, _ctx: object) -> None:
+        prev = self.latest.get(msg.worker_id)
+        if prev is None or msg.ts >= prev.ts:
+            self.latest[msg.worker_id] = msg
+        self.heard.set()
+
+    async def close(self) -> None:
+        await self.bus.close()
+
+    async def report(self, stats_window: float) -> StatusReport:
+        from shared.registry_client import RegistryClient
+        from tidal.health_probe import gather_health
+
+        registry = RegistryClient(self.bus, timeout=self.timeout)
         error = None
         try:
             services, workers = await registry.list(Bucket.SERVICES), await registry.list(Bucket.WORKERS)
         except TidalError as exc:
             services, workers, error = [], [], f"registry unreachable: {exc}"
-        healths = await asyncio.gather(*(gather_health(bus, name, timeout=min(timeout, 0.5)) for name in SERVICES))
+        alive = {e.key for e in workers if e.record.state != WorkerState.DEAD}  # type: ignore[union-attr]
+        heard = asyncio.ensure_future(self._await_stats(alive, stats_window))
+        healths = await asyncio.gather(*(gather_health(self.bus, n, timeout=min(self.timeout, 0.5)) for n in SERVICES))
+        await heard
         replies = {inst: reply for found in healths for inst, reply in found.items()}
-    finally:
-        await bus.close()
-    return StatusReport(
-        nats_url=nats_url, registry_reachable=error is None, error=error,
-        services=service_rows(services, replies), workers=worker_rows(workers, time.time()),
-    )
+        return StatusReport(
+            nats_url=self.nats_url, registry_reachable=error is None, error=error,
+            services=service_rows(services, replies), workers=worker_rows(workers, self.latest, time.time()),
+        )
+
+    async def _await_stats(self, alive: set[str], window: float) -> None:
+        """Until every live worker has published stats once, or `window` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + window
+        while not alive <= self.latest.keys() and loop.time() < deadline:
+            self.heard.clear()
+            try:
+                await asyncio.wait_for(self.heard.wait(), deadline - loop.time())
+            except asyncio.TimeoutError:
+                break
 
 
 def service_rows(entries: list[CatalogEntry], replies: dict[str, HealthReply]) -> list[ServiceRow]:
@@ -150,48 +240,17 @@ def service_rows(entries: list[CatalogEntry], replies: dict[str, HealthReply]) -
     return rows
 
 
-def worker_rows(entries: list[CatalogEntry], now: float) -> list[WorkerRow]:
+def worker_rows(entries: list[CatalogEntry], latest: dict[str, WorkerStats], now: float) -> list[WorkerRow]:
     rows = []
     for entry in entries:
         rec = entry.record
         dead = rec.state == WorkerState.DEAD  # type: ignore[union-attr]
+        stats = None if dead else latest.get(entry.key)
         rows.append(WorkerRow(
             worker_id=entry.key, device=rec.device, memory_capacity_bytes=rec.memory_capacity_bytes,  # type: ignore[union-attr]
             liveness="dead" if dead else "alive", state=str(rec.state), host=rec.host,  # type: ignore[union-attr]
             last_heartbeat_age_s=round(now - rec.last_heartbeat_ts, 3) if rec.last_heartbeat_ts else None,  # type: ignore[union-attr]
-            incarnation=rec.incarnation,  # type: ignore[union-attr]
+            incarnation=rec.incarnation, lifecycle=rec.lifecycle,  # type: ignore[union-attr]
+            stats=stats, stats_age_s=round(max(0.0, now - stats.ts), 3) if stats is not None else None,
         ))
     return rows
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.1f}s"
-    return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
-
-
-def render(report: StatusReport) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    console.print(f"NATS {report.nats_url}" + (f"  [red]{report.error}[/red]" if report.error else ""))
-    colour = {"ok": "green", "alive": "green", "draining": "yellow", "starting": "yellow", "unreachable": "red", "dead": "red"}
-    services = Table(title="services")
-    for column in ("service", "instance", "pid", "health", "registry", "uptime", "metrics"):
-        services.add_column(column, overflow="fold")
-    for row in report.services:
-        c = colour.get(row.health, "white")
-        services.add_row(row.service, row.instance, str(row.pid or "-"), f"[{c}]{row.health}[/{c}]", row.registry_state or "-",
-                         _age(row.uptime_s), str(row.metrics_port or "-"))
-    console.print(services)
-    workers = Table(title="workers")
-    for column in ("worker", "device", "memory", "liveness", "state", "last heartbeat"):
-        workers.add_column(column)
-    for w in report.workers:
-        c = colour.get(w.liveness, "white")
-        workers.add_row(w.worker_id, w.device, ByteSize(w.memory_capacity_bytes).human(), f"[{c}]{w.liveness}[/{c}]",
-                        w.state, _age(w.last_heartbeat_age_s) + " ago" if w.last_heartbeat_age_s is not None else "-")
-    console.print(workers)

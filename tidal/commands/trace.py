@@ -1,7 +1,9 @@
 """`tidal trace burstgpt|azure|maf|poisson [options] --out FILE` and `tidal trace info FILE`.
 
 Writes a seeded trace as JSONL (docs/loadgen.md). `burstgpt --csv` and `azure --csv`
-import the public trace files instead of generating.
+import the public trace files instead of generating. Requests name the models of the
+cluster config (`--config`, default the embedded one) unless told otherwise, so a trace
+made with the defaults runs against that cluster as it is (`tidal bench serve`).
 """
 from __future__ import annotations
 
@@ -28,8 +30,35 @@ def _names(text: str) -> list[str]:
     return names
 
 
+def config_models(config: str | None) -> list[str]:
+    """The models of a cluster config, its default model first: the first `[[models]]` entry
+    a `[[workers]]` entry serves (else the first entry), then the others in file order."""
+    from shared.config import load_config
+
+    cfg = load_config(config)
+    names = [m.name for m in cfg.models]
+    if not names:
+        raise ValueError(f"the config {config or '(embedded default)'} has no [[models]]: name them with --model")
+    served = {m for w in cfg.workers for m in w.models}
+    first = next((n for n in names if n in served), names[0])
+    return [first] + [n for n in names if n != first]
+
+
+def _default_model(args: argparse.Namespace) -> str:
+    return args.model or config_models(args.config)[0]
+
+
 def _models(args: argparse.Namespace) -> list[str]:
-    return args.model_names or [f"model-{i}" for i in range(args.models)]
+    """--model-names, else the config's models (the first --models of them when given)."""
+    if args.model_names:
+        return list(args.model_names)
+    names = config_models(args.config)
+    if args.models is None:
+        return names
+    if args.models > len(names):
+        raise ValueError(f"--models {args.models}: the config has {len(names)} ({', '.join(names)}); "
+                         "name more with --model-names")
+    return names[: args.models]
 
 
 def _burst(text: str):
@@ -44,6 +73,8 @@ def _burst(text: str):
 
 def _common(p: argparse.ArgumentParser, *, rate: float, dur: str) -> None:
     p.add_argument("--out", required=True, help="trace file to write (JSONL)")
+    p.add_argument("--config", default=None,
+                   help="cluster TOML whose models the requests name by default (default: the embedded one)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--duration", type=duration, default=None,
                    help=f"trace length (default {dur}; for --csv: the window's length, default all of it)")
@@ -72,7 +103,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="an explicit burst (repeatable); replaces --bursts")
     p.add_argument("--cv", type=float, default=1.0, help="coefficient of variation of gaps (1 = Poisson)")
     p.add_argument("--dataset", choices=datasets, default="burstgpt")
-    p.add_argument("--model", default=None, help="model name (default model-0; for --csv: keep the CSV's)")
+    p.add_argument("--model", default=None,
+                   help="model name (default: the config's default model; for --csv: keep the CSV's)")
     p.add_argument("--csv", help="import a BurstGPT CSV instead of generating")
     p.add_argument("--model-map", type=_names, default=None, help="CSV model renames, e.g. ChatGPT=llama,GPT-4=qwen")
     p.add_argument("--log-type", default=None, help="keep only this Log Type (CSV)")
@@ -82,7 +114,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = kinds.add_parser("azure", help="multi-model conversation/code load, daily and weekly periodicity")
     _common(p, rate=1.0, dur="1d")
-    p.add_argument("--models", type=int, default=4, help="number of models (named model-0..)")
+    p.add_argument("--models", type=int, default=None, help="the first N of the config's models (default: all)")
     p.add_argument("--model-names", type=_names, default=None, help="comma-separated model names (overrides --models)")
     p.add_argument("--alpha", type=float, default=0.5, help="power-law exponent of per-model rates")
     p.add_argument("--kinds", type=_names, default=["conv"], help="conv, code or conv,code (cycled over models)")
@@ -92,7 +124,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--phase-jitter-h", type=float, default=1.5)
     p.add_argument("--cv", type=float, default=1.0)
     p.add_argument("--csv", help="import an Azure LLM inference trace CSV instead of generating")
-    p.add_argument("--model", default="model-0", help="model name for CSV requests")
+    p.add_argument("--model", default=None, help="model name for CSV requests (default: the config's default model)")
     p.add_argument("--start", type=duration, default=None, help="CSV window start (seconds from its first row)")
     p.set_defaults(func=run_azure)
 
@@ -100,8 +132,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p, rate=6.0, dur="5m")
     p.add_argument("--adapters", type=int, default=2000)
     p.add_argument("--zipf-s", type=float, default=1.0, help="popularity exponent")
-    p.add_argument("--models", type=int, default=1)
-    p.add_argument("--model-names", type=_names, default=None)
+    p.add_argument("--models", type=int, default=1, help="base models: the first N of the config's (default 1)")
+    p.add_argument("--model-names", type=_names, default=None, help="comma-separated base model names")
     p.add_argument("--ranks", type=_names, default=["8", "16", "32", "64"])
     p.add_argument("--base-fraction", type=float, default=0.0, help="share of requests without an adapter")
     p.add_argument("--dataset", choices=datasets, default="burstgpt")
@@ -109,7 +141,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = kinds.add_parser("poisson", help="plain Poisson arrivals at --rate")
     _common(p, rate=1.0, dur="1m")
-    p.add_argument("--model", default="model-0")
+    p.add_argument("--model", default=None, help="model name (default: the config's default model)")
     p.add_argument("--dataset", choices=datasets, default="burstgpt")
     p.add_argument("--prompt-tokens", type=int, default=None, help="fixed prompt length")
     p.add_argument("--output-tokens", type=int, default=None, help="fixed output length")
@@ -163,7 +195,7 @@ def run_burstgpt(args: argparse.Namespace) -> int:
         bursts = args.burst if args.burst else place_bursts(args.seed, dur, args.bursts, args.burst_duration,
                                                             args.burst_magnitude, args.burst_ramp)
         return generate(BurstGPTParams(seed=args.seed, duration_s=dur, rate=args.rate, bursts=bursts,
-                                       cv=args.cv, dataset=args.dataset, model=args.model or "model-0"))
+                                       cv=args.cv, dataset=args.dataset, model=_default_model(args)))
     return _write(args, make)
 
 
@@ -174,7 +206,7 @@ def run_azure(args: argparse.Namespace) -> int:
 
     def make():
         if args.csv:
-            return load_azure_csv(args.csv, model=args.model, **_window(args))
+            return load_azure_csv(args.csv, model=_default_model(args), **_window(args))
         bad = [k for k in args.kinds if k not in ("conv", "code")]
         if bad:
             raise ValueError(f"unknown kind(s) {bad}: use conv and/or code")
@@ -205,7 +237,7 @@ def run_poisson(args: argparse.Namespace) -> int:
     from loadgen.traces.schema import PoissonParams
 
     return _write(args, lambda: generate(PoissonParams(
-        seed=args.seed, duration_s=_duration(args), rate=args.rate, model=args.model, dataset=args.dataset,
+        seed=args.seed, duration_s=_duration(args), rate=args.rate, model=_default_model(args), dataset=args.dataset,
         prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens)))
 
 

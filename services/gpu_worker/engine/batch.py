@@ -21,6 +21,7 @@ class ScheduledChunk:
     block_tables: dict[int, list[int]]
     adapter: str | None = None  # LoRA adapter name, None for the base model
     sample: bool = True  # chunk reaches the end of the known tokens: sample a next token
+    lora_on_cpu: bool = False  # its adapter is still loading: CPU helpers compute its LoRA deltas
 
 
 @dataclass(slots=True)

@@ -40,19 +40,19 @@ class BlockAllocator:
             self._open.extend(_FREE * n)
             self.num_free += n
 
-    def retire(self, n: int) -> int:
-        """Stop using up to n free blocks, highest ids first; returns how many."""
-        done = 0
+    def retire(self, n: int) -> list[int]:
+        """Stop using up to n free blocks, highest ids first; returns their ids."""
+        done: list[int] = []
         pos = len(self._free)
-        while done < n:
+        while len(done) < n:
             b = self._free.rfind(_FREE, 0, pos)
             if b < 0:
                 break
             self._free[b] = self._open[b] = 0
             self._retired.add(b)
             pos = b
-            done += 1
-        self.num_free -= done
+            done.append(b)
+        self.num_free -= len(done)
         while self._free and len(self._free) - 1 in self._retired:  # shrink the id space at its end
             self._retired.discard(len(self._free) - 1)
             del self._free[-1]

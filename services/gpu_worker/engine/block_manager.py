@@ -6,13 +6,28 @@ number of blocks is whatever the memory pool can give the KV kind: `sync_with_po
 claims free pool bytes as new blocks (after weights were dropped, say), and the pool
 calls back `_reclaim` when another kind needs bytes, which gives up FREE blocks only.
 
+A worker's instances share one pool (one block manager each, on its own engine thread),
+so the number of blocks also moves between instances, never copying live KV:
+* an allocation that finds too few free blocks claims pool bytes at once — the free
+  ones, then other instances' free blocks (`MemoryPool.reclaim_kv`) — in batches of
+  `claim_batch` blocks, so that growth does not ask the pool every step;
+* what it still lacks is filed as a *want* once per step (`settle`, called by the
+  scheduler): the pool earmarks freed bytes for the oldest want, and every manager gives
+  its free blocks back to cover other instances' wants at the start of its next step;
+* an instance keeps `floor_blocks` free blocks from other instances' claims while it
+  holds live KV (hysteresis: two busy instances do not trade blocks back and forth),
+  none while it is idle.
+All touching of free blocks happens under the pool's one lock (another instance's thread
+may be retiring them); the hot path — a sequence whose blocks already cover its next
+tokens — takes no lock.
+
 Block ids are stable for the life of a block; retired ids are reused first, so the
 runner sizes its KV storage by `block_id_limit`. Which free ids a chain gets is the
 allocator's business (`block_allocator`: contiguous chains when it can).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from services.gpu_worker.engine.block_allocator import BlockAllocator
 from services.gpu_worker.engine.memory_pool import MemoryKind, MemoryPool
@@ -44,6 +59,9 @@ class BlockManager:
         owner: str = "kv",
         max_blocks: int | None = None,
         reserve_bytes: int = 0,
+        claim_batch: int | None = None,
+        floor_blocks: int | None = None,
+        on_retire: Callable[[list[int]], None] | None = None,
     ) -> None:
         if block_size < 1 or block_bytes < 1:
             raise ValueError(f"block_size and block_bytes must be >= 1, got {block_size}, {block_bytes}")
@@ -51,8 +69,18 @@ class BlockManager:
         self.block_size = block_size
         self.block_bytes = block_bytes
         self.max_blocks = max_blocks  # cap, e.g. a fixed preallocated KV region
+        self.cap_blocks: int | None = None  # WarmServe Eq. 1: a grace-period instance's KV cap (set_cap)
         self.reserve_bytes = reserve_bytes  # left free in the pool for workspace spikes
         self._layers = _layer_tuple(layers)
+        per_step = max(1, len(self._layers))  # blocks one sequence takes at a block boundary
+        self.claim_batch = claim_batch if claim_batch is not None else 4 * per_step
+        self.floor = floor_blocks if floor_blocks is not None else 2 * per_step
+        self.on_retire = on_retire  # e.g. give the retired blocks' physical memory back
+        self._root = pool.root  # the shared pool behind a tenant's view
+        self._tenant = pool.tenant
+        self._lock = self._root.lock
+        self._short = 0  # KV bytes this step's allocations lacked (filed as a want by settle)
+        self._wanting = False
         self._charge = pool.charge(MemoryKind.KV, owner, 0)
         self._num_blocks = 0
         self._alloc = BlockAllocator()
@@ -88,12 +116,68 @@ class BlockManager:
         """Tokens one sequence could hold if it had every block."""
         return (self._num_blocks // max(1, len(self._layers))) * self.block_size
 
+    @property
+    def floor_blocks(self) -> int:
+        """Free blocks other instances may not take: the floor while this one holds live KV."""
+        return self.floor if self._tables else 0
+
+    @property
+    def capacity_blocks(self) -> int:
+        """The most blocks this manager could ever hold: its own, the pool's free bytes and
+        every other instance's KV were it all freed (less the reserve). "Fits at all" is
+        judged by this; `num_blocks` is what it holds now."""
+        with self._lock:
+            kv_bytes = self._root.bytes_of(MemoryKind.KV)
+            n = max(0, (self._root.free_bytes + kv_bytes - self.reserve_bytes) // self.block_bytes)
+        n = n if self.max_blocks is None else min(n, self.max_blocks)
+        return n if self.cap_blocks is None else min(n, max(self.cap_blocks, self._num_blocks))
+
+    def set_cap(self, max_bytes: int | None) -> int:
+        """Hold at most `max_bytes` of KV from now on (None: no cap). Free blocks above the cap go back
+        to the pool at once (room for prewarmed weights, WarmServe §4.1); live blocks stay, and no new
+        ones are claimed past it. Returns the bytes given back."""
+        with self._lock:
+            if max_bytes is None:
+                self.cap_blocks = None
+                return 0
+            self.cap_blocks = max(0, max_bytes) // self.block_bytes
+            over = self._num_blocks - self.cap_blocks
+            return self._retire_free(over, keep_floor=False) if over > 0 else 0
+
     def sync_with_pool(self) -> int:
-        """Claim the pool's free bytes (minus the reserve) as new blocks; returns how many."""
-        spare = self.pool.free_bytes - self.reserve_bytes
-        n = max(0, spare // self.block_bytes)
+        """At the start of a step: give free blocks back to instances that wait for KV, then
+        claim the free bytes left to this one (minus the reserve) as new blocks; returns how many."""
+        root = self._root
+        if not root.has_wants and root.free_bytes - self.reserve_bytes < self.block_bytes:
+            return 0  # the common case, without the lock: nobody waits, nothing to claim
+        with self._lock:
+            deficit = self._root.wanted_by_others(self._tenant)
+            if deficit > 0:
+                self._retire_free(cdiv(deficit, self.block_bytes), keep_floor=True)
+            return self._add_blocks(self._root.available_to(self._tenant) // self.block_bytes)
+
+    def settle(self) -> None:
+        """At the end of scheduling: file what this step's allocations lacked as this instance's
+        want (or withdraw it), so freed blocks elsewhere come here. Once per step."""
+        if self._short or self._wanting:
+            self._root.set_want(self._tenant, self._short)
+            self._wanting, self._short = self._short > 0, 0
+
+    def give_back(self, nbytes: int) -> int:
+        """Retire free blocks until `nbytes` are returned to the pool (or none are free); bytes given."""
+        with self._lock:
+            return self._retire_free(cdiv(max(0, nbytes), self.block_bytes), keep_floor=False)
+
+    def _reclaim(self, missing_bytes: int, keep_floor: bool) -> int:
+        """The pool's callback (any thread, pool lock held): free blocks for another kind or instance."""
+        return self._retire_free(cdiv(max(0, missing_bytes), self.block_bytes), keep_floor)
+
+    def _add_blocks(self, n: int) -> int:
+        n = min(n, (self._root.available_to(self._tenant) - self.reserve_bytes) // self.block_bytes)
         if self.max_blocks is not None:
             n = min(n, self.max_blocks - self._num_blocks)
+        if self.cap_blocks is not None:
+            n = min(n, self.cap_blocks - self._num_blocks)
         if n <= 0:
             return 0
         self.pool.resize(self._charge, (self._num_blocks + n) * self.block_bytes, reclaim=False)
@@ -101,34 +185,49 @@ class BlockManager:
         self._num_blocks += n
         return n
 
-    def give_back(self, nbytes: int) -> int:
-        """Retire free blocks until `nbytes` are returned to the pool (or none are free); bytes given."""
+    def _retire_free(self, n: int, keep_floor: bool) -> int:
         # the highest free ids go, so the storage can shrink at its end
-        n = self._alloc.retire(cdiv(max(0, nbytes), self.block_bytes))
-        if n <= 0:
+        spare = self._alloc.num_free - (self.floor_blocks if keep_floor else 0)
+        ids = self._alloc.retire(min(n, spare)) if spare > 0 and n > 0 else []
+        if not ids:
             return 0
-        self._num_blocks -= n
+        self._num_blocks -= len(ids)
         self.pool.resize(self._charge, self._num_blocks * self.block_bytes)
-        return n * self.block_bytes
+        if self.on_retire is not None:
+            self.on_retire(ids)
+        return len(ids) * self.block_bytes
 
-    def _reclaim(self, missing_bytes: int) -> int:
-        return self.give_back(missing_bytes)
+    def _claim(self, short: int) -> bool:
+        """`short` more free blocks, now (pool lock held): up to a batch from the free bytes, and
+        what those lack from other instances' free blocks (just that: they may need theirs
+        soon); what is still lacking is remembered for `settle`."""
+        bb = self.block_bytes
+        needed = short * bb + self.reserve_bytes
+        if self._root.available_to(self._tenant) < needed:
+            self._root.reclaim_kv(self._tenant, needed)
+        got = self._add_blocks(max(short, self.claim_batch))
+        if got < short:
+            self._short = max(self._short, (short - got) * bb)
+        return got >= short
 
     # --- layers ----------------------------------------------------------------------
     @property
     def layers(self) -> tuple[int, ...]:
         return self._layers
 
-    def set_layers(self, layers: Iterable[int]) -> None:
+    def set_layers(self, layers: Iterable[int], *, keep_tables: bool = False) -> None:
         """Change the held layers (normally a contiguous range). Blocks of layers no longer held
-        are freed (export them first); layers newly held start with empty tables, to be
-        imported or recomputed."""
+        are freed (export them first) — unless `keep_tables`: then live sequences keep them
+        (a buddy group's victims, whose KV there is still read by remote attention until it is
+        exchanged; `release_layers` frees them) while new allocations cover the held layers
+        only. Layers newly held start with empty tables, to be imported or recomputed."""
         layers = _layer_tuple(layers)
-        for seq_id, tables in self._tables.items():
-            for layer in [l for l in tables if l not in layers]:
-                self._alloc.release((seq_id, layer), tables.pop(layer))
-            for layer in layers:
-                tables.setdefault(layer, [])
+        with self._lock:
+            for seq_id, tables in self._tables.items():
+                for layer in [l for l in tables if l not in layers and not keep_tables]:
+                    self._alloc.release((seq_id, layer), tables.pop(layer))
+                for layer in layers:
+                    tables.setdefault(layer, [])
         self._layers = layers
         for seq_id in self._tables:
             self._refresh_covered(seq_id)
@@ -154,27 +253,51 @@ class BlockManager:
         return sum(max(0, need - len(tables[layer])) for layer in self._layers)
 
     def can_allocate(self, seq_id: str, num_tokens: int) -> bool:
+        """Whether the blocks are free here now (without claiming any from the pool)."""
         return self.blocks_needed(seq_id, num_tokens) <= self._alloc.num_free
 
     def allocate(self, seq_id: str, num_tokens: int, expected_tokens: int = 0) -> bool:
         """Make every held layer's table cover `num_tokens` tokens: all or nothing.
-        `expected_tokens` (e.g. prompt + max_tokens) lets chains stay contiguous as they grow."""
+        `expected_tokens` (e.g. prompt + max_tokens) lets chains stay contiguous as they grow.
+        Too few free blocks here: claims more from the pool first."""
         needed = self.blocks_needed(seq_id, num_tokens)
         if needed == 0:
             if seq_id not in self._tables:
                 self._new_seq(seq_id)
             return True
-        if needed > self._alloc.num_free:
-            return False
-        tables = self._tables.get(seq_id) or self._new_seq(seq_id)
-        need = cdiv(num_tokens, self.block_size)
-        expect = max(need, cdiv(expected_tokens, self.block_size))
-        take = self._alloc.take
-        for layer in self._layers:
-            table = tables[layer]
-            if len(table) < need:
-                table += take((seq_id, layer), need - len(table), table[-1] if table else None, expect - len(table))
+        with self._lock:
+            short = needed - self._alloc.num_free
+            if short > 0 and not self._claim(short):
+                return False
+            tables = self._tables.get(seq_id) or self._new_seq(seq_id)
+            need = cdiv(num_tokens, self.block_size)
+            expect = max(need, cdiv(expected_tokens, self.block_size))
+            take = self._alloc.take
+            for layer in self._layers:
+                table = tables[layer]
+                if len(table) < need:
+                    table += take((seq_id, layer), need - len(table), table[-1] if table else None, expect - len(table))
         self._covered[seq_id] = need
+        return True
+
+    def allocate_layers(self, seq_id: str, layers: Iterable[int], num_tokens: int) -> bool:
+        """Grow one sequence's tables of `layers` (held or kept, see `set_layers`) to cover
+        `num_tokens`: remote attention writing into a victim's KV of a dropped layer."""
+        tables = self._tables.get(seq_id)
+        if tables is None:
+            raise BlockManagerError(f"sequence {seq_id} has no blocks here")
+        need = cdiv(num_tokens, self.block_size)
+        layers = [l for l in _layer_tuple(layers) if len(tables.setdefault(l, [])) < need]
+        if not layers:
+            return True
+        with self._lock:
+            short = sum(need - len(tables[l]) for l in layers) - self._alloc.num_free
+            if short > 0 and not self._claim(short):
+                return False
+            for l in layers:
+                table = tables[l]
+                table += self._alloc.take((seq_id, l), need - len(table), table[-1] if table else None, need - len(table))
+        self._refresh_covered(seq_id)
         return True
 
     def free(self, seq_id: str) -> int:
@@ -184,9 +307,10 @@ class BlockManager:
         if not tables:
             return 0
         n = 0
-        for layer, table in tables.items():
-            self._alloc.release((seq_id, layer), table)
-            n += len(table)
+        with self._lock:
+            for layer, table in tables.items():
+                self._alloc.release((seq_id, layer), table)
+                n += len(table)
         return n
 
     def _new_seq(self, seq_id: str) -> dict[int, list[int]]:
@@ -213,11 +337,12 @@ class BlockManager:
         """Free one sequence's blocks for `layers` (after its KV there was exported)."""
         tables = self._tables[seq_id]
         n = 0
-        for l in _layer_tuple(layers):
-            table = tables.get(l, [])
-            self._alloc.release((seq_id, l), table)
-            n += len(table)
-            table.clear()
+        with self._lock:
+            for l in _layer_tuple(layers):
+                table = tables.get(l, [])
+                self._alloc.release((seq_id, l), table)
+                n += len(table)
+                table.clear()
         self._refresh_covered(seq_id)
         return n
 
@@ -233,11 +358,13 @@ class BlockManager:
         current = {l: len(tables[l]) if tables else 0 for l in layers}
         if any(n for n in current.values()):
             raise BlockManagerError(f"sequence {seq_id}: layers already have blocks: {current}")
-        if need * len(layers) > self._alloc.num_free:
-            return None
-        tables = tables or self._new_seq(seq_id)
-        for l in layers:
-            tables[l] = self._alloc.take((seq_id, l), need, None, need)
+        with self._lock:
+            short = need * len(layers) - self._alloc.num_free
+            if short > 0 and not self._claim(short):
+                return None
+            tables = tables or self._new_seq(seq_id)
+            for l in layers:
+                tables[l] = self._alloc.take((seq_id, l), need, None, need)
         self._refresh_covered(seq_id)
         return {l: tables[l] for l in layers}
 
@@ -248,6 +375,7 @@ class BlockManager:
             "free_blocks": self.num_free_blocks,
             "block_size": self.block_size,
             "kv_bytes": self._num_blocks * self.block_bytes,
+            "capacity_blocks": self.capacity_blocks,
             "kv_used_bytes": self.num_used_blocks * self.block_bytes,
             "num_layers": len(self._layers),
         }

@@ -4,6 +4,9 @@ sample → postprocess; everything else (blocks, batching, KV, LoRA) lives in it
 One owner drives an engine (the gpu_worker's actor, or `generate` offline): add_request,
 abort and step are called from that owner only, between steps. The live-migration calls
 (kv_progress, detach, reserve_kv, attach, release_kv, kv_views) are in `kv_handover`.
+Engines of one worker share one `MemoryPool` (each charging it through a view named by
+its tenant, the instance id): their KV blocks move between them on demand
+(`block_manager`), each engine stepping on its own thread.
 """
 from __future__ import annotations
 
@@ -14,9 +17,13 @@ from pathlib import Path
 
 from services.gpu_worker.engine.batch import SchedulerOutput
 from services.gpu_worker.engine.block_manager import BlockManager
+from services.gpu_worker.engine.cold_start import ColdStart
+from services.gpu_worker.engine.cpu_lora_helpers import CpuLoRAFailed
 from services.gpu_worker.engine.detokenizer import IncrementalDetokenizer
 from services.gpu_worker.engine.kv_handover import DetachedRequest, KvHandover, KvProgress
 from services.gpu_worker.engine.memory_pool import MemoryKind, MemoryPool
+from services.gpu_worker.engine.pool_view import PoolView
+from services.gpu_worker.engine.preloaded import PreloadedWeights
 from services.gpu_worker.engine.model_runner import ModelRunner
 from services.gpu_worker.engine.outputs import CompletionResult, RequestOutput
 from services.gpu_worker.engine.sampler import SampleResult, Sampler
@@ -26,6 +33,8 @@ from services.gpu_worker.engine.sequence import FinishReason, Sequence
 from services.gpu_worker.engine.tokenizer import EngineTokenizer
 
 __all__ = ["DetachedRequest", "EngineConfig", "KvProgress", "LLMEngine"]
+
+LOAD_WAIT_S = 0.005  # a step with nothing to run but chunks waiting for adapter loads: wait this long for one
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +53,10 @@ class EngineConfig:
     num_threads: int | None = None
     workspace_bytes: int | None = None  # default: estimated from the step's largest shapes
     kv_blocks: int | None = None  # cap on KV blocks (tests, reproducible pressure); default: all the pool gives
+    # CaraServe (cold_start.py): a cold adapter's prefill runs on CPU helpers while it loads
+    cpu_lora_assist: bool = False
+    cpu_lora_processes: int = 2
+    lora_load_bandwidth: float | None = None  # bytes/s: paces adapter loads (a PCIe-like link on CPU)
 
 
 @dataclass(slots=True)
@@ -53,14 +66,21 @@ class _Request:
 
 
 class LLMEngine(KvHandover):
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, pool: MemoryPool | None = None, *, tenant: str | None = None,
+                 preloaded: PreloadedWeights | None = None, background_load: bool = False) -> None:
+        """`pool`: the device's pool shared with other engines (default: a private one of
+        `config.pool_bytes`); `tenant` names this engine's charges in it (default: the model dir's name).
+        `preloaded`: weights already in device memory (no copy, no checkpoint read for them);
+        `background_load`: the layers not preloaded load while the engine steps (engine/preloaded.py)."""
         self.config = config
-        self.pool = MemoryPool(_pool_bytes(config), config.device)
         model_dir = Path(config.model_dir)
+        root = pool if pool is not None else MemoryPool(_pool_bytes(config), config.device)
+        self.pool: PoolView = root.view(tenant or model_dir.name or "engine")
         self.tokenizer = EngineTokenizer.from_dir(model_dir) if (model_dir / "tokenizer.json").is_file() else None
         self.runner = ModelRunner(
             model_dir, self.pool, block_size=config.block_size, dtype=config.dtype, device=config.device,
             lora_mode=config.lora_mode, max_loras=config.max_loras, num_threads=config.num_threads,
+            preloaded=preloaded, background_load=background_load,
         )
         cfg = self.runner.cfg
         self.max_model_len = min(config.max_model_len or cfg.max_position, cfg.max_position)
@@ -70,6 +90,7 @@ class LLMEngine(KvHandover):
             self.pool, block_size=config.block_size, block_bytes=self.runner.kv_block_bytes,
             layers=self.runner.kv_layers, owner=f"{cfg.name}:kv",
             max_blocks=min(self.runner.max_kv_blocks, config.kv_blocks or self.runner.max_kv_blocks),
+            on_retire=self.runner.kv_cache.release_blocks,  # blocks given to others cost this engine no memory
         )
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len, config.max_prefill_chunk),
@@ -83,6 +104,10 @@ class LLMEngine(KvHandover):
         self._order = itertools.count()
         self._sampled_ids: list[str] = []  # row order of the last step's sampled logits
         self._held_kv: set[str] = set()  # ids whose blocks are held outside the scheduler (migration)
+        self.stalled = False  # the last step scheduled nothing although requests are in (e.g. waiting for KV)
+        self.cold = ColdStart(self.runner, assist=config.cpu_lora_assist, processes=config.cpu_lora_processes,
+                              bandwidth=config.lora_load_bandwidth, model_dir=config.model_dir, dtype=config.dtype,
+                              max_rows=config.max_num_batched_tokens)
 
     # --- requests --------------------------------------------------------------------
     def add_request(
@@ -173,27 +198,28 @@ class LLMEngine(KvHandover):
     # --- the step --------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
-        self._load_adapters(out)
+        self.stalled = out.is_empty and bool(self._requests)
+        held = self._load_adapters(out)
+        if held and out.is_empty:  # every chunk waits for an adapter's load: wait for one to land
+            self.cold.wait_for_load(LOAD_WAIT_S)
         sampled = self._execute(out)
         changed = self.scheduler.update(out, sampled.token_ids)
         return self._postprocess(changed, sampled)
 
-    def _load_adapters(self, out: SchedulerOutput) -> None:
-        """Make the step's adapters resident. If live KV of other sequences holds the bytes,
-        the sequences of the adapters that do not fit sit this step out (preempted, freeing
-        their blocks); if they hold all the live KV themselves, they never fit: error."""
-        names = {c.adapter for c in out.chunks if c.adapter is not None}
-        if not names:
-            return
-        try:
-            self.runner.lora.ensure_resident(names)
-            return
-        except MemoryError as exc:
-            error = str(exc)
-        missing = names - set(self.runner.lora.resident)
+    def _load_adapters(self, out: SchedulerOutput) -> bool:
+        """Make the step's adapters resident (or start their loads and prefill on CPU meanwhile:
+        `cold_start`). If live KV of other sequences holds the bytes, the sequences of the
+        adapters that do not fit sit this step out (preempted, freeing their blocks); if they
+        hold all the live KV themselves, they never fit: error. True if chunks wait for loads."""
+        before = len(out.chunks)
+        missing, error = self.cold.route(out, lambda seq_id: self._requests[seq_id].seq)
+        if not missing:
+            return len(out.chunks) < before
         waiting = [c.seq_id for c in out.chunks if c.adapter in missing]
-        # Alone: no other sequence holds KV that could be freed later, so it never fits.
-        alone = self.blocks.num_used_blocks == sum(self.blocks.num_blocks_of(s) for s in waiting)
+        # Alone: no other sequence holds KV that could be freed later, so it never fits. The
+        # failed charge took every free KV block of the shared pool: other instances' KV left is live.
+        others_kv = self.pool.root.bytes_of(MemoryKind.KV) - self.blocks.num_blocks * self.blocks.block_bytes
+        alone = self.blocks.num_used_blocks == sum(self.blocks.num_blocks_of(s) for s in waiting) and others_kv <= 0
         for seq_id in waiting:
             if alone:
                 self.scheduler.finish(seq_id, FinishReason.ERROR, error=error)
@@ -203,6 +229,7 @@ class LLMEngine(KvHandover):
             else:
                 self.scheduler.preempt(seq_id)
         out.chunks = [c for c in out.chunks if c.adapter not in missing]
+        return False
 
     def _execute(self, out: SchedulerOutput) -> SampleResult:
         for seq_id in out.finished:
@@ -210,7 +237,13 @@ class LLMEngine(KvHandover):
         self._sampled_ids: list[str] = []
         if out.is_empty:
             return SampleResult([])
-        result = self.runner.execute(out)
+        try:
+            result = self.runner.execute(out)
+        except CpuLoRAFailed as exc:  # a helper died or erred: those requests wait for the load
+            self.cold.fall_back(out, exc)
+            if out.is_empty:
+                return SampleResult([])
+            result = self.runner.execute(out)
         if result.logits is None:
             return SampleResult([])
         self._sampled_ids = result.sampled_seq_ids

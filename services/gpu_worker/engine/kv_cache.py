@@ -94,9 +94,14 @@ class PagedKVCache:
         """Give free blocks' physical memory back (e.g. when capacity shrinks); only whole
         pages inside a block's K and V ranges are returned."""
         half = self.block_bytes // 2
-        for b in block_ids:
-            self.region.release(b * half, half)
-            self.region.release((self.max_blocks + b) * half, half)
+        ids = sorted(block_ids)
+        start = 0
+        for i in range(1, len(ids) + 1):  # runs of consecutive ids: pages spanning small blocks go too
+            if i == len(ids) or ids[i] != ids[i - 1] + 1:
+                first, n = ids[start], i - start
+                self.region.release(first * half, n * half)
+                self.region.release((self.max_blocks + first) * half, n * half)
+                start = i
 
     def _check_cover(self, block_ids: list[int], num_tokens: int) -> None:
         if len(block_ids) * self.block_size < num_tokens:

@@ -4,6 +4,10 @@ Single-file (`model.safetensors`) and sharded (`model.safetensors.index.json` + 
 layouts are both read lazily through `safe_open`, so a worker that serves layers [a, b)
 reads only those tensors, and can read them again later (restore after a drop). Every
 tensor is checked against the config's shape before use.
+
+Nothing is opened until a tensor is asked for (the shard map is built on first use), and every
+`safe_open` is counted (`CHECKPOINT_OPENS`): a model started from prewarmed weights held in the
+pool reads no checkpoint, and the gpu_worker's tests and metrics can tell.
 """
 from __future__ import annotations
 
@@ -17,6 +21,12 @@ from safetensors import safe_open
 from .model_config import CheckpointError, ModelConfig
 
 INDEX_FILE = "model.safetensors.index.json"
+CHECKPOINT_OPENS = [0]  # safetensors files opened by any reader of this process (a list: mutable, thread-safe enough)
+
+
+def _open(path: Path) -> Any:
+    CHECKPOINT_OPENS[0] += 1
+    return safe_open(str(path), framework="pt")
 LAYER_PREFIX = "model.layers."
 
 
@@ -45,8 +55,14 @@ class CheckpointReader:
     def __init__(self, model_dir: str | Path, config: ModelConfig) -> None:
         self.model_dir = Path(model_dir)
         self.config = config
-        self._weight_map = self._build_weight_map()
+        self._map: dict[str, Path] | None = None  # built on first use: a prewarmed start opens nothing
         self._handles: dict[Path, Any] = {}
+
+    @property
+    def _weight_map(self) -> dict[str, Path]:
+        if self._map is None:
+            self._map = self._build_weight_map()
+        return self._map
 
     def _build_weight_map(self) -> dict[str, Path]:
         index = self.model_dir / INDEX_FILE
@@ -65,7 +81,7 @@ class CheckpointReader:
             raise CheckpointError(f"missing file: no *.safetensors in {self.model_dir}")
         files = {}
         for path in shards:
-            with safe_open(str(path), framework="pt") as handle:
+            with _open(path) as handle:
                 files |= {name: path for name in handle.keys()}
         return files
 
@@ -74,7 +90,7 @@ class CheckpointReader:
 
     def _handle(self, path: Path) -> Any:
         if path not in self._handles:
-            self._handles[path] = safe_open(str(path), framework="pt")
+            self._handles[path] = _open(path)
         return self._handles[path]
 
     def read(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -8,7 +8,10 @@ The scaling (lora_alpha / r, or / sqrt(r) with use_rslora) is folded into B at l
 
 Adapters are read once into host memory (`register`) and copied to the device on demand
 (`ensure_resident`) into an LRU cache; each resident adapter is charged to the pool as
-kind "lora" and its charge released on eviction.
+kind "lora" and its charge released on eviction. A pinned adapter (`pin`) stays on the
+device: LRU never evicts it. The host repository may be bounded (`host_limit_bytes`, the
+worker's `lora_host_memory`): beyond it the least recently used adapters that have a
+directory to re-read are spilled (registered still; read again on next use).
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from .adapter_lru import AdapterLRU
 from .lora_batch import LoRABatch, build_lora_batch
 from .model_config import CheckpointError, ModelConfig
 
@@ -131,19 +135,64 @@ class LoRAManager:
         self.host: dict[str, LoRAAdapter] = {}
         self.resident: OrderedDict[str, tuple[LoRAAdapter, Any]] = OrderedDict()  # name -> (adapter, charge)
         self._stacks: dict[tuple[str, ...], dict] = {}  # padded path: stacked weights per adapter set
+        self.pinned: set[str] = set()  # device level: never LRU-evicted
+        self.host_lru = AdapterLRU()  # host copies held (spilled ones are not); bounded by host_limit_bytes
+        self.paths: dict[str, Path] = {}  # where a spilled adapter is read again from
+        self.spilled: dict[str, LoRAAdapter] = {}  # registered, weights dropped (name, rank kept)
+
+    def set_host_limit(self, limit_bytes: int | None) -> None:
+        self.host_lru.limit_bytes = limit_bytes
 
     def register(self, name: str, path: str | Path) -> LoRAAdapter:
         adapter = load_adapter(path, name, self.cfg, self.layers)
-        self.unregister(name)
-        self.host[name] = adapter
+        self.install(adapter, path)
         return adapter
+
+    def install(self, adapter: LoRAAdapter, path: str | Path | None = None, *, pinned: bool = False) -> None:
+        """Register an adapter already read (`path`: its directory, so it may be spilled and re-read);
+        pinned: made resident now and never LRU-evicted (MemoryError, and not registered, if no room)."""
+        name = adapter.name
+        self.unregister(name)
+        self._hold(adapter)
+        self.host[name] = adapter
+        if path is not None:
+            self.paths[name] = Path(path)
+        else:
+            self.host_lru.pin(name)  # nothing to read it back from: never spilled
+        if pinned:
+            try:
+                self.pin(name)
+            except MemoryError:
+                self.unregister(name)
+                raise
+
+    def pin(self, name: str) -> None:
+        self.ensure_resident([name])
+        self.pinned.add(name)
+
+    def unpin(self, name: str) -> None:
+        self.pinned.discard(name)
 
     def unregister(self, name: str) -> None:
         self._evict(name)
         self.host.pop(name, None)
+        self.pinned.discard(name)
+        self.host_lru.remove(name)
+        self.paths.pop(name, None)
+        self.spilled.pop(name, None)
 
     def rank(self, name: str) -> int:
-        return self._host(name).rank
+        return self.host[name].rank if name in self.host else self._host(name).rank
+
+    def residency(self) -> list[tuple[str, str, bool, int, int]]:
+        """(adapter, level "device" | "host", pinned, rank, bytes) per level each adapter is held at."""
+        rows = [(n, "device", n in self.pinned, a.rank, a.nbytes) for n, (a, _) in self.resident.items()]
+        rows += [(n, "host", n in self.pinned, self.host[n].rank, self.host_lru.size(n)) for n in self.host_lru]
+        return rows
+
+    def room_bytes(self) -> int:
+        """Device bytes a newly loaded adapter could get: the pool's free bytes and unpinned adapters."""
+        return self.pool.free_bytes + sum(a.nbytes for n, (a, _) in self.resident.items() if n not in self.pinned)
 
     def ensure_resident(self, names: Iterable[str]) -> None:
         """Load `names` to the device (LRU), evicting others not in `names` when short."""
@@ -164,6 +213,32 @@ class LoRAManager:
                     if not self._evict_one(wanted):
                         raise MemoryError(f"no room for LoRA adapter {name!r} ({adapter.nbytes} B): {exc}") from exc
             self.resident[name] = (adapter.to(self.device), charge)
+
+    def reserve(self, name: str, keep: Iterable[str] = ()) -> tuple[LoRAAdapter, Any]:
+        """Charge the pool for `name`'s device copy (evicting cold adapters not in `keep`, as
+        `ensure_resident` does) without copying: the copy runs elsewhere (`lora_loads`) and
+        `admit` makes it resident. Returns (host copy, charge); MemoryError if there is no room."""
+        wanted = [name, *keep]
+        adapter = self._host(name)
+        if self.max_resident is not None:
+            while len(self.resident) >= self.max_resident and self._evict_one(wanted):
+                pass
+        while True:
+            try:
+                return adapter, self.pool.charge("lora", f"lora:{name}", adapter.nbytes)
+            except MemoryError as exc:
+                if not self._evict_one(wanted):
+                    raise MemoryError(f"no room for LoRA adapter {name!r} ({adapter.nbytes} B): {exc}") from exc
+
+    def admit(self, name: str, source: LoRAAdapter, moved: LoRAAdapter, charge: Any) -> bool:
+        """A reserved copy landed: resident from now on. False (charge released) if the adapter was
+        unregistered or replaced while it was on its way."""
+        current = self.host.get(name)
+        if current is None or (current is not source and name not in self.spilled and current.weights):
+            self.pool.release(charge)
+            return False
+        self.resident[name] = (moved, charge)
+        return True
 
     def prepare_batch(self, adapters: list[str | None], q_lens: list[int]) -> LoRABatch | None:
         """Per-chunk adapter names → the step's LoRA hook (None when no chunk has one)."""
@@ -188,11 +263,31 @@ class LoRAManager:
         adapter = self.host.get(name)
         if adapter is None:
             raise KeyError(f"unknown LoRA adapter {name!r} (registered: {sorted(self.host)})")
+        if name in self.spilled:  # cold: read the directory again (it was checked when registered)
+            adapter = load_adapter(self.paths[name], name, self.cfg, self.layers)
+            self._hold(adapter)
+            self.host[name] = adapter
+            del self.spilled[name]
+        else:
+            self.host_lru.touch(name)
         return adapter
 
+    def _hold(self, adapter: LoRAAdapter) -> None:
+        """Count a host copy in the repository, spilling least recently used ones beyond its limit."""
+        victims = self.host_lru.victims_for(adapter.nbytes, keep={adapter.name})
+        if victims is None:
+            raise MemoryError(f"LoRA adapter {adapter.name!r} ({adapter.nbytes} B) does not fit the host repository "
+                              f"({self.host_lru.limit_bytes} B, {self.host_lru.bytes} B held by adapters it cannot spill)")
+        for victim in victims:
+            held = self.host[victim]
+            self.spilled[victim] = LoRAAdapter(victim, held.rank, {})
+            self.host[victim] = self.spilled[victim]
+            self.host_lru.remove(victim)
+        self.host_lru.add(adapter.name, adapter.nbytes)
+
     def _evict_one(self, keep: list[str]) -> bool:
-        """Evict the least recently used adapter not in `keep`; False if there is none."""
-        victim = next((n for n in self.resident if n not in keep), None)
+        """Evict the least recently used adapter neither pinned nor in `keep`; False if there is none."""
+        victim = next((n for n in self.resident if n not in keep and n not in self.pinned), None)
         if victim is not None:
             self._evict(victim)
         return victim is not None

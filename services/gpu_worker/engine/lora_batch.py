@@ -27,6 +27,9 @@ class SegmentedLoRABatch:
     adapters: dict[str, LoRAAdapter]
     segments: list[tuple[str, torch.Tensor | slice]]  # adapter -> its token rows
 
+    def start(self, layer: int, targets: object, x: torch.Tensor) -> None:
+        """Nothing to begin early on the device (the CPU-assisted hook overlaps here)."""
+
     def add(self, layer: int, target: str, x: torch.Tensor, out: torch.Tensor) -> None:
         for name, rows in self.segments:
             ab = self.adapters[name].weights.get((layer, target))
@@ -47,6 +50,9 @@ class PaddedLoRABatch:
     slot: torch.Tensor  # per selected token: index into the stacked weights
     max_rank: int
     stacks: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor] | None]
+
+    def start(self, layer: int, targets: object, x: torch.Tensor) -> None:
+        """Nothing to begin early on the device (the CPU-assisted hook overlaps here)."""
 
     def _stack(self, layer: int, target: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         key = (layer, target)

@@ -11,6 +11,11 @@ Residency: `drop_layers` releases a layer range's weight charges to the pool (th
 manager turns the bytes into KV blocks in the same step; the KV region is reserved for
 the pool's maximum so nothing is copied) keeping a host copy or re-reading from the
 checkpoint on `restore_layers`.
+
+Preloaded weights (`preloaded`, engine/preloaded.py: an evicted instance's or prewarmed layers
+already in device memory) are taken as they are, without a copy or a checkpoint read; with
+`background_load`, layers not preloaded are read by a `LayerLoader` thread while the runner
+already steps (a step waits for each layer it reaches).
 """
 from __future__ import annotations
 
@@ -27,9 +32,12 @@ from .attention import PagedAttention
 from .batch import SchedulerOutput
 from .kv_cache import PagedKVCache, kv_block_bytes
 from .loader import CheckpointReader
+from .cpu_lora_batch import step_hook
+from .cpu_lora_helpers import CpuLoRAHelpers
 from .lora import LoRAManager
 from .model_config import ModelConfig, load_model_config
 from .models.llama import LayerAttention, LayerWeights, LlamaModel
+from .preloaded import LayerLoader, PreloadedWeights
 
 
 @dataclass(slots=True)
@@ -71,6 +79,8 @@ class ModelRunner:
         max_loras: int | None = None,
         keep_host_copy: bool = True,
         num_threads: int | None = None,
+        preloaded: PreloadedWeights | None = None,
+        background_load: bool = False,
     ) -> None:
         if num_threads:
             torch.set_num_threads(num_threads)
@@ -86,10 +96,17 @@ class ModelRunner:
         self.reader = CheckpointReader(model_dir, cfg)
         self.model = LlamaModel(cfg, self.device)
         self._charges: dict[str, Any] = {}
-        self._host_layers: dict[int, LayerWeights] = {}
+        self._host_layers: dict[int, LayerWeights] = dict(preloaded.layers) if preloaded is not None else {}
+        self._preloaded = preloaded
+        self.loading: LayerLoader | None = None  # layers still arriving (background_load)
         self._load_stage_ends()
+        self._preloaded = None
+        later = [i for i in self.layers if background_load and i not in self._host_layers]
         for i in self.layers:
-            self._load_layer(i)
+            if i not in later:
+                self._load_layer(i)
+        if later:
+            self.loading = LayerLoader(self, later)
 
         self.block_size = block_size
         self.kv_block_bytes = kv_block_bytes(cfg, block_size)
@@ -99,6 +116,7 @@ class ModelRunner:
         self.attention = PagedAttention(self.kv_cache, list(self.kv_layers), cfg.sliding_window)
         self._attention_override: dict[int, LayerAttention] = {}
         self.lora = LoRAManager(cfg, self.layers, pool, self.device, lora_mode, max_loras)
+        self.cpu_lora: CpuLoRAHelpers | None = None  # set by the engine when it runs CPU LoRA helpers
 
     # --- loading and residency ------------------------------------------------------
     def _charge(self, owner: str, nbytes: int) -> None:
@@ -109,13 +127,19 @@ class ModelRunner:
         return int(self.pool.release(handle) or 0) if handle is not None else 0
 
     def _load_stage_ends(self) -> None:
-        m, r = self.model, self.reader
+        m, r, pre = self.model, self.reader, self._preloaded
         if self.layers.start == 0:
-            m.embed = r.read_embedding().to(self.device)
+            m.embed = pre.embed if pre is not None and pre.embed is not None else r.read_embedding().to(self.device)
             self._charge("embed", _nbytes(m.embed))
         if self.layers.stop == self.cfg.num_layers:
-            m.final_norm = r.read_final_norm().to(self.device)
-            if self.cfg.tie_word_embeddings and m.embed is not None:
+            if pre is not None and pre.final_norm is not None and pre.lm_head is not None:
+                m.final_norm, m.lm_head = pre.final_norm, pre.lm_head  # packed already
+            else:
+                m.final_norm = r.read_final_norm().to(self.device)
+                m.lm_head = None
+            if m.lm_head is not None:
+                pass
+            elif self.cfg.tie_word_embeddings and m.embed is not None:
                 m.lm_head = pack_weight(m.embed)  # the embedding itself unless packing copies it
             else:
                 m.lm_head = pack_weight(r.read_lm_head().to(self.device))
@@ -134,7 +158,10 @@ class ModelRunner:
 
     @property
     def stage(self) -> range:
-        """The layers `execute` runs: the resident ones, which must be contiguous."""
+        """The layers `execute` runs: the resident ones, which must be contiguous (all of them
+        while a background load is under way: a step waits for each)."""
+        if self.loading is not None:
+            return self.layers
         held = self.resident_layers()
         if not held:
             return range(self.layers.start, self.layers.start)
@@ -192,22 +219,30 @@ class ModelRunner:
 
     # --- one step ---------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, hidden: torch.Tensor | None = None) -> StepOutput:
+    def execute(self, out: SchedulerOutput, hidden: torch.Tensor | None = None, *,
+                layers: range | None = None) -> StepOutput:
+        """`layers`: run only this resident sub-range (a buddy group's stage; default: every
+        resident layer)."""
         chunks = out.chunks
         if not chunks:
             return StepOutput(None, None, [])
         layout = self.attention.prepare(chunks)
         q_lens = [len(c.token_ids) for c in chunks]
-        if self.is_first:
+        stage = self.stage if layers is None else layers
+        first = self.model.embed is not None and stage.start == 0
+        last = self.model.lm_head is not None and stage.stop == self.cfg.num_layers
+        if first:
             ids = [t for c in chunks for t in c.token_ids]
             hidden = self.model.embed_tokens(torch.tensor(ids, dtype=torch.long, device=self.device))
         elif hidden is None or hidden.shape[0] != layout.num_tokens:
-            raise ValueError(f"stage {self.stage} needs hidden states for {layout.num_tokens} tokens")
-        adapters = [c.adapter for c in chunks]
-        lora = self.lora.prepare_batch(adapters, q_lens) if any(a is not None for a in adapters) else None
-        stage = self.stage
-        hidden = self.model.run_layers(stage.start, stage.stop, hidden, layout.positions, self._attend, lora)
-        if not self.is_last:
+            raise ValueError(f"stage {stage} needs hidden states for {layout.num_tokens} tokens")
+        lora = step_hook(self.lora, self.cpu_lora, chunks, q_lens) if any(c.adapter for c in chunks) else None
+        loading = self.loading
+        if loading is not None:
+            hidden = loading.run(stage.start, stage.stop, hidden, layout.positions, self._attend, lora)
+        else:
+            hidden = self.model.run_layers(stage.start, stage.stop, hidden, layout.positions, self._attend, lora)
+        if not last:
             return StepOutput(None, hidden, [])
         rows, seq_ids, end = [], [], 0
         for c, n in zip(chunks, q_lens):

@@ -6,6 +6,14 @@ sequences still prefilling take chunks, then waiting sequences are admitted in
 KV blocks allow. When a running sequence needs a block and none is free, the
 lowest-priority, latest-arrived running sequence is preempted (its KV is freed and it is
 recomputed later). The runner's contract is `batch.SchedulerOutput`.
+
+When the worker's instances share one pool, "no block is free" means none is free here
+nor claimable from the pool (free bytes, other instances' free blocks): the rules above
+then apply unchanged — another instance's live KV is never taken. A waiting sequence
+waits; what it lacks is filed as this instance's want at the end of the step
+(`BlockManager.settle`), so blocks the other instances free go to it first. A request
+fails as too long only if it could not fit even with every KV byte of the pool
+(`capacity_blocks`).
 """
 from __future__ import annotations
 
@@ -184,6 +192,7 @@ class Scheduler:
 
         out.chunks = list(scheduled.values())
         out.finished.extend(s.seq_id for s in self._errored)
+        self.blocks.settle()  # what this step lacked becomes a want on the shared pool
         return out
 
     def _expected(self, seq: Sequence) -> int:
@@ -235,9 +244,9 @@ class Scheduler:
         return victim
 
     def _fits_at_all(self, seq: Sequence, num_tokens: int) -> bool:
-        """Could this sequence hold `num_tokens` if it had every block of the engine?"""
+        """Could this sequence hold `num_tokens` if it had every KV block the pool could give?"""
         need = self.blocks.blocks_needed(seq.seq_id, num_tokens) + self.blocks.num_blocks_of(seq.seq_id)
-        return need <= self.blocks.num_blocks
+        return need <= self.blocks.capacity_blocks
 
     def _never_fits(self, seq: Sequence, num_tokens: int) -> None:
         need = self.blocks.blocks_needed(seq.seq_id, num_tokens) + self.blocks.num_blocks_of(seq.seq_id)
@@ -245,7 +254,7 @@ class Scheduler:
             seq,
             FinishReason.ERROR,
             error=f"request {seq.seq_id} needs {need} KV blocks for {num_tokens} tokens; "
-            f"this engine holds {self.blocks.num_blocks}",
+            f"this engine could hold at most {self.blocks.capacity_blocks}",
         )
         self._finished_ids.pop()  # reported in this step's output instead
         self._errored.append(seq)

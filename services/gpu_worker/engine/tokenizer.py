@@ -4,7 +4,9 @@
 domain text shipped beside this module, with BOS/EOS and chat-marker special tokens;
 `save_tokenizer` writes `tokenizer.json` + `tokenizer_config.json` (with a jinja chat
 template) in the Hugging Face layout. `EngineTokenizer.from_dir` loads any checkpoint's
-tokenizer; chat templates render in a sandboxed jinja environment.
+tokenizer and its chat templates (chat_template.jinja and additional_chat_templates/*.jinja, else
+tokenizer_config's `chat_template`, a string or named {name, template} entries); they
+render in a sandboxed jinja environment.
 """
 from __future__ import annotations
 
@@ -114,17 +116,20 @@ def _token_str(value: Any) -> str | None:
 class EngineTokenizer:
     """A checkpoint's tokenizer: encode/decode, special ids, chat template."""
 
-    def __init__(self, tok: Tokenizer, config: dict[str, Any], generation_eos: list[int] | None = None) -> None:
+    def __init__(self, tok: Tokenizer, config: dict[str, Any], generation_eos: list[int] | None = None,
+                 chat_templates: dict[str, str] | None = None) -> None:
         self.tok = tok
         self.config = config
-        self.chat_template: str | None = config.get("chat_template")
+        # name -> jinja source; "default" is what a chat renders with unless a name is asked
+        self.chat_templates = chat_templates if chat_templates else _config_templates(config)
+        self.chat_template: str | None = self.chat_templates.get("default")
         self.bos_token = _token_str(config.get("bos_token"))
         self.eos_token = _token_str(config.get("eos_token"))
         self.bos_token_id = tok.token_to_id(self.bos_token) if self.bos_token else None
         eos = {tok.token_to_id(self.eos_token)} if self.eos_token else set()
         self.eos_token_ids: frozenset[int] = frozenset(i for i in eos | set(generation_eos or []) if i is not None)
         self.special_token_ids = frozenset(int(i) for i in config.get("added_tokens_decoder", {}))
-        self._template = None
+        self._compiled: dict[str, Any] = {}
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> EngineTokenizer:
@@ -140,7 +145,7 @@ class EngineTokenizer:
         if gen_path.is_file():
             value = json.loads(gen_path.read_text()).get("eos_token_id")
             gen_eos = [value] if isinstance(value, int) else list(value or [])
-        return cls(tok, config, gen_eos)
+        return cls(tok, config, gen_eos, _file_templates(model_dir))
 
     @property
     def vocab_size(self) -> int:
@@ -152,15 +157,22 @@ class EngineTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True, **extra: Any) -> str:
-        if not self.chat_template:
-            raise TokenizerError("this tokenizer has no chat_template in tokenizer_config.json")
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                            template_name: str | None = None, **extra: Any) -> str:
+        """Render with the named template (None: "default"); `extra` reaches the template as variables."""
+        name = template_name or "default"
+        if name not in self.chat_templates:
+            if not self.chat_templates:
+                raise TokenizerError("this tokenizer has no chat template (chat_template.jinja or "
+                                     "tokenizer_config.json's chat_template)")
+            raise TokenizerError(f"no chat template named {name!r}; this tokenizer has {sorted(self.chat_templates)}")
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                 raise TokenizerError(f"chat message {i} needs string 'role' and 'content', got {m!r}")
-        if self._template is None:
-            self._template = _sandbox().from_string(self.chat_template)
-        return self._template.render(
+        template = self._compiled.get(name)
+        if template is None:
+            template = self._compiled[name] = _sandbox().from_string(self.chat_templates[name])
+        return template.render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
@@ -168,9 +180,36 @@ class EngineTokenizer:
             **extra,
         )
 
-    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                    template_name: str | None = None) -> list[int]:
         # The template already writes BOS: no second one from the post-processor.
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+        text = self.apply_chat_template(messages, add_generation_prompt, template_name)
+        return self.encode(text, add_special_tokens=False)
+
+
+def _config_templates(config: dict[str, Any]) -> dict[str, str]:
+    """tokenizer_config's `chat_template`: one string, or a list of {name, template} (named templates)."""
+    value = config.get("chat_template")
+    if isinstance(value, str):
+        return {"default": value}
+    if isinstance(value, list):
+        return {t["name"]: t["template"] for t in value
+                if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)}
+    return {}
+
+
+def _file_templates(model_dir: Path) -> dict[str, str]:
+    """chat_template.jinja ("default") and additional_chat_templates/NAME.jinja, as recent transformers saves them;
+    when any exists they take priority over tokenizer_config.json's entries (as in transformers)."""
+    out: dict[str, str] = {}
+    default = model_dir / "chat_template.jinja"
+    if default.is_file():
+        out["default"] = default.read_text(encoding="utf-8")
+    named = model_dir / "additional_chat_templates"
+    if named.is_dir():
+        for path in sorted(named.glob("*.jinja")):
+            out[path.name.removesuffix(".jinja")] = path.read_text(encoding="utf-8")
+    return out
 
 
 def _sandbox():  # noqa: ANN202 - jinja2 types

@@ -8,7 +8,9 @@ UCX tags per endpoint (tag matching keeps each tag's messages in posting order):
   serialization). Chunks have a fixed size per transfer (`TransferStart.chunk_bytes`), so
   the receiver knows where chunk i lands and pre-posts up to `PREPOST` receives ahead of
   the chunk headers it has seen: the payload never waits for its header to be processed;
-* `TAG_REPLY` receiver -> sender: `TransferAck`, `TransferNack`;
+* `TAG_REPLY` receiver -> sender: `TransferAck`, `TransferNack`, and `Goodbye` as the last
+  frame when the receiver closes the endpoint in order (its data plane shuts down), so the
+  sender can tell an orderly close from a lost peer;
 * `TAG_INLINE` sender -> receiver, on the express lane (a link's endpoint for activations):
   a whole transfer of at most `INLINE_MAX` bytes in ONE message — an `InlineTransfer`
   frame followed by the payload. The receiver keeps `INLINE_RING` receives of that size
@@ -119,8 +121,14 @@ class TransferNack(Message, kw_only=True):
     message: Reason = ""
 
 
+class Goodbye(Message, kw_only=True):
+    """The receiver closes this endpoint in order: nothing more will be answered on it."""
+
+    reason: Reason = ""
+
+
 SenderFrame = Hello | TransferStart | ChunkHeader | TransferAbort
-ReplyFrame = TransferAck | TransferNack
+ReplyFrame = TransferAck | TransferNack | Goodbye
 
 _ENCODER = msgspec.msgpack.Encoder()
 _SENDER_DECODER = msgspec.msgpack.Decoder(SenderFrame)

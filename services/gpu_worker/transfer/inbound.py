@@ -28,7 +28,7 @@ from .channel import Channel
 from .express import InlineReceiver
 from .errors import FailureReason, TransferFailed
 from .frames import (
-    MAX_FRAME, PREPOST, TAG_FRAME, TAG_REPLY, ChunkHeader, Hello, TransferAbort, TransferAck, TransferNack,
+    MAX_FRAME, PREPOST, TAG_FRAME, TAG_REPLY, ChunkHeader, Goodbye, Hello, TransferAbort, TransferAck, TransferNack,
     TransferStart, chunk_count, decode_sender_frame, encode_frame,
 )
 from .policy import TrafficClass
@@ -37,6 +37,7 @@ from .sink import Inbox, Received, Sink
 log = get_logger(__name__)
 
 ChunkHook = Callable[[ChunkHeader, ByteView], None]  # fault injection: sees each payload before verification
+GOODBYE_TIMEOUT_S = 1.0  # an orderly close waits this long at most for its Goodbye to go out
 
 
 @dataclass
@@ -88,6 +89,8 @@ class InboundConnection:
         except Exception as exc:  # noqa: BLE001 - endpoint errors: the peer went away
             log.info("data-plane peer disconnected", peer=self.peer, error=str(exc))
         finally:
+            if reason == "closed":  # our plane shuts down: tell the sender it is no failure
+                await self._goodbye()
             if self._inline is not None:
                 self._inline.close()
             for rx in list(self._rx.values()):
@@ -99,6 +102,13 @@ class InboundConnection:
                 pass
             for rx in list(self._rx.values()):
                 self._maybe_close(rx, force=True)
+
+    async def _goodbye(self) -> None:
+        try:
+            await asyncio.wait_for(self.channel.send(encode_frame(Goodbye(reason="shutting down")), TAG_REPLY),
+                                   GOODBYE_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - the peer is gone already; it sees a lost connection
+            pass
 
     def _inline_broken(self, why: str) -> None:
         log.warning("express lane broken; closing the connection", peer=self.peer, error=why)

@@ -30,7 +30,7 @@ from .buffers import Segments, checksum_algorithm, checksum_of, is_host
 from .channel import Channel
 from .errors import FailureReason, TransferFailed
 from .frames import (
-    INLINE_MAX, MAX_FRAME, PREPOST, TAG_FRAME, TAG_INLINE, TAG_REPLY, ChunkHeader, Hello, InlineTransfer,
+    INLINE_MAX, MAX_FRAME, PREPOST, TAG_FRAME, TAG_INLINE, TAG_REPLY, ChunkHeader, Goodbye, Hello, InlineTransfer,
     TransferAbort, TransferAck, TransferStart, chunk_count, decode_reply_frame, encode_frame, encode_inline,
 )
 from .policy import ChunkingConfig, ChunkPlan, LinkSchedule, TrafficClass
@@ -201,7 +201,7 @@ class Link:
         return True
 
     async def close(self, reason: FailureReason = "closed") -> None:
-        self._die(TransferFailed(reason, "link closed", peer=self.peer))
+        self._die(TransferFailed(reason, "link closed", peer=self.peer), closed_by="us")
         mine = [t for t in (self._pump_task, *self._reply_tasks) if t is not None and t is not asyncio.current_task()]
         for task in mine:
             task.cancel()
@@ -314,6 +314,10 @@ class Link:
             self._die(TransferFailed("peer_lost", f"connection to {self.peer} broke: {exc}", peer=self.peer))
 
     def _on_reply(self, frame: Any) -> None:
+        if isinstance(frame, Goodbye):  # the peer's data plane shuts down: an orderly end, not a failure
+            self._die(TransferFailed("peer_lost", f"the peer closed the link ({frame.reason})", peer=self.peer),
+                      closed_by="peer")
+            return
         if timeline.EVENTS is not None:
             timeline.mark("ack", frame.transfer_id)
         out = self._out.get(frame.transfer_id)
@@ -342,11 +346,16 @@ class Link:
         out.handle._settle(receipt, error)
         self._update_gauges()
 
-    def _die(self, error: TransferFailed) -> None:
+    def _die(self, error: TransferFailed, *, closed_by: str | None = None) -> None:
+        """End the link: every transfer on it fails with `error`. An orderly close — ours (`closed_by`
+        "us") or the peer's Goodbye ("peer") — is logged at info; anything else is a failure (a warning)."""
         if self._dead is not None:
             return
         self._dead = error
-        log.warning("data-plane link down", peer=self.peer, reason=error.reason, error=str(error))
+        if closed_by is not None:
+            log.info("data-plane link closed", peer=self.peer, by=closed_by, pending=len(self._out))
+        else:
+            log.warning("data-plane link down", peer=self.peer, reason=error.reason, error=str(error))
         for tid, out in list(self._out.items()):
             self._out.pop(tid)
             self.schedule.cancel(tid)

@@ -32,7 +32,11 @@ class LayerAttention(Protocol):
 
 
 class LoRAHook(Protocol):
-    """Adds the step's per-token LoRA deltas in place: out += scale * x @ A^T @ B^T."""
+    """Adds the step's per-token LoRA deltas in place: out += scale * x @ A^T @ B^T.
+    `start` comes first, before the base matmul of the same input, so deltas computed
+    elsewhere (CPU helpers) overlap with it; `add` then follows once per target."""
+
+    def start(self, layer: int, targets: tuple[str, ...], x: torch.Tensor) -> None: ...
 
     def add(self, layer: int, target: str, x: torch.Tensor, out: torch.Tensor) -> None: ...
 
@@ -127,6 +131,8 @@ class LlamaModel:
         """norm → fused qkv (+LoRA) → rope. Returns q [T, heads, d], k and v [T, kv_heads, d]."""
         cfg, w = self.cfg, self._layer(i)
         x = rms_norm(hidden, w.input_norm, cfg.rms_norm_eps)
+        if lora is not None:
+            lora.start(i, ("q_proj", "k_proj", "v_proj"), x)
         qkv = linear(x, w.wqkv, w.bqkv)
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         if lora is not None:
@@ -144,17 +150,23 @@ class LlamaModel:
         """o_proj (+LoRA) → residual → norm → SwiGLU MLP (+LoRA) → residual."""
         cfg, w = self.cfg, self._layer(i)
         attn = attn.reshape(attn.shape[0], cfg.q_size)
+        if lora is not None:
+            lora.start(i, ("o_proj",), attn)
         o = linear(attn, w.wo)
         if lora is not None:
             lora.add(i, "o_proj", attn, o)
         hidden = residual + o
         x = rms_norm(hidden, w.post_norm, cfg.rms_norm_eps)
+        if lora is not None:
+            lora.start(i, ("gate_proj", "up_proj"), x)
         gate_up = linear(x, w.w13)
         gate, up = gate_up.split(cfg.intermediate_size, dim=-1)
         if lora is not None:
             lora.add(i, "gate_proj", x, gate)
             lora.add(i, "up_proj", x, up)
         act = F.silu(gate) * up
+        if lora is not None:
+            lora.start(i, ("down_proj",), act)
         down = linear(act, w.w2)
         if lora is not None:
             lora.add(i, "down_proj", act, down)

@@ -1,0 +1,1 @@
+"""Paper reproductions in the simulator (`tidal repro PAPER`): setups, runs and reports."""

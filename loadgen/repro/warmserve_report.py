@@ -1,0 +1,155 @@
+"""report.md, PNG figures and summary.json for `tidal repro warmserve`, beside the paper's numbers."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from loadgen.repro.report import _figure, grouped_bars, md_table
+from loadgen.repro.warmserve import SYSTEMS, Headline, Point, ReproConfig, capacity
+
+# WarmServe §7.3-§7.5 and the abstract.
+PAPER = {
+    "p99_vs_sllm": "1.53x-50.79x (P95: 1.07x-10.06x); AzureCode 4.23x-34.52x",
+    "p99_vs_no_proactive": "1.03x-32.87x; AzureCode 3.81x-23.34x",
+    "prewarm_hit": "100% under light load, 82% on average at RPS=25 (Fig. 11)",
+    "capacity_vs_muxserve": "up to 2.5x the requests (Fig. 9: MuxServe queues from RPS 15)",
+    "tpot": "over 60% of autoscaling requests under 50 ms; over 40% of MuxServe's above 100 ms at RPS 25 (Fig. 13); "
+            "MuxServe's mean TPOT 3.26x WarmServe's on AzureCode (Fig. 15)",
+}
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.2f}"
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.inf
+
+
+def _finite(x: object) -> object:
+    """Strict JSON: a non-finite number (a P99 of never-served requests) becomes null."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _workloads(points: list[Point]) -> list[str]:
+    return list(dict.fromkeys(p.workload.key for p in points))
+
+
+def _p99_plot(path: Path, points: list[Point]) -> Path:
+    keys = _workloads(points)
+    fig = _figure(5.2 * len(keys), 3.8)
+    axes = np.atleast_1d(fig.subplots(1, len(keys)))
+    for ax, key in zip(axes, keys):
+        pts = sorted((p for p in points if p.workload.key == key), key=lambda p: p.rps)
+        for s in SYSTEMS:
+            ax.plot([p.rps for p in pts], [p.results[s].p99_ttft for p in pts], marker="o", lw=1.2, label=s)
+        ax.set_yscale("log")
+        ax.set_xlabel("RPS")
+        ax.set_ylabel("P99 TTFT (s)")
+        ax.set_title(pts[0].workload.title, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("P99 TTFT vs RPS (cf. WarmServe Figs. 9, 14)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def _tpot_cdf(path: Path, points: list[Point]) -> Path:
+    keys = _workloads(points)
+    fig = _figure(5.2 * len(keys), 3.6)
+    axes = np.atleast_1d(fig.subplots(1, len(keys)))
+    for ax, key in zip(axes, keys):
+        top = max((p for p in points if p.workload.key == key), key=lambda p: p.rps)
+        for s in SYSTEMS:
+            v = np.sort(top.results[s].tpot) * 1000
+            ax.plot(v, np.arange(1, len(v) + 1) / max(1, len(v)), lw=1.2, label=s)
+        ax.set_xlabel("TPOT (ms)")
+        ax.set_ylabel("CDF")
+        ax.set_title(f"{top.workload.title}, RPS={top.rps:g}", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("TPOT CDF at the highest RPS (cf. WarmServe Figs. 13, 15, 17)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def _rows(points: list[Point], key: str) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for p in sorted((p for p in points if p.workload.key == key), key=lambda p: p.rps):
+        for s in SYSTEMS:
+            m = p.results[s]
+            st = m.starts
+            rows.append([f"{p.rps:g}", s, m.requests, _fmt(m.p50_ttft), _fmt(m.p95_ttft), _fmt(m.p99_ttft),
+                         f"{m.p50_tpot * 1000:.1f}", f"{m.p99_tpot * 1000:.1f}", f"{m.mean_tpot * 1000:.1f}",
+                         "-" if s == "MuxServe" else f"{m.hit_rate:.0%}",
+                         "-" if s == "MuxServe" else f"{st['hit']}/{st['partial']}/{st['cold']}/{st['ungrace']}",
+                         "-" if s == "MuxServe" else f"{m.prewarms} ({m.proactive})"])
+    return rows
+
+
+def write_warmserve_report(out: Path, points: list[Point], cfg: ReproConfig, head: Headline, *, command: str,
+                           wall_s: float, plots: bool = True) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    figures: list[str] = []
+    if plots:
+        figures.append(_p99_plot(out / "p99_ttft.png", points).name)
+        keys = _workloads(points)
+        top = max(p.rps for p in points)
+        hit = [[p.results[s].hit_rate for p in sorted((p for p in points if p.workload.key == k), key=lambda p: p.rps)]
+               for k in keys for s in ("WarmServe", "WarmServe-noproactive", "SLLM-GPU")]
+        series = [(s, [hit[i * 3 + j] for i in range(len(keys))])
+                  for j, s in enumerate(("WarmServe", "WarmServe-noproactive", "SLLM-GPU"))]
+        rps = [f"{r:g}" for r in sorted({p.rps for p in points})]
+        figures.append(grouped_bars(out / "prewarm_hit.png", [next(p.workload.title for p in points if p.workload.key == k)
+                                                              for k in keys], rps, series, "hit rate",
+                                    f"Prewarm hit rate (cf. Fig. 11; top RPS {top:g})", percent=True).name)
+        figures.append(_tpot_cdf(out / "tpot_cdf.png", points).name)
+    lines = [
+        "# WarmServe reproduction (simulated)", "",
+        f"Command: `{command}` — {wall_s:.0f} s wall. Profile `{cfg.profile}` "
+        "(loadgen/sim/profiles/fleet/, every number sourced there): 2 servers x 8 H800-80GB, Llama-2 "
+        "7B-0 / 7B-1 (1 GPU), 13B (2 GPUs), 70B (4 GPUs), batch 32, checkpoints in host memory.",
+        f"One compressed day of {cfg.day_s:g} s per run, CSP windows of {cfg.window_s:g} s over "
+        f"{cfg.history_days} earlier days, keep-alive {cfg.keep_alive_s:g} s, seed {cfg.seed}.", "",
+        "## Headline against the paper", "",
+        md_table(["metric", "this run", "paper"], [
+            ["P99 TTFT, SLLM-GPU / WarmServe (max)", f"{head.p99_vs_sllm:.1f}x", PAPER["p99_vs_sllm"]],
+            ["P99 TTFT, no proactive / WarmServe (max)", f"{head.p99_vs_no_proactive:.1f}x", PAPER["p99_vs_no_proactive"]],
+            [f"WarmServe prewarm hit rate at RPS {max(p.rps for p in points):g}", f"{head.prewarm_hit:.0%}",
+             PAPER["prewarm_hit"]],
+            [f"highest RPS within P99 TTFT <= {cfg.slo_p99_ttft_s:g} s, WarmServe / MuxServe (max)",
+             f"{head.capacity_vs_muxserve:.1f}x", PAPER["capacity_vs_muxserve"]],
+            ["TPOT", "see tables / tpot_cdf.png", PAPER["tpot"]],
+        ]), "", f"`{head.line()}`", "",
+    ]
+    for key in _workloads(points):
+        w = next(p.workload for p in points if p.workload.key == key)
+        caps = {s: capacity(points, s, key, cfg.slo_p99_ttft_s) for s in SYSTEMS}
+        lines += [f"## {w.title} ({w.figure})", "",
+                  "Starts: hit / partial / cold / grace cancelled. Prewarms: replicas placed (of them proactive).", "",
+                  md_table(["RPS", "system", "requests", "P50 TTFT s", "P95 TTFT s", "P99 TTFT s", "P50 TPOT ms",
+                            "P99 TPOT ms", "mean TPOT ms", "hit rate", "starts", "prewarms"], _rows(points, key)), "",
+                  "Highest RPS within the SLO: " + ", ".join(f"{s} {c:g}" for s, c in caps.items()), ""]
+    lines += [f"![{f}]({f})" for f in figures]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    summary = {
+        "line": head.line(), "headline": dataclasses.asdict(head), "config": dataclasses.asdict(cfg),
+        "command": command, "wall_s": wall_s, "paper": PAPER,
+        "points": [{"workload": p.workload.key, "rps": p.rps, "results": {
+            s: {f.name: getattr(m, f.name) for f in dataclasses.fields(m) if f.name not in ("ttft", "tpot")}
+            for s, m in p.results.items()}} for p in points],
+    }
+    (out / "summary.json").write_text(json.dumps(_finite(summary), indent=1) + "\n")
+    return out / "report.md"

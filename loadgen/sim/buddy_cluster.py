@@ -1,0 +1,305 @@
+"""A simulated cluster of one model's replicas whose instances can merge into pipelined buddy
+groups and split back (KunServe §4), with the §5 baselines: Llumnix replication (queue, and
+preempt-recompute when KV is full), Llumnix with live migration, and static pipeline groups.
+
+Engines are SimWorkers (continuous batching, chunked prefill, exact KV blocks): an unsplit
+instance, or a group built by loadgen/sim/pipeline.py. Arrivals go to the engine with the most
+free KV (Llumnix's load balancing). Every `tick_s` a controller looks at the instances:
+- kunserve: KunServe's monitor (shared/policy/kunserve_monitor.py) decides drop / restore, and the
+  drop plan is `shared.policy.kunserve.plan_drop` (throughput- or memory-greedy). A drop is
+  instant; the victims' KV is exchanged over the link while they keep decoding with remote
+  attention. A restore reloads the dropped layers over PCIe and migrates the KV back over the
+  link, then splits the group (cancelled if the burst returns meanwhile).
+- migration: from the fullest instance with a queue to the emptiest, one running request at a
+  time: its KV is reserved on the target, copied over the link (the request keeps decoding on the
+  source, Llumnix's pre-copy), then moved.
+Pure of wall clock: time is the simulation's.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+from heapq import heappop, heappush
+
+from loadgen.sim.pipeline import (
+    PipelineCost, group_cost, put_all, put_decoding, set_cost, settle, take_all, take_one,
+)
+from loadgen.sim.profile import CostProfile
+from loadgen.sim.request import SimRequest
+from loadgen.sim.worker import SimWorker
+from loadgen.traces.schema import Trace
+from shared.policy import kunserve_monitor as mon
+from shared.policy.kunserve import plan_drop
+from shared.policy.kunserve_groups import group_max_batch
+from shared.policy.kunserve_load import InstanceLoad
+from shared.policy.kunserve_profile import PipelineProfile
+
+SYSTEMS = ("replication", "migration", "pipeline", "kunserve")
+
+
+@dataclass
+class ClusterConfig:
+    system: str
+    instances: int = 8
+    strategy: str = "throughput_greedy"  # kunserve's drop plan
+    static_stages: int = 2  # pipeline baseline: the group size KunServe finds under one throttling (§5.1)
+    tick_s: float = 0.1
+    monitor: mon.MonitorConfig = field(default_factory=mon.MonitorConfig)
+    link: str = "rdma"
+    host_link: str = "pcie"
+
+
+@dataclass
+class Engine:
+    worker: SimWorker
+    members: list[int]  # instance indices, in stage order
+    exchanging_until: float = 0.0
+    restoring: bool = False
+
+
+class BuddyCluster:
+    def __init__(self, trace: Trace, profile: CostProfile, pipeline: PipelineProfile, pipe: PipelineCost,
+                 cfg: ClusterConfig, num_layers: int, layer_bytes: int) -> None:
+        if cfg.system not in SYSTEMS:
+            raise ValueError(f"unknown system {cfg.system!r}; known: {', '.join(SYSTEMS)}")
+        self.trace, self.profile, self.pipeline, self.pipe, self.cfg = trace, profile, pipeline, pipe, cfg
+        self.num_layers, self.layer_bytes = num_layers, layer_bytes
+        self.link, self.host = profile.link(cfg.link), profile.link(cfg.host_link)
+        self.block_bytes = profile.worker.kv_bytes_per_token * profile.worker.block_size
+        self.model = trace.records[0].model if trace.records else "model"
+        self.events: list[tuple[float, int, int, object]] = []
+        self.seq = itertools.count()
+        self.engines: dict[int, Engine] = {}
+        self.eid = itertools.count()
+        self.state = mon.MonitorState()
+        self.prev_used: dict[int, int] = {}
+        self.drops = self.restores = self.migrations = 0
+        self.grouped_time = 0.0
+        self.migrating: set[int] = set()  # engine ids with a migration out in flight
+        if cfg.system == "pipeline":
+            k = cfg.static_stages
+            for g in range(cfg.instances // k):
+                self._new_engine(list(range(g * k, (g + 1) * k)), 0.0)
+        else:
+            for i in range(cfg.instances):
+                self._new_engine([i], 0.0)
+
+    # --- engines ---------------------------------------------------------------------------
+    def _new_engine(self, members: list[int], now: float, exchange_s: float = 0.0) -> Engine:
+        k, spec = len(members), self.profile.worker
+        freed = (k - 1) * self.num_layers * self.layer_bytes
+        batch = spec.max_batch if k == 1 else group_max_batch(k, spec.max_batch, self.pipeline)
+        gspec = msgspec.structs.replace(spec, kv_blocks=k * spec.kv_blocks + freed // self.block_bytes, max_batch=batch,
+                        max_batched_tokens=max(k * spec.max_batched_tokens, batch))  # a budget per micro-batch
+        eid = next(self.eid)
+        cost = group_cost(self.profile.step, k, self.link, self.pipe, exchanging=exchange_s > 0)
+        w = SimWorker(eid, f"e{eid}", self.model, gspec, cost, 0.5)
+        eng = Engine(w, members, exchanging_until=now + exchange_s)
+        self.engines[eid] = eng
+        if exchange_s > 0:
+            self._at(now + exchange_s, 2, ("exchanged", eid))
+        return eng
+
+    def _at(self, t: float, kind: int, payload: object) -> None:
+        heappush(self.events, (t, next(self.seq), kind, payload))
+
+    def _kick(self, eng: Engine, now: float) -> None:
+        end = eng.worker.plan(now) if not eng.worker.busy else None
+        if end is not None:
+            self._at(end, 0, (eng.worker.index, eng.worker.gen))
+        eng.worker.finished.clear()
+
+    def _merge(self, member_ids: list[int], now: float) -> None:
+        old = [e for e in list(self.engines.values()) if e.members[0] in member_ids and len(e.members) == 1]
+        moved = []
+        for e in old:
+            settle(e.worker, now)
+            e.worker.finished.clear()
+            moved.append(take_all(e.worker))
+            del self.engines[e.worker.index]
+        k = len(member_ids)
+        victim_bytes = max((sum(-(-c // e.worker.bs) for _, c, _ in m.decoding) * self.block_bytes for m, e in
+                            zip(moved, old)), default=0)
+        exchange = self.link.transfer_s(int(victim_bytes * (k - 1) / k)) if victim_bytes else 0.0
+        eng = self._new_engine(sorted(member_ids), now, exchange_s=exchange)
+        for m in moved:
+            put_all(eng.worker, m)
+        self.drops += 1
+        self._kick(eng, now)
+
+    def _split(self, eng: Engine, now: float) -> None:
+        settle(eng.worker, now)
+        eng.worker.finished.clear()
+        moved = take_all(eng.worker)
+        del self.engines[eng.worker.index]
+        parts = [self._new_engine([m], now) for m in eng.members]
+        for req, ctx, gen in sorted(moved.decoding, key=lambda d: -d[1]):  # largest first, to the emptiest
+            put_decoding(min(parts, key=lambda p: p.worker.used).worker, req, ctx, gen)
+        rest = moved.prefilling + moved.waiting
+        for i, req in enumerate(sorted(rest, key=lambda r: r.order)):
+            target = parts[i % len(parts)].worker
+            req.computed = 0  # its partial prefill KV is re-prefilled on the member (no exchange for it)
+            target.waiting.append(req)
+            target.queued_tokens += req.to_prefill
+            req.worker = target.worker_id
+        for p in parts:
+            p.worker.waiting = type(p.worker.waiting)(sorted(p.worker.waiting, key=lambda r: r.order))
+            self._kick(p, now)
+        self.restores += 1
+
+    # --- the controllers ---------------------------------------------------------------------
+    def _loads(self) -> list[InstanceLoad]:
+        """Each instance as KunServe's monitor sees it; a group's KV is shared evenly by its members."""
+        loads = []
+        for eid, e in self.engines.items():
+            w, k = e.worker, len(e.members)
+            used = w.used * self.block_bytes
+            growth = (w.used - self.prev_used.get(eid, w.used)) * self.block_bytes / self.cfg.tick_s
+            self.prev_used[eid] = w.used
+            per = self.num_layers // k
+            for j, m in enumerate(e.members):
+                kept = None if k == 1 else (j * per, self.num_layers if j == k - 1 else (j + 1) * per)
+                loads.append(InstanceLoad(
+                    instance_id=f"i{m}", worker_id=f"w{m}", model=self.model, num_layers=self.num_layers,
+                    layer_bytes=self.layer_bytes, kv_capacity_bytes=w.total * self.block_bytes // k,
+                    kv_used_bytes=used // k, kv_growth_bytes_per_s=growth / k,
+                    queued_kv_bytes=w.queued_tokens * self.profile.worker.kv_bytes_per_token // k,
+                    kept_layers=kept, group_id=None if k == 1 else f"g{eid}"))
+        return loads
+
+    def _kunserve_tick(self, now: float) -> None:
+        loads = self._loads()
+        self.state, action = mon.step(self.state, loads, now, self.cfg.monitor)
+        if action in (mon.Action.DROP, mon.Action.ESCALATE):
+            plan = plan_drop(loads, self.pipeline, strategy=self.cfg.strategy, horizon_s=self.cfg.monitor.horizon_s)  # type: ignore[arg-type]
+            for group in plan.groups:
+                self._merge([int(m.member.instance_id[1:]) for m in group.members], now)
+            if action == mon.Action.DROP and not plan.groups:
+                self.state = mon.drop_failed(self.state, now)
+        elif action == mon.Action.RESTORE:
+            groups = [e for e in self.engines.values() if len(e.members) > 1]
+            if not groups:
+                self.state = mon.restored(self.state, now)
+            for e in groups:
+                k = len(e.members)
+                reload = self.host.transfer_s((k - 1) * self.num_layers * self.layer_bytes // k)
+                back = self.link.transfer_s(int(e.worker.used * self.block_bytes * (k - 1) / k))
+                e.restoring = True
+                self._at(now + reload + back, 3, ("restore", e.worker.index))
+        elif action == mon.Action.CANCEL_RESTORE:
+            for e in self.engines.values():
+                e.restoring = False
+
+    def _restore_done(self, eid: int, now: float) -> None:
+        eng = self.engines.get(eid)
+        if eng is None or not eng.restoring or self.state.phase != mon.Phase.RESTORING:
+            return
+        k, spec = len(eng.members), self.profile.worker
+        if eng.worker.used > 0.9 * k * spec.kv_blocks:  # would not fit back: keep the group
+            eng.restoring = False
+            return
+        self._split(eng, now)
+        if not any(len(e.members) > 1 for e in self.engines.values()):
+            self.state = mon.restored(self.state, now)
+
+    def _migration_tick(self, now: float) -> None:
+        def pressure(e: Engine) -> float:
+            w = e.worker
+            return (w.used + w.queued_tokens / w.bs) / w.total
+
+        engines = sorted(self.engines.values(), key=pressure)
+        src, dst = engines[-1], engines[0]
+        if src is dst or src.worker.index in self.migrating or not src.worker.waiting:
+            return
+        live = [e[3] for e in src.worker.heap if e[2] == e[3].epoch]
+        if not live:
+            return
+        w = src.worker
+        req = min(live, key=lambda r: r.ctx0 + (w.step - r.start_step))  # the cheapest to move
+        blocks = -(-(req.ctx0 + w.step - req.start_step + 64) // w.bs)
+        if dst.worker.total - dst.worker.used < blocks + dst.worker.queued_tokens // dst.worker.bs:
+            return
+        dst.worker.used += blocks  # reserved on the target while the KV is copied
+        self.migrating.add(w.index)
+        self._at(now + self.link.transfer_s(blocks * self.block_bytes), 4, (w.index, dst.worker.index, req, blocks))
+
+    def _migration_done(self, payload, now: float) -> None:
+        src_id, dst_id, req, blocks = payload
+        self.migrating.discard(src_id)
+        src, dst = self.engines.get(src_id), self.engines.get(dst_id)
+        if dst is not None:
+            settle(dst.worker, now)
+            dst.worker.used -= blocks
+        if src is not None and dst is not None:
+            settle(src.worker, now)
+            got = take_one(src.worker, req)
+            if got is not None:
+                put_decoding(dst.worker, req, *got)
+                self.migrations += 1
+            self._kick(src, now)
+        if dst is not None:
+            self._kick(dst, now)
+
+    # --- the run -----------------------------------------------------------------------------
+    def _route(self, req: SimRequest, now: float) -> None:
+        def free(e: Engine) -> float:
+            w = e.worker
+            return (w.total - w.used - w.queued_tokens / w.bs) / w.total
+
+        eng = max(self.engines.values(), key=lambda e: (free(e), -e.worker.index))
+        end = eng.worker.enqueue(req, now)
+        if end is not None:
+            self._at(end, 0, (eng.worker.index, eng.worker.gen))
+        eng.worker.finished.clear()
+
+    def run(self, progress: Callable[[str], None] | None = None) -> list[SimRequest]:
+        records = self.trace.records
+        requests = [SimRequest(i, r.request_id or f"req-{i}", r.model, None, r.arrival_s, r.prompt_tokens,
+                               r.output_tokens) for i, r in enumerate(records)]
+        for r in requests:
+            r.output = max(1, min(r.output, self.profile.worker.max_model_len - r.prompt))
+            self._at(r.arrival + self.profile.request_overhead_s, 1, r)
+        end_arrivals = records[-1].arrival_s if records else 0.0
+        if self.cfg.system in ("kunserve", "migration"):
+            self._at(self.cfg.tick_s, 5, None)
+        last = 0.0
+        while self.events:
+            t, _, kind, payload = heappop(self.events)
+            if any(len(e.members) > 1 for e in self.engines.values()):
+                self.grouped_time += t - last
+            last = t
+            if kind == 0:
+                eid, gen = payload  # type: ignore[misc]
+                eng = self.engines.get(eid)
+                if eng is None or eng.worker.gen != gen:
+                    continue
+                eng.worker.complete(t)
+                eng.worker.finished.clear()
+                self._kick(eng, t)
+            elif kind == 1:
+                self._route(payload, t)  # type: ignore[arg-type]
+            elif kind == 2:
+                eng = self.engines.get(payload[1])  # type: ignore[index]
+                if eng is not None:
+                    settle(eng.worker, t)
+                    set_cost(eng.worker, group_cost(self.profile.step, len(eng.members), self.link, self.pipe))
+                    self._kick(eng, t)
+            elif kind == 3:
+                self._restore_done(payload[1], t)  # type: ignore[index]
+            elif kind == 4:
+                self._migration_done(payload, t)
+            elif kind == 5:
+                if self.cfg.system == "kunserve":
+                    self._kunserve_tick(t)
+                else:
+                    self._migration_tick(t)
+                busy = any(e.worker.busy or e.worker.waiting for e in self.engines.values())
+                if t < end_arrivals or busy:
+                    self._at(t + self.cfg.tick_s, 5, None)
+        return requests
+
+
+__all__ = ["SYSTEMS", "BuddyCluster", "ClusterConfig", "Engine"]

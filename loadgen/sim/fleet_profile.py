@@ -1,0 +1,146 @@
+"""A fleet's cost profile: GPUs, model mix and start-up costs, for the fleet simulator.
+
+The profile file (loadgen/sim/profiles/fleet/*.toml) holds raw published quantities with
+their sources; everything the simulator uses is derived here, so the arithmetic is tested:
+
+    weights per GPU     = weights_bytes / tp
+    decode step         = weights per GPU / (hbm x eff) + 2 x layers x tp_allreduce_s  (tp > 1)
+                          + per sequence 2 x params / (tp x flops x mfu)
+                          + per context token kv_bytes_per_token / tp / (hbm x eff)
+    prefill per token   = 2 x params / (tp x flops x mfu)
+    KV blocks           = (memory - reserved - weights per GPU) x tp / kv_bytes_per_token / block
+    load (T_c)          = weights per GPU / host_to_gpu_bytes_per_s   (the tp GPUs load in parallel)
+    cold start          = hit_start_s + T_c; a prewarm hit starts in hit_start_s
+                          (+ engine_init_s each, for a system without a pool of ready engines)
+
+Memory- and compute-bound terms are summed (no overlap): a conservative roofline. A compute
+share `share` < 1 (GPU sharing, MuxServe-like) divides every time by it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from loadgen.sim.profile import StepCost, WorkerSpec
+
+FLEET_DIR = Path(__file__).with_name("profiles") / "fleet"
+BLOCK_TOKENS = 16
+
+
+class GpuSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    memory_bytes: int
+    reserved_bytes: int  # runtime, activations, engine: never weights or KV
+    hbm_bytes_per_s: float
+    bandwidth_efficiency: float
+    fp16_flops: float
+    mfu: float
+
+    @property
+    def usable_bytes(self) -> int:
+        return self.memory_bytes - self.reserved_bytes
+
+    @property
+    def effective_bw(self) -> float:
+        return self.hbm_bytes_per_s * self.bandwidth_efficiency
+
+
+class StartupSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    hit_start_s: float  # a new instance on prewarmed weights: until it can run its first step
+    engine_init_s: float  # creating the serving engine on demand (systems without an engine pool)
+    host_to_gpu_bytes_per_s: float  # effective checkpoint load rate per GPU from host memory
+    tp_allreduce_s: float  # one small all-reduce; a TP step does two per layer
+
+
+class FleetModel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    weights_bytes: int
+    params: int
+    parallel: int  # GPUs one instance spans (tensor parallel)
+    layers: int
+    kv_bytes_per_token: int  # all layers, K and V, whole model
+    max_model_len: int
+    batch_size: int  # concurrent requests per instance (the autoscaler's B)
+
+
+class FleetProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    description: str
+    servers: int
+    gpus_per_server: int
+    gpu: GpuSpec
+    startup: StartupSpec
+    models: list[FleetModel]
+
+    @property
+    def gpus(self) -> int:
+        return self.servers * self.gpus_per_server
+
+    def model(self, name: str) -> FleetModel:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(f"profile {self.name!r} has no model {name!r}; it has {[m.name for m in self.models]}")
+
+    # --- derived costs ---------------------------------------------------------------------
+    def weights_per_gpu(self, m: FleetModel, tp: int | None = None) -> int:
+        return -(-m.weights_bytes // (tp or m.parallel))
+
+    def step_cost(self, m: FleetModel, tp: int | None = None, share: float = 1.0) -> StepCost:
+        tp = tp or m.parallel
+        if not 0 < share <= 1:
+            raise ValueError(f"{m.name}: compute share must be in (0, 1], got {share}")
+        bw, flops = self.gpu.effective_bw, self.gpu.fp16_flops * self.gpu.mfu
+        comm = 2 * m.layers * self.startup.tp_allreduce_s if tp > 1 else 0.0
+        per_token_flops_s = 2 * m.params / (tp * flops)
+        return StepCost(overhead_s=(self.weights_per_gpu(m, tp) / bw + comm) / share,
+                        decode_per_seq_s=per_token_flops_s / share,
+                        decode_per_ctx_token_s=m.kv_bytes_per_token / tp / bw / share,
+                        prefill_per_token_s=per_token_flops_s / share, prefill_attn_s=0.0)
+
+    def kv_blocks(self, m: FleetModel, tp: int | None = None) -> int:
+        """KV blocks of an instance owning its `tp` GPUs whole."""
+        tp = tp or m.parallel
+        free = (self.gpu.usable_bytes - self.weights_per_gpu(m, tp)) * tp
+        if free <= 0:
+            raise ValueError(f"{m.name}: {self.weights_per_gpu(m, tp)} B of weights per GPU do not fit "
+                             f"{self.gpu.usable_bytes} usable bytes")
+        return free // (m.kv_bytes_per_token * BLOCK_TOKENS)
+
+    def worker_spec(self, m: FleetModel, kv_blocks: int | None = None, max_batch: int | None = None) -> WorkerSpec:
+        return WorkerSpec(kv_blocks=kv_blocks if kv_blocks is not None else self.kv_blocks(m),
+                          block_size=BLOCK_TOKENS, kv_bytes_per_token=m.kv_bytes_per_token,
+                          weights_bytes=m.weights_bytes, max_batch=max_batch or m.batch_size,
+                          max_batched_tokens=max(2048, m.max_model_len), max_model_len=m.max_model_len)
+
+    def load_s(self, m: FleetModel) -> float:
+        """T_c: the whole weights from host memory, each GPU loading its share in parallel."""
+        return self.weights_per_gpu(m) / self.startup.host_to_gpu_bytes_per_s
+
+    def hit_start_s(self, engine_pool: bool = True) -> float:
+        return self.startup.hit_start_s + (0.0 if engine_pool else self.startup.engine_init_s)
+
+    def cold_start_s(self, m: FleetModel, engine_pool: bool = True) -> float:
+        return self.hit_start_s(engine_pool) + self.load_s(m)
+
+
+def load_fleet_profile(source: str | Path) -> FleetProfile:
+    """A fleet profile from a .toml file, or a built-in (loadgen/sim/profiles/fleet/) by name."""
+    path = Path(source)
+    if not path.exists() and (FLEET_DIR / f"{source}.toml").exists():
+        path = FLEET_DIR / f"{source}.toml"
+    try:
+        profile = msgspec.toml.decode(path.read_bytes(), type=FleetProfile)
+    except OSError as exc:
+        known = ", ".join(sorted(p.stem for p in FLEET_DIR.glob("*.toml")))
+        raise ValueError(f"fleet profile {source}: cannot read ({exc.strerror}); built-ins: {known}") from None
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"fleet profile {path}: {exc}") from None
+    if profile.servers < 1 or profile.gpus_per_server < 1 or not profile.models:
+        raise ValueError(f"fleet profile {path}: need servers, gpus_per_server >= 1 and at least one model")
+    for m in profile.models:
+        if m.parallel > profile.gpus_per_server or m.batch_size < 1:
+            raise ValueError(f"fleet profile {path}: model {m.name!r} needs 1 <= parallel <= gpus_per_server "
+                             f"and batch_size >= 1")
+        profile.kv_blocks(m)  # raises when the weights do not fit
+    return profile

@@ -1,0 +1,149 @@
+"""KV-cache packing simulation (MELL §VI-A's model): how many devices a placement policy
+keeps active while requests arrive, grow token by token and leave.
+
+Each request is pre-allocated KV for its prompt on arrival (MELL Fig. 2), finishes prefill
+after `prompt x prefill_s_per_token`, then adds one token of KV every `decode_step_s`
+until its output is done. Request lifetimes do not depend on placement: MELL's Fig. 3
+shows per-token latency flat over batch sizes 2-16, and the paper itself replays measured
+speeds in a simulator (§VIII-B). The KV a request holds is reported in granules (vLLM-style
+blocks, coarser to keep the op count low): `reserve(tokens) = ceil(tokens / g) * g`.
+
+Time runs in planning intervals (epochs). At each epoch boundary the policy gets one batch:
+Depart for requests that finished, Update for requests whose reserved KV grew, Allocate for
+arrivals (sized at the boundary). The op stream is built once (`build_schedule`) and every
+policy replays the same one (`run_policy`), so only placement differs between them.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from shared.policy.mell_ops import Allocate, Depart, Update
+
+
+@dataclass(frozen=True)
+class Schedule:
+    epoch_s: float
+    capacity: int  # KV bytes per device
+    bytes_per_token: int
+    epochs: list[list[Allocate | Depart | Update]]  # ops of the batch at the end of epoch e
+    used_bytes: np.ndarray  # per epoch: KV reserved by all live requests after the batch (policy-independent)
+    requests: int
+    truncated: int  # requests whose prompt + output was clipped to one device's KV capacity
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.epochs) * self.epoch_s
+
+
+@dataclass(frozen=True)
+class PackingResult:
+    policy: str
+    active: np.ndarray  # active devices after each epoch's batch
+    moves: int  # moves executed (after batching's dedup where the policy batches)
+    moves_before_dedup: int
+    max_moves_per_op: int  # only measured when ops run one by one (`per_op=True`), else -1
+    overcommitted_epochs: int  # epochs where some device held more than its capacity (must be 0)
+    wall_s: float
+
+    def peak_devices(self) -> int:
+        return int(self.active.max(initial=0))
+
+    def mean_devices(self) -> float:
+        return float(self.active.mean()) if len(self.active) else 0.0
+
+
+def build_schedule(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, *, capacity: int,
+                   bytes_per_token: int, granule_tokens: int, epoch_s: float, prefill_s_per_token: float,
+                   decode_step_s: float) -> Schedule:
+    if epoch_s <= 0 or decode_step_s <= 0 or prefill_s_per_token < 0 or granule_tokens < 1:
+        raise ValueError("need epoch_s > 0, decode_step_s > 0, prefill_s_per_token >= 0, granule_tokens >= 1")
+    cap_tok = capacity // bytes_per_token
+    if cap_tok < 2:
+        raise ValueError(f"capacity {capacity} B holds fewer than 2 tokens of {bytes_per_token} B")
+    arrival = np.asarray(arrival_s, np.float64)
+    p = np.minimum(np.asarray(prompt, np.int64), cap_tok - 1)
+    o = np.minimum(np.asarray(output, np.int64), cap_tok - p)
+    o = np.maximum(o, 1)
+    truncated = int(np.count_nonzero((p + o) < (np.asarray(prompt) + np.asarray(output))))
+    n = len(arrival)
+    t_first = arrival + p * prefill_s_per_token
+    t_end = t_first + (o - 1) * decode_step_s
+    ea = np.floor(arrival / epoch_s).astype(np.int64) + 1  # boundaries after arrival / end
+    ed = np.maximum(ea + 1, np.floor(t_end / epoch_s).astype(np.int64) + 1)
+    lives = ed - ea
+    total = int(lives.sum())
+    idx = np.repeat(np.arange(n), lives)
+    starts = np.concatenate(([0], np.cumsum(lives)[:-1]))
+    e = ea[idx] + (np.arange(total) - starts[idx])
+    since = e * epoch_s - t_first[idx]
+    grown = np.where(since < 0, 0, np.minimum(o[idx], np.floor(since / decode_step_s).astype(np.int64) + 1))
+    tokens = p[idx] + grown
+    reserved = np.minimum(-(-tokens // granule_tokens) * granule_tokens, cap_tok)
+    first = np.zeros(total, bool)
+    first[starts] = True
+    changed = np.ones(total, bool)
+    changed[1:] = reserved[1:] != reserved[:-1]
+    update = changed & ~first
+    n_epochs = int(ed.max(initial=0)) + 1
+    used = np.bincount(e, weights=reserved, minlength=n_epochs)[:n_epochs] * bytes_per_token
+
+    epochs: list[list[Allocate | Depart | Update]] = [[] for _ in range(n_epochs)]
+    ids = [f"r{i}" for i in range(n)]
+    for i, epoch in enumerate(ed.tolist()):
+        epochs[epoch].append(Depart(request_id=ids[i]))
+    for k in np.flatnonzero(update).tolist():
+        epochs[int(e[k])].append(Update(request_id=ids[int(idx[k])], size=int(reserved[k]) * bytes_per_token))
+    for k in starts.tolist():
+        epochs[int(e[k])].append(Allocate(request_id=ids[int(idx[k])], size=int(reserved[k]) * bytes_per_token))
+    return Schedule(epoch_s=epoch_s, capacity=capacity, bytes_per_token=bytes_per_token, epochs=epochs,
+                    used_bytes=used.astype(np.int64), requests=n, truncated=truncated)
+
+
+def run_policy(schedule: Schedule, policy, name: str, *, per_op: bool = False, check: bool = True) -> PackingResult:
+    """Replay the schedule on `policy` (MellScheduler or a baseline). per_op: ops one by one
+    (departs, updates, allocates, as batching orders them) to measure moves per operation."""
+    started = time.perf_counter()
+    active = np.zeros(len(schedule.epochs), np.int64)
+    moves = before = 0
+    max_per_op = 0 if per_op else -1
+    overcommitted = 0
+    count = 0
+    for e, ops in enumerate(schedule.epochs):
+        if ops:
+            if per_op:
+                for op in ops:
+                    if type(op) is Depart:
+                        res = policy.depart(op.request_id)
+                    elif type(op) is Update:
+                        res = policy.update(op.request_id, op.size)
+                    else:
+                        res = policy.allocate(op.request_id, op.size)
+                    moves += len(res.moves)
+                    max_per_op = max(max_per_op, len(res.moves))
+                before = moves
+            else:
+                res = policy.run_batch(ops)
+                moves += len(res.moves)
+                before += res.moves_before_dedup
+            devices = policy.active_devices()
+            count = len(devices)
+            if check:
+                used = [policy.used(d) for d in devices]
+                if max(used, default=0) > schedule.capacity:
+                    overcommitted += 1
+                if sum(used) != schedule.used_bytes[e]:
+                    raise AssertionError(f"{name}: epoch {e}: devices hold {sum(used)} B of KV, requests "
+                                         f"{int(schedule.used_bytes[e])} B (a request was lost or duplicated)")
+        active[e] = count
+    return PackingResult(policy=name, active=active, moves=moves, moves_before_dedup=before,
+                         max_moves_per_op=max_per_op, overcommitted_epochs=overcommitted,
+                         wall_s=time.perf_counter() - started)
+
+
+def utilisation(schedule: Schedule, result: PackingResult) -> float:
+    """Time-averaged share of the active devices' KV memory in use (MELL §VIII-B metric 3)."""
+    provisioned = float(result.active.sum()) * schedule.capacity
+    return float(schedule.used_bytes[: len(result.active)].sum()) / provisioned if provisioned else 0.0

@@ -1,0 +1,90 @@
+"""A CPU LoRA helper process (CaraServe §4.1): holds host copies of adapters, computes x·A·B.
+
+Started by `CpuLoRAHelpers` with the "spawn" context (a fresh interpreter: no fork of the
+threaded worker). It maps the two shared regions, reads adapters from their directories (the
+worker's local repository) with the same loader as the engine — so its A and B·scale are the
+engine's bit for bit — and answers COMPUTE records: rows of the input region times the
+adapter's A then B, written into its rows of the output region. One core, one thread: the
+parallelism is across helpers (§4.2). It exits when the engine's end of the pipe closes.
+"""
+from __future__ import annotations
+
+import time
+from multiprocessing.connection import Connection
+from multiprocessing.shared_memory import SharedMemory
+
+import torch
+
+from .cpu_lora_wire import GROUPS, Kind, Record, Status, decode, group_layout
+from .lora import LoRAAdapter, load_adapter
+from .model_config import load_model_config
+
+PROFILE_ROWS, PROFILE_RANK, PROFILE_DIM = 64, 16, 512
+
+
+def _attach(name: str) -> SharedMemory:
+    # Spawned children share the engine's resource tracker, where the name is registered
+    # already (a set: attaching adds nothing); the engine unlinks it. Never unregister here.
+    return SharedMemory(name=name)
+
+
+def _profile() -> float:
+    """Row x rank products per second of one shrink+expand at a typical shape (the first plan's guess)."""
+    x = torch.randn(PROFILE_ROWS, PROFILE_DIM)
+    a, b = torch.randn(PROFILE_RANK, PROFILE_DIM), torch.randn(PROFILE_DIM, PROFILE_RANK)
+    (x @ a.t()) @ b.t()  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(5):
+        (x @ a.t()) @ b.t()
+    return 5 * PROFILE_ROWS * PROFILE_RANK / max(time.perf_counter() - t0, 1e-9)
+
+
+def helper_main(conn: Connection, in_name: str, out_name: str, model_dir: str, dtype: str | None,
+                layer_start: int, layer_stop: int) -> None:
+    torch.set_num_threads(1)
+    cfg = load_model_config(model_dir, dtype)
+    shm_in, shm_out = _attach(in_name), _attach(out_name)
+    x_region = torch.frombuffer(shm_in.buf, dtype=cfg.dtype)
+    y_region = torch.frombuffer(shm_out.buf, dtype=cfg.dtype)
+    layouts = [group_layout(cfg, g) for g in range(len(GROUPS))]
+    adapters: dict[int, LoRAAdapter | None] = {}
+    conn.send_bytes(Record(Kind.READY, value=_profile()).encode())
+    while True:
+        try:
+            rec = decode(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        if rec.kind is Kind.SHUTDOWN:
+            return
+        if rec.kind is Kind.REGISTER:
+            try:
+                adapters[rec.adapter] = load_adapter(rec.path, f"helper-{rec.adapter}", cfg, range(layer_start, layer_stop))
+            except Exception:  # noqa: BLE001 - reported on use: COMPUTE answers UNKNOWN_ADAPTER
+                adapters[rec.adapter] = None
+        elif rec.kind is Kind.UNREGISTER:
+            adapters.pop(rec.adapter, None)
+        elif rec.kind is Kind.COMPUTE:
+            t0 = time.perf_counter()
+            status = _compute(rec, adapters.get(rec.adapter), layouts, x_region, y_region)
+            conn.send_bytes(Record(Kind.DONE, seq=rec.seq, status=status, value=time.perf_counter() - t0).encode())
+
+
+def _compute(rec: Record, adapter: LoRAAdapter | None, layouts: list, x_region: torch.Tensor,
+             y_region: torch.Tensor) -> int:
+    if adapter is None:
+        return Status.UNKNOWN_ADAPTER
+    in_dim, cols = layouts[rec.group]
+    out_cols = sum(w for _, _, w in cols)
+    if rec.in_dim != in_dim or rec.out_cols != out_cols:
+        return Status.ERROR  # the engine's layout differs: refuse rather than compute garbage
+    end = rec.row + rec.count
+    x = x_region[: end * in_dim].view(end, in_dim)[rec.row:]
+    y = y_region[: end * out_cols].view(end, out_cols)[rec.row:]
+    with torch.inference_mode():
+        for target, at, width in cols:
+            ab = adapter.weights.get((rec.layer, target))
+            if ab is None:
+                y[:, at:at + width].zero_()
+            else:
+                y[:, at:at + width].copy_((x @ ab[0].t()) @ ab[1].t())
+    return Status.OK

@@ -1,0 +1,261 @@
+"""The engine's side of its CPU LoRA helper processes: shared regions, the plan, restarts.
+
+One input and one output region in shared memory, sized for a step's token budget at the
+widest group; per layer and projection group the engine writes the cold rows' input once
+(`submit`: one-to-N), each helper computes its planned share and writes its rows of the
+output, and `wait` collects the DONE records (fixed-size headers over a pipe; no pickling).
+
+Faults: a helper that dies (EOF or a broken pipe), hangs past `hang_s`, or answers an error
+makes the call raise `CpuLoRAFailed`; it is killed and restarted at once (usable again once it
+reports READY) and the engine lets those requests wait for their adapter's load instead.
+"""
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.shared_memory import SharedMemory
+from pathlib import Path
+
+import torch
+
+from .cpu_lora_helper import helper_main
+from .cpu_lora_plan import split_rows, updated_throughput
+from .cpu_lora_wire import Kind, Record, Status, decode, group_layout, region_widths
+from .model_config import ModelConfig
+
+MIN_ROWS_PER_HELPER = 16
+MAX_ADAPTERS_PER_HELPER = 64  # host copies a helper keeps (LRU); more are re-read on use
+HANG_S = 30.0
+
+
+class CpuLoRAFailed(RuntimeError):
+    """A helper could not deliver this call's deltas; the caller must not use them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Rows [row, row + count) of the packed cold input belong to `adapter` (its directory `path`)."""
+
+    adapter: str
+    path: str
+    rank: int
+    row: int
+    count: int
+
+
+@dataclass(slots=True)
+class _Helper:
+    index: int
+    proc: mp.process.BaseProcess
+    conn: Connection
+    ready: bool = False
+    throughput: float = 0.0
+    registered: OrderedDict[int, None] = field(default_factory=OrderedDict)
+
+
+@dataclass(slots=True)
+class Ticket:
+    rows: int
+    out_cols: int
+    pending: dict[int, tuple[_Helper, int, int]]  # seq -> (helper, rows, rank)
+
+
+def adapter_key(name: str, path: str) -> tuple[str, str, int]:
+    """Identity of an adapter's weights on disk: a rewritten directory is a new adapter."""
+    try:
+        mtime = (Path(path) / "adapter_model.safetensors").stat().st_mtime_ns
+    except OSError:
+        mtime = 0
+    return name, path, mtime
+
+
+class CpuLoRAHelpers:
+    def __init__(self, cfg: ModelConfig, model_dir: str, dtype: str | None, layers: range, processes: int,
+                 max_rows: int, *, hang_s: float = HANG_S) -> None:
+        if processes < 1:
+            raise ValueError(f"cpu_lora_processes must be >= 1, got {processes}")
+        self.cfg, self.max_rows, self.hang_s = cfg, max_rows, hang_s
+        self._args = (model_dir, dtype, layers.start, layers.stop)
+        in_w, out_w = region_widths(cfg)
+        size = cfg.dtype.itemsize
+        self._shm_in = SharedMemory(create=True, size=max(1, max_rows * in_w * size))
+        self._shm_out = SharedMemory(create=True, size=max(1, max_rows * out_w * size))
+        self._x = torch.frombuffer(self._shm_in.buf, dtype=cfg.dtype)
+        self._y = torch.frombuffer(self._shm_out.buf, dtype=cfg.dtype)
+        self._ctx = mp.get_context("spawn")  # never fork the worker's threads
+        self._ids: dict[tuple[str, str, int], int] = {}
+        self._seq = itertools.count(1)
+        self.tap: Callable[[str, int, bytes], None] | None = None  # tests: (way, helper, record) of every record
+        self.restarts = 0
+        self._helpers = [self._spawn(i) for i in range(processes)]
+
+    # --- processes ------------------------------------------------------------------------
+    def _spawn(self, index: int) -> _Helper:
+        ours, theirs = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=helper_main, name=f"cpu-lora-{index}", daemon=True,
+                                 args=(theirs, self._shm_in.name, self._shm_out.name, *self._args))
+        proc.start()
+        theirs.close()
+        return _Helper(index, proc, ours)
+
+    def _restart(self, helper: _Helper) -> None:
+        if helper.proc.is_alive():
+            helper.proc.kill()
+        helper.proc.join(5)
+        helper.conn.close()
+        self._helpers[helper.index] = self._spawn(helper.index)
+        self.restarts += 1
+
+    def pids(self) -> list[int | None]:
+        return [h.proc.pid for h in self._helpers]
+
+    def ready(self) -> list[_Helper]:
+        """Helpers able to take work now (READY seen); dead ones are restarted (ready later)."""
+        for h in list(self._helpers):
+            if not h.ready:
+                try:
+                    while h.conn.poll(0):
+                        rec = self._recv(h)
+                        if rec.kind is Kind.READY:
+                            h.ready, h.throughput = True, max(rec.value, 1.0)
+                except (EOFError, OSError, ValueError):
+                    self._restart(h)
+                    continue
+            if not h.proc.is_alive():
+                self._restart(h)
+        return [h for h in self._helpers if h.ready]
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.ready()) < len(self._helpers):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CPU LoRA helpers not ready after {timeout_s}s")
+            time.sleep(0.01)
+
+    # --- the channel ----------------------------------------------------------------------
+    def _send(self, h: _Helper, rec: Record) -> None:
+        data = rec.encode()
+        if self.tap is not None:
+            self.tap("sent", h.index, data)
+        h.conn.send_bytes(data)
+
+    def _recv(self, h: _Helper) -> Record:
+        data = h.conn.recv_bytes()
+        if self.tap is not None:
+            self.tap("received", h.index, data)
+        return decode(data)
+
+    def _adapter_id(self, h: _Helper, seg: Segment) -> int:
+        key = adapter_key(seg.adapter, seg.path)
+        aid = self._ids.setdefault(key, len(self._ids) + 1)
+        if aid in h.registered:
+            h.registered.move_to_end(aid)
+            return aid
+        self._send(h, Record(Kind.REGISTER, adapter=aid, path=seg.path))
+        h.registered[aid] = None
+        while len(h.registered) > MAX_ADAPTERS_PER_HELPER:
+            old, _ = h.registered.popitem(last=False)
+            self._send(h, Record(Kind.UNREGISTER, adapter=old))
+        return aid
+
+    # --- one layer's group ----------------------------------------------------------------
+    def submit(self, layer: int, group: int, x: torch.Tensor, segments: list[Segment]) -> Ticket:
+        """Start the deltas of `group` at `layer` for the packed cold rows `x` [n, in_dim]."""
+        n = x.shape[0]
+        in_dim, cols = group_layout(self.cfg, group)
+        out_cols = sum(w for _, _, w in cols)
+        if n > self.max_rows:
+            raise CpuLoRAFailed(f"{n} cold rows exceed the shared region's {self.max_rows}")
+        helpers = self.ready()
+        if not helpers:
+            raise CpuLoRAFailed("no CPU LoRA helper is ready")
+        self._x[: n * in_dim].view(n, in_dim).copy_(x)
+        ticket = Ticket(n, out_cols, {})
+        plan = split_rows(n, [h.throughput for h in helpers], MIN_ROWS_PER_HELPER)
+        for hi, start, count in plan:
+            h = helpers[hi]
+            for seg in segments:
+                lo, hi_row = max(start, seg.row), min(start + count, seg.row + seg.count)
+                if lo >= hi_row:
+                    continue
+                seq = next(self._seq)
+                try:
+                    aid = self._adapter_id(h, seg)
+                    self._send(h, Record(Kind.COMPUTE, seq=seq, adapter=aid, layer=layer, group=group, row=lo,
+                                         count=hi_row - lo, in_dim=in_dim, out_cols=out_cols))
+                except OSError as exc:  # BrokenPipeError: it died
+                    self._fail(ticket, h, f"helper {h.index} is gone ({exc!r})")
+                ticket.pending[seq] = (h, hi_row - lo, seg.rank)
+        return ticket
+
+    def wait(self, ticket: Ticket) -> torch.Tensor:
+        """The deltas [n, out_cols] (a view of the output region, valid until the next submit)."""
+        while ticket.pending:
+            h = next(iter(ticket.pending.values()))[0]
+            deadline = time.monotonic() + self.hang_s
+            try:
+                while not h.conn.poll(0.05):
+                    if not h.proc.is_alive() or time.monotonic() > deadline:
+                        raise EOFError("dead or hung")
+                rec = self._recv(h)
+            except (EOFError, OSError, ValueError) as exc:
+                self._fail(ticket, h, f"helper {h.index} failed mid-call ({exc!r})")
+            if rec.kind is not Kind.DONE or rec.seq not in ticket.pending:
+                continue  # a late answer to a call that already failed
+            _, rows, rank = ticket.pending.pop(rec.seq)
+            if rec.status != Status.OK:
+                self._fail(ticket, None, f"helper {h.index}: {Status(rec.status).name} for call {rec.seq}")
+            h.throughput = updated_throughput(h.throughput, rows, rank, rec.value)
+        n = ticket.rows
+        return self._y[: n * ticket.out_cols].view(n, ticket.out_cols)
+
+    def _fail(self, ticket: Ticket, dead: _Helper | None, why: str) -> None:
+        """Restart `dead`, let the others finish their share (so no late write lands in the
+        regions after the next submit), and raise."""
+        if dead is not None:
+            self._restart(dead)
+        for seq, (h, _, _) in list(ticket.pending.items()):
+            if h is dead or h is not self._helpers[h.index]:
+                continue
+            try:
+                deadline = time.monotonic() + self.hang_s
+                while seq in ticket.pending:
+                    if not h.conn.poll(0.05):
+                        if not h.proc.is_alive() or time.monotonic() > deadline:
+                            raise EOFError
+                        continue
+                    rec = self._recv(h)
+                    if rec.kind is Kind.DONE:
+                        ticket.pending.pop(rec.seq, None)
+            except (EOFError, OSError, ValueError):
+                self._restart(h)
+        ticket.pending.clear()
+        raise CpuLoRAFailed(why)
+
+    def close(self) -> None:
+        for h in self._helpers:
+            try:
+                h.conn.send_bytes(Record(Kind.SHUTDOWN).encode())
+            except OSError:
+                pass
+        for h in self._helpers:
+            h.proc.join(2)
+            if h.proc.is_alive():
+                h.proc.kill()
+                h.proc.join(2)
+            h.conn.close()
+        del self._x, self._y
+        for shm in (self._shm_in, self._shm_out):
+            try:
+                shm.close()
+            except BufferError:  # a view still exported: the mapping goes with the process
+                pass
+            shm.unlink()
+
+
+__all__ = ["CpuLoRAFailed", "CpuLoRAHelpers", "Segment", "Ticket", "adapter_key"]

@@ -1,0 +1,118 @@
+"""Adapter copies to the device that run beside the steps, one link, optionally paced.
+
+`start` reserves the adapter's bytes in the pool on the engine thread (evicting cold adapters
+as `ensure_resident` would), then a loader thread copies it — one copy at a time, as over one
+PCIe link — and `poll`, called by the engine at each step (a chunk boundary), makes the landed
+ones resident. On CUDA the copy is the real host-to-device copy. On a CPU worker it is a
+memory copy that takes microseconds, so `bandwidth` (the worker's `lora_load_bandwidth`)
+stretches each copy to nbytes / bandwidth: a PCIe-like cold start, for tests and demos. It is
+a simulation of the link, not a measurement of one; unset, nothing is paced.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .lora import LoRAAdapter, LoRAManager
+
+
+def paced_seconds(nbytes: int, bandwidth: float | None) -> float:
+    """How long a paced copy of `nbytes` takes at `bandwidth` bytes/s (0 when unpaced)."""
+    if bandwidth is None:
+        return 0.0
+    if bandwidth <= 0:
+        raise ValueError(f"lora_load_bandwidth must be > 0 bytes/s, got {bandwidth}")
+    return nbytes / bandwidth
+
+
+def pacing_wait(started: float, now: float, nbytes: int, bandwidth: float | None) -> float:
+    """Seconds still to wait, at `now`, for a copy started at `started` to have taken its paced time."""
+    return max(0.0, started + paced_seconds(nbytes, bandwidth) - now)
+
+
+class AdapterLoads:
+    def __init__(self, lora: LoRAManager, bandwidth: float | None = None, *,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+        paced_seconds(1, bandwidth)  # refuse a bad bandwidth now
+        self.lora = lora
+        self.bandwidth = bandwidth
+        self._clock, self._sleep = clock, sleep
+        self._inflight: dict[str, tuple[LoRAAdapter, Any]] = {}  # name -> (host copy, pool charge)
+        self._landed: dict[str, LoRAAdapter | BaseException] = {}
+        self._lock = threading.Lock()
+        self._work: queue.Queue[tuple[str, LoRAAdapter] | None] = queue.Queue()
+        self._arrived = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.loads = 0  # copies completed (for stats and tests)
+
+    def loading(self, name: str) -> bool:
+        return name in self._inflight
+
+    def start(self, name: str, keep: list[str] | set[str] = ()) -> None:  # type: ignore[assignment]
+        """Begin loading `name` (engine thread). MemoryError if the pool has no room for it."""
+        if name in self._inflight or name in self.lora.resident:
+            return
+        source, charge = self.lora.reserve(name, keep)
+        self._inflight[name] = (source, charge)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="lora-loader", daemon=True)
+            self._thread.start()
+        self._work.put((name, source))
+
+    def landed(self, name: str) -> bool:
+        """The copy of `name` is done, not yet made resident (the next `poll` will)."""
+        with self._lock:
+            return name in self._landed
+
+    def poll(self) -> list[str]:
+        """Landed copies become resident (engine thread); returns their names."""
+        with self._lock:
+            landed, self._landed = self._landed, {}
+        done = []
+        for name, moved in landed.items():
+            source, charge = self._inflight.pop(name)
+            if isinstance(moved, BaseException):
+                self.lora.pool.release(charge)  # the next step that needs it starts over
+            elif self.lora.admit(name, source, moved, charge):
+                done.append(name)
+        return done
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until some copy lands (or `timeout_s`); True if one did."""
+        hit = self._arrived.wait(timeout_s)
+        self._arrived.clear()
+        return hit
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._work.put(None)
+            self._thread.join(5)
+            self._thread = None
+
+    def _run(self) -> None:
+        device = self.lora.device
+        while (item := self._work.get()) is not None:
+            name, source = item
+            started = self._clock()
+            try:
+                moved = source.to(device) if device.type != "cpu" else _copied(source)
+                if device.type == "cuda":
+                    import torch
+
+                    torch.cuda.current_stream(device).synchronize()
+                self._sleep(pacing_wait(started, self._clock(), source.nbytes, self.bandwidth))
+                result: LoRAAdapter | BaseException = moved
+            except Exception as exc:  # noqa: BLE001 - reported through poll (the load is retried)
+                result = exc
+            with self._lock:
+                self._landed[name] = result
+                self.loads += 1
+            self._arrived.set()
+
+
+def _copied(adapter: LoRAAdapter) -> LoRAAdapter:
+    """A CPU "device copy": a real memory copy, so the resident weights are not the host's."""
+    return LoRAAdapter(adapter.name, adapter.rank, {k: (a.clone(), b.clone()) for k, (a, b) in adapter.weights.items()})

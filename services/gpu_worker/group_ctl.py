@@ -1,0 +1,288 @@
+"""JoinGroup / DropLayers / LeaveGroup: this worker's instances as buddy-group members.
+
+* `JoinGroup` — the instance becomes the member running its stage of the group's layer
+  split (`members`, each a worker, an instance and the layers it keeps): requests admitted
+  to it run stage by stage across the members over the data plane; its running requests
+  become victims whose KV of the other members' layers is exchanged while they decode on
+  remote attention (services/gpu_worker/group/). The group's record is written to the
+  registry's groups bucket (state `active`).
+* `DropLayers` — free the weights of layers outside the member's stage; the bytes are KV
+  blocks at its next step.
+* `RestoreLayers` — load dropped layers back from the host copy (or the checkpoint), one at a
+  time as free KV blocks give the bytes (live KV is never evicted: the pool is charged only as
+  KV frees), answered once all are back; the group's record is marked `restoring` (the
+  dispatcher routes nothing new to it; a `DropLayers` after it marks it `active` again). Once
+  the member holds every layer its requests migrate back (`group/migrate_back.py`).
+* `LeaveGroup` — run alone again (restoring what is still dropped); refused `busy` while
+  leaving would lose KV: micro-batches in flight, an exchange, other owners' KV here, or its
+  own requests not yet migrated back. The record is marked `dissolved` once the last member
+  has left.
+* A member whose worker falls silent (no heartbeat for `dead_after`) collapses the group here: the engine restores every layer and runs alone, its requests
+  recomputed token-exact (`GroupMember.collapse`); the dead worker's own requests are the
+  dispatcher's to re-dispatch.
+
+Every command runs on the instance's engine thread between two steps. Idempotent per key.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from services.gpu_worker.group.dataplane_transport import GroupRouter
+from services.gpu_worker.group.member import GroupMember, Stage
+from shared.events.ctl import (
+    CtlDone, CtlRefused, CtlRefusedCode, CtlReply, DropLayers, JoinGroup, LeaveGroup, RestoreLayers,
+)
+from shared.events.worker import WorkerHeartbeat
+from shared.events.registry import Bucket, GroupRecord
+from shared.logging import get_logger
+from shared.registry_client import RegistryClient
+from shared.subjects import worker_heartbeat
+from shared.wire import TidalError
+
+if TYPE_CHECKING:
+    from services.gpu_worker.worker import GpuWorker
+
+log = get_logger("tidal.gpu_worker.group_ctl")
+GroupCommand = JoinGroup | DropLayers | LeaveGroup | RestoreLayers
+GROUP_COMMANDS = (JoinGroup, DropLayers, LeaveGroup, RestoreLayers)
+MEMORY = 10_000
+RESTORE_TIMEOUT_S = 120.0  # a restore waiting this long for KV to free is refused (insufficient_memory)
+RESTORE_POLL_S = 0.05
+WATCH_S = 0.2  # how often the members' liveness is checked
+
+
+class GroupControl:
+    def __init__(self, worker: "GpuWorker") -> None:
+        self.worker = worker
+        self._router: GroupRouter | None = None
+        self._done: OrderedDict[str, CtlReply] = OrderedDict()
+        self.dead_after = 3.0  # the registry's `dead_after` (set from the config by __main__)
+        self._heard: dict[str, tuple[float, str]] = {}  # worker -> (last heartbeat, monotonic; incarnation)
+        self._peers: dict[str, dict[str, str]] = {}  # my member instance -> {peer instance: peer worker}
+        self._watching = False
+
+    @property
+    def router(self) -> GroupRouter:
+        if self._router is None:  # the worker's data plane exists once the worker has started
+            self._router = GroupRouter(self.worker.dataplane, lambda i: i in self.worker.instances)
+        return self._router
+
+    def start(self) -> None:
+        """Accept group frames on the data plane (if it is up)."""
+        if self.worker.dataplane.plane is not None:
+            self.router.install()
+
+    async def handle(self, msg: GroupCommand) -> CtlReply:
+        seen = self._done.get(msg.idempotency_key)
+        if isinstance(seen, CtlDone):
+            return CtlDone(**{**{f: getattr(seen, f) for f in seen.__struct_fields__}, "replayed": True})
+        if isinstance(msg, JoinGroup):
+            reply = await self._join(msg)
+        elif isinstance(msg, DropLayers):
+            reply = await self._drop(msg)
+        elif isinstance(msg, RestoreLayers):
+            reply = await self._restore(msg)
+        else:
+            reply = await self._leave(msg)
+        if isinstance(reply, CtlDone):
+            self._done[msg.idempotency_key] = reply
+            if len(self._done) > MEMORY:
+                self._done.popitem(last=False)
+        return reply
+
+    def _refused(self, msg: GroupCommand, code: CtlRefusedCode, message: str) -> CtlRefused:
+        return CtlRefused(idempotency_key=msg.idempotency_key, command=type(msg).__name__,
+                          worker_id=self.worker.worker_id, code=code, message=message[:2000])
+
+    def _done_reply(self, msg: GroupCommand, detail: str) -> CtlDone:
+        return CtlDone(idempotency_key=msg.idempotency_key, command=type(msg).__name__,
+                       worker_id=self.worker.worker_id, detail=detail[:2000])
+
+    async def _join(self, msg: JoinGroup) -> CtlReply:
+        inst = self.worker.instances.get(msg.instance_id)
+        if inst is None:
+            return self._refused(msg, "not_found", f"no instance {msg.instance_id} on {self.worker.worker_id}")
+        if inst.group is not None:
+            return self._refused(msg, "busy", f"{msg.instance_id} is already in group {inst.group.group_id}")
+        if self.worker.dataplane.plane is None:
+            return self._refused(msg, "unsupported", f"no data plane: {self.worker.dataplane.unavailable}")
+        stages = sorted((Stage(m.instance_id, range(m.layers.start, m.layers.end)) for m in msg.members),
+                        key=lambda s: s.layers.start)
+        if msg.instance_id not in {m.instance_id for m in msg.members}:
+            return self._refused(msg, "invalid", f"{msg.instance_id} is not among the members of {msg.group_id}")
+        self.router.install()
+        transport = self.router.transport(inst, {m.instance_id: m.worker_id for m in msg.members})
+        member = GroupMember(inst.engine, msg.instance_id, transport)
+
+        def join(_engine: object) -> None:
+            member.join(msg.group_id, stages, drop=False)
+            inst.group = member
+
+        try:
+            await inst.run_on_engine(join)
+        except ValueError as exc:
+            self.router.forget(msg.instance_id)
+            return self._refused(msg, "invalid", str(exc))
+        self.router.activate(msg.instance_id)
+        self._peers[msg.instance_id] = {m.instance_id: m.worker_id for m in msg.members
+                                        if m.worker_id != self.worker.worker_id}
+        await self._watch()
+        await self._record(msg.group_id, lambda r: r or GroupRecord(
+            group_id=msg.group_id, model=inst.model, members=msg.members, state="active", plan_id=msg.plan_id,
+            created_ts=time.time()))
+        log.info("joined buddy group", group=msg.group_id, instance=msg.instance_id,
+                 layers=[member.layers.start, member.layers.stop], victims=len(member.victims))
+        return self._done_reply(msg, f"stage layers [{member.layers.start}, {member.layers.stop}); "
+                                     f"{len(member.victims)} running requests exchange their KV")
+
+    async def _drop(self, msg: DropLayers) -> CtlReply:
+        inst = self.worker.instances.get(msg.instance_id)
+        if inst is None or inst.group is None or inst.group.group_id != msg.group_id:
+            return self._refused(msg, "not_found", f"{msg.instance_id} is not a member of {msg.group_id} here")
+        member = inst.group
+        if msg.layers.start < member.layers.stop and member.layers.start < msg.layers.end:
+            return self._refused(msg, "invalid", f"layers [{msg.layers.start}, {msg.layers.end}) overlap the stage "
+                                                 f"[{member.layers.start}, {member.layers.stop}) this member runs")
+        try:
+            freed = await inst.run_on_engine(lambda _e: member.drop_layers(msg.layers.start, msg.layers.end))
+        except RuntimeError as exc:
+            return self._refused(msg, "busy", str(exc))
+        await self._record(msg.group_id, lambda r: _with_state(r, "active") if r and r.state == "restoring" else None)
+        return self._done_reply(msg, f"released {freed} bytes of weights to the KV pool")
+
+    async def _restore(self, msg: RestoreLayers) -> CtlReply:
+        inst = self.worker.instances.get(msg.instance_id)
+        if inst is None:
+            return self._refused(msg, "not_found", f"no instance {msg.instance_id} on {self.worker.worker_id}")
+        member = inst.group
+        if member is not None and member.group_id is not None:
+            group_id = member.group_id
+            await self._record(group_id, lambda r: _with_state(r, "restoring") if r and r.state == "active" else None)
+        start, end = msg.layers.start, msg.layers.end
+
+        def restore(engine: object) -> bool:
+            if inst.group is not None:
+                return inst.group.restore_layers(start, end)
+            try:
+                inst.engine.restore_layers(start, end)
+            except MemoryError:
+                return False
+            return True
+
+        deadline = time.monotonic() + RESTORE_TIMEOUT_S
+        while True:
+            try:
+                if await inst.run_on_engine(restore):
+                    break
+            except (ValueError, RuntimeError) as exc:
+                return self._refused(msg, "invalid", str(exc))
+            if time.monotonic() > deadline:
+                return self._refused(msg, "insufficient_memory", f"layers [{start}, {end}) of {msg.instance_id}: "
+                                     f"live KV held their bytes for {RESTORE_TIMEOUT_S:.0f} s")
+            await asyncio.sleep(RESTORE_POLL_S)  # KV frees as requests finish
+        return self._done_reply(msg, f"layers [{start}, {end}) are resident again")
+
+    async def _leave(self, msg: LeaveGroup) -> CtlReply:
+        inst = self.worker.instances.get(msg.instance_id)
+        if inst is None or inst.group is None or inst.group.group_id != msg.group_id:
+            return self._refused(msg, "not_found", f"{msg.instance_id} is not a member of {msg.group_id} here")
+        member = inst.group
+
+        def leave(engine: object) -> None:
+            held = set(member.engine.runner.resident_layers())
+            missing = [l for l in range(member.engine.runner.cfg.num_layers) if l not in held]
+            blocker = member.leave_blocker()
+            if blocker:
+                raise RuntimeError(f"{msg.instance_id} cannot leave {msg.group_id} yet: {blocker}")
+            if missing:
+                member.engine.restore_layers(missing[0], missing[-1] + 1)
+            member.leave()
+            inst.group = None
+
+        try:
+            await inst.run_on_engine(leave)
+        except (RuntimeError, MemoryError) as exc:
+            return self._refused(msg, "busy" if isinstance(exc, RuntimeError) else "insufficient_memory", str(exc))
+        self.router.forget(msg.instance_id)
+        self._peers.pop(msg.instance_id, None)
+        left = msg.instance_id
+
+        def dissolve(r: GroupRecord | None) -> GroupRecord | None:
+            if r is None:
+                return None
+            members = [m for m in r.members if m.instance_id != left]
+            if len(members) >= 2:
+                return None  # the record keeps its members until the group dissolves
+            return _with_state(r, "dissolved")
+
+        await self._record(msg.group_id, dissolve)
+        return self._done_reply(msg, f"left {msg.group_id}; every layer is resident again")
+
+    # --- a member's death -------------------------------------------------------------------
+    async def _watch(self) -> None:
+        if self._watching:
+            return
+        self._watching = True
+        await self.worker.bus.subscribe(worker_heartbeat(), WorkerHeartbeat, self._on_heartbeat)
+        self.worker.spawn_task(self._watchdog())
+
+    async def _on_heartbeat(self, msg: WorkerHeartbeat, _ctx: object) -> None:
+        self._heard[msg.worker_id] = (time.monotonic(), msg.incarnation)
+
+    async def _watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_S)
+            now = time.monotonic()
+            for instance_id, peers in list(self._peers.items()):
+                for peer, worker in peers.items():
+                    heard = self._heard.get(worker)
+                    if heard is None:
+                        continue  # not heard yet (just joined): its first heartbeat is on its way
+                    if now - heard[0] > self.dead_after:
+                        await self._collapse(instance_id, peer, worker)
+                        break
+
+    async def _collapse(self, instance_id: str, peer: str, worker: str) -> None:
+        inst = self.worker.instances.get(instance_id)
+        self._peers.pop(instance_id, None)
+        if inst is None or inst.group is None:
+            return
+        group_id = inst.group.group_id or ""
+        log.warning("buddy group member lost: running alone again", group=group_id, instance=instance_id,
+                    lost=peer, worker=worker)
+        transport = self.router.members.get(instance_id)
+        if transport is not None:
+            transport[1].fail_peer(peer)  # a remote-attention call waiting on it ends now
+
+        def collapse(_engine: object) -> None:
+            if inst.group is not None:
+                inst.group.collapse()
+                inst.group = None
+
+        try:
+            await inst.run_on_engine(collapse)
+        except (RuntimeError, MemoryError) as exc:  # the engine's state is unknown: the worker must go
+            self.worker._crashed(instance_id, exc)
+            return
+        self.router.forget(instance_id)
+        await self._record(group_id, lambda r: _with_state(r, "dissolved") if r and r.state != "dissolved" else None)
+
+    async def _record(self, group_id: str, change) -> None:  # type: ignore[no-untyped-def]
+        try:
+            await RegistryClient(self.worker.bus, timeout=2.0).modify(Bucket.GROUPS, group_id, change)
+        except (TidalError, OSError) as exc:  # the member runs; the planner's view catches up
+            log.warning("group record not written", group=group_id, error=repr(exc))
+
+    def close(self) -> None:
+        if self._router is not None:
+            self._router.close()
+
+
+def _with_state(r: GroupRecord | None, state: str) -> GroupRecord | None:
+    if r is None:
+        return None
+    return GroupRecord(group_id=r.group_id, model=r.model, members=r.members, state=state,  # type: ignore[arg-type]
+                       plan_id=r.plan_id, created_ts=r.created_ts)

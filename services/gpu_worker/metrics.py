@@ -1,0 +1,78 @@
+"""The worker's pool, load and migrations as Prometheus metrics, for dashboards.
+
+The gauges mirror the `WorkerStats` the worker publishes (`export_stats` is called with each
+one), so a dashboard and `tidal status` show the same numbers. Instance label sets that leave
+the stats (an instance unloaded) are removed. The label `model_instance` is not `instance`,
+which Prometheus sets to the scrape target.
+"""
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from shared.events import WorkerStats
+from shared.events.ctl import CtlDone, CtlRefused, MigrateOut
+from shared.metrics import REGISTRY
+
+_POOL_FIELDS = {"weights": "weights_bytes", "prewarm": "prewarm_bytes", "adapter": "adapter_bytes",
+                "kv": "kv_bytes", "workspace": "workspace_bytes", "free": "free_bytes"}
+_INSTANCE_LABELS = ["worker", "model_instance", "model"]
+
+POOL_BYTES = Gauge(
+    "tidal_worker_pool_bytes", "Device pool bytes by kind (weights, prewarm, adapter, kv, workspace, free)",
+    ["worker", "kind"], registry=REGISTRY,
+)
+POOL_CAPACITY = Gauge("tidal_worker_pool_capacity_bytes", "Device pool capacity", ["worker"], registry=REGISTRY)
+RUNNING = Gauge("tidal_worker_running_sequences", "Sequences in the instance's batch", _INSTANCE_LABELS,
+                registry=REGISTRY)
+WAITING = Gauge("tidal_worker_waiting_sequences", "Requests admitted to the instance, not yet scheduled (its queue)",
+                _INSTANCE_LABELS, registry=REGISTRY)
+KV_USED = Gauge("tidal_worker_kv_blocks_used", "KV blocks in use by the instance", _INSTANCE_LABELS, registry=REGISTRY)
+KV_TOTAL = Gauge("tidal_worker_kv_blocks_capacity", "KV blocks the instance can use", _INSTANCE_LABELS, registry=REGISTRY)
+TOKENS_PER_S = Gauge("tidal_worker_tokens_per_second", "Tokens generated per second over the last stats interval",
+                     _INSTANCE_LABELS, registry=REGISTRY)
+MIGRATIONS = Counter(
+    "tidal_worker_migrations_total",
+    "MigrateOut commands this worker (the source) finished, by mode (kv, tokens; the requested mode when refused) "
+    "and outcome (done, or the refusal code)",
+    ["worker", "mode", "outcome"], registry=REGISTRY,
+)
+MIGRATION_DOWNTIME = Histogram(
+    "tidal_worker_migration_downtime_seconds", "Time a migrated request generated nowhere, by mode", ["mode"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=REGISTRY,
+)
+
+_exported: set[tuple[str, str, str]] = set()
+
+
+def export_stats(stats: WorkerStats) -> None:
+    """Set the gauges from one WorkerStats (extra fields a later WorkerStats may carry are ignored)."""
+    worker, pool = stats.worker_id, stats.pool
+    POOL_CAPACITY.labels(worker).set(pool.capacity_bytes)
+    for kind, field in _POOL_FIELDS.items():
+        POOL_BYTES.labels(worker, kind).set(getattr(pool, field))
+    current: set[tuple[str, str, str]] = set()
+    for inst in stats.instances:
+        labels = (worker, inst.instance_id, inst.model)
+        current.add(labels)
+        RUNNING.labels(*labels).set(inst.running)
+        WAITING.labels(*labels).set(inst.waiting)
+        KV_USED.labels(*labels).set(inst.kv_blocks_used)
+        KV_TOTAL.labels(*labels).set(inst.kv_blocks_total)
+        TOKENS_PER_S.labels(*labels).set(inst.tokens_per_s)
+    for labels in _exported - current:
+        for gauge in (RUNNING, WAITING, KV_USED, KV_TOTAL, TOKENS_PER_S):
+            try:
+                gauge.remove(*labels)
+            except KeyError:
+                pass
+    _exported.clear()
+    _exported.update(current)
+
+
+def record_migration(worker: str, msg: MigrateOut, reply: object) -> None:
+    """Count one finished MigrateOut (its CtlDone or CtlRefused reply)."""
+    if isinstance(reply, CtlDone) and reply.migration is not None:
+        MIGRATIONS.labels(worker, reply.migration.mode, "done").inc()
+        MIGRATION_DOWNTIME.labels(reply.migration.mode).observe(reply.migration.downtime_s)
+    elif isinstance(reply, CtlRefused):
+        MIGRATIONS.labels(worker, msg.mode, reply.code).inc()

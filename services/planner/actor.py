@@ -1,0 +1,239 @@
+"""The live planner: worker stats, liveness and the catalog in; every `[planner] interval` a
+ClusterView through the pure PlannerCore; plan events and ctl commands out; outcomes back in.
+
+State (latest stats per worker, dead workers, catalog, the core) is this actor's: it changes in
+its handlers and, in the background tasks, only inside `self.turn()`. Effects are applied by
+tasks of their own (a migration is answered when it is over), so a slow command never holds up
+the next interval; their outcomes come back through the mailbox. Only the lease holder decides
+(services/planner/lease.py); with `[planner] enabled = false` nothing is decided at all and an
+external scheduler drives the same ctl commands (docs/subjects.md). After each step the leader
+also publishes the policies' placement hints (`tidal.v1.evt.planner.placement`) for the
+dispatcher's `mell` routing.
+
+Capacity requests (`tidal.v1.planner.capacity`, queue group `planner`): a dispatcher holds requests
+for a model with no live instance; the leader decides a ScaleUp through the core
+(shared/planner/scale_up.py: prefer a worker holding the model warm), applies it (LoadModel) and
+answers `planned` with its plan id at once; a standby, a disabled planner or no room answers `none`.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import secrets
+import time
+
+from shared.actors import Actor
+from shared.bus import Delivery
+from shared.config import ClusterConfig
+from shared.events.plan import (
+    CapacityReply, CapacityRequest, PlanApplied, PlanCancelled, PlanDecided, PlanFailed, PlanOutcome,
+)
+from shared.events.predict import Forecast
+from shared.events.registry import Bucket, CatalogChanged, ModelRecord, WorkerRecord
+from shared.events.worker import WorkerState, WorkerStats
+from shared.logging import get_logger
+from shared.planner import ClusterView, Effect, PlannerCore, build_view, effect_kind
+from shared.planner.scale_up import ScaleUpPolicy
+from shared.registry_client import RegistryClient
+from shared.subjects import CATALOG, plan_event, planner_capacity, planner_placement, worker_stats
+from shared.wire import TidalError
+
+from services.planner import metrics
+from services.planner.apply import apply_effect
+from services.planner.lease import Lease
+from services.planner.lifecycle import LifecycleWriter
+from services.planner.policies import build_policies
+
+log = get_logger("tidal.planner")
+
+_OUTCOME_KIND = {PlanApplied: "applied", PlanFailed: "failed", PlanCancelled: "cancelled"}
+
+
+class Planner(Actor):
+    def __init__(self, config: ClusterConfig, instance: str) -> None:
+        super().__init__("planner")
+        self.config = config
+        self.instance = instance
+        p = config.planner
+        token = secrets.token_hex(3)
+        # effect ids (and buddy-group ids): unique across planner processes (they end up in workers'
+        # idempotency keys); policies in the memory economy's order (services/planner/policies.py)
+        self.scale_up = ScaleUpPolicy()  # capacity requests (decides nothing on the interval)
+        self.core = PlannerCore(build_policies(config, group_prefix=f"bg{token}", scale_up=self.scale_up),
+                                enabled=p.enabled, default_ttl_s=p.ctl_timeout + 2 * p.interval, id_prefix=f"p{token}")
+        self.stats: dict[str, WorkerStats] = {}
+        self.dead: set[str] = set()
+        self.models: dict[str, ModelRecord] = {}
+        self.forecasts: dict[str, Forecast] = {}
+        self.kinds: dict[str, str] = {}  # effect id -> kind, for the metrics of its outcome
+        self.lease: Lease | None = None
+        self.lifecycle: LifecycleWriter | None = None  # WarmServe's worker lifecycle ([planner] autoscale)
+        self._applying: set[asyncio.Task[None]] = set()
+
+    async def on_start(self) -> None:
+        registry = RegistryClient(self.bus)
+        self.lease = Lease(registry, name="planner", holder=self.instance, ttl_s=float(self.config.planner.lease_ttl))
+        if self.config.planner.autoscale:
+            self.lifecycle = LifecycleWriter(registry)
+        await self.bind(worker_stats(), WorkerStats, self.on_stats)
+        await self.bind(CATALOG["predict.forecast"].wildcard, Forecast, self.on_forecast)
+        await self.bind(planner_capacity(), CapacityRequest, self.on_capacity, queue="planner")
+        for bucket in (Bucket.WORKERS, Bucket.MODELS):
+            self.spawn(f"watch-{bucket}", lambda b=bucket: self._watch(registry, b))
+        self.spawn("tick", self._tick_loop)
+
+    async def on_stop(self) -> None:
+        for task in list(self._applying):
+            task.cancel()  # the workers finish what they were asked; their answers are not awaited
+        await asyncio.gather(*self._applying, return_exceptions=True)
+        if self.lease is not None:
+            await self.lease.release()
+
+    # --- inputs ---------------------------------------------------------------------------
+    async def on_stats(self, msg: WorkerStats, _ctx: Delivery) -> None:
+        held = self.stats.get(msg.worker_id)
+        if held is not None and msg.ts < held.ts:
+            metrics.SKIPPED.labels("stale_stats").inc()  # reordered: keep the newer one
+            return
+        self.stats[msg.worker_id] = msg
+
+    async def on_forecast(self, msg: Forecast, _ctx: Delivery) -> None:
+        self.forecasts[msg.model] = msg
+
+    async def on_capacity(self, msg: CapacityRequest, _ctx: Delivery) -> CapacityReply:
+        """A dispatcher has requests for `msg.model` and no instance to send them to: scale it up."""
+        if not self.config.planner.enabled or self.lease is None or not self.lease.leader:
+            return CapacityReply(model=msg.model, outcome="none", retry_after_s=float(self.config.planner.interval))
+        pending = self.scale_up.pending.get(msg.model)
+        if pending is not None:
+            return CapacityReply(model=msg.model, outcome="planned", plan_id=pending)
+        view = self.view(time.time())
+        decision = self.scale_up.for_capacity(view, msg.model)
+        effects = self.core.submit(self.scale_up, [decision], view) if decision is not None else []
+        if not effects:
+            metrics.SKIPPED.labels("no_room").inc()
+            log.warning("capacity request: no worker can start the model", model=msg.model,
+                        queued=msg.queued_requests, known=msg.model in view.models)
+            return CapacityReply(model=msg.model, outcome="none", retry_after_s=float(self.config.planner.interval))
+        (effect,) = effects
+        self.scale_up.started(msg.model, effect.plan_id)
+        self.core.dispatched(effect.plan_id)
+        kind = self.kinds[effect.plan_id] = effect_kind(effect)
+        metrics.EFFECTS.labels(kind, "decided").inc()
+        log.info("effect decided", plan_id=effect.plan_id, kind=kind, trigger=effect.trigger, reason=effect.reason)
+        await self._publish("decided", PlanDecided(plan=effect))
+        task = asyncio.get_running_loop().create_task(self._apply(effect), context=contextvars.Context())
+        self._applying.add(task)
+        task.add_done_callback(self._applying.discard)
+        return CapacityReply(model=msg.model, outcome="planned", plan_id=effect.plan_id)
+
+    async def _watch(self, registry: RegistryClient, bucket: Bucket) -> None:
+        async with registry.watch(bucket) as changes:
+            async for change in changes:
+                async with self.turn():
+                    self._on_catalog(change)
+
+    def _on_catalog(self, change: CatalogChanged) -> None:
+        record = change.record
+        if change.bucket == Bucket.MODELS:
+            if isinstance(record, ModelRecord):
+                self.models[change.key] = record
+            else:
+                self.models.pop(change.key, None)
+        elif isinstance(record, WorkerRecord) and record.state != WorkerState.DEAD:
+            self.dead.discard(change.key)
+        else:  # dead, or deleted
+            self.dead.add(change.key)
+        if change.bucket == Bucket.WORKERS and self.lifecycle is not None:
+            self.lifecycle.on_record(change.key, record)
+
+    # --- the interval ---------------------------------------------------------------------
+    async def _tick_loop(self) -> None:
+        interval = float(self.config.planner.interval)
+        while True:
+            await asyncio.sleep(interval)
+            if not self.config.planner.enabled:
+                continue  # an external scheduler decides; this planner only runs
+            assert self.lease is not None
+            leader = await self.lease.tick(time.monotonic())
+            metrics.LEADER.set(1 if leader else 0)
+            if not leader:
+                async with self.turn():
+                    cancelled = self.core.cancel_all(time.time(), "this planner does not hold the lease")
+                await self._publish_outcomes(cancelled)
+                continue
+            await self._tick()
+
+    def view(self, now: float) -> ClusterView:
+        p = self.config.planner
+        return build_view(
+            now, self.stats.values(), dead=self.dead, stats_max_age_s=float(self.config.registry.dead_after),
+            interval_s=float(p.interval), models=dict(self.models), forecasts=dict(self.forecasts),
+            default_link_budget_bytes=float(p.migration_link_budget),
+            default_prefill_budget_tokens=float(p.migration_prefill_budget),
+        )
+
+    async def _tick(self) -> None:
+        metrics.TICKS.inc()
+        async with self.turn():
+            view = self.view(time.time())
+            effects = self.core.step(view)
+            closed: list[PlanOutcome] = list(self.core.take_closed())
+            ready = [e for e in effects if self.core.dispatched(e.plan_id) is None]
+            hints = self.core.placement_hints(view)  # MELL's state after this step: where new requests go
+            lifecycles = self.lifecycle.due(view) if self.lifecycle is not None else {}
+        for worker_id, label in lifecycles.items():
+            assert self.lifecycle is not None
+            task = asyncio.get_running_loop().create_task(self.lifecycle.write(worker_id, label),
+                                                          context=contextvars.Context())
+            self._applying.add(task)
+            task.add_done_callback(self._applying.discard)
+        await self._publish_outcomes(closed)
+        for hint in hints:
+            try:
+                await self.bus.publish(planner_placement(), hint)
+            except (TidalError, OSError) as exc:  # NATS away: the dispatcher's hints go stale, it routes by load
+                log.warning("placement hints not published", model=hint.model, error=repr(exc))
+        await self._launch(effects, ready)
+
+    async def _launch(self, effects: list[Effect], ready: list[Effect]) -> None:
+        """Publish new effects as decided, then apply those dispatched, each in a task of its own."""
+        for effect in effects:
+            kind = self.kinds[effect.plan_id] = effect_kind(effect)
+            metrics.EFFECTS.labels(kind, "decided").inc()
+            log.info("effect decided", plan_id=effect.plan_id, kind=kind, trigger=effect.trigger, reason=effect.reason)
+            await self._publish("decided", PlanDecided(plan=effect))
+        for effect in ready:
+            task = asyncio.get_running_loop().create_task(self._apply(effect), context=contextvars.Context())
+            self._applying.add(task)
+            task.add_done_callback(self._applying.discard)
+
+    async def _apply(self, effect: Effect) -> None:
+        outcome = await apply_effect(self.bus, effect, timeout_s=float(self.config.planner.ctl_timeout))
+        async with self.turn():
+            ended = self.core.on_outcome(outcome)
+            # the next step of a sequence, at once (KunServe: the drops once every member joined)
+            leader = self.lease is not None and self.lease.leader
+            more = self.core.follow_up(self.view(time.time())) if ended is not None and leader else []
+            ready = [e for e in more if self.core.dispatched(e.plan_id) is None]
+        if ended is None:  # it had already ended (expired, or cancelled when the lease was lost)
+            metrics.SKIPPED.labels("late_outcome").inc()
+            log.info("late outcome skipped", plan_id=effect.plan_id, outcome=type(outcome).__name__)
+            return
+        await self._publish_outcomes([outcome])
+        await self._launch(more, ready)
+
+    async def _publish_outcomes(self, outcomes: list[PlanOutcome]) -> None:
+        for outcome in outcomes:
+            label = _OUTCOME_KIND[type(outcome)]
+            metrics.EFFECTS.labels(self.kinds.pop(outcome.plan_id, "unknown"), label).inc()
+            await self._publish(label, outcome)
+
+    async def _publish(self, kind: str, msg: PlanDecided | PlanOutcome) -> None:
+        try:
+            await self.bus.publish(plan_event(kind), msg)
+        except (TidalError, OSError) as exc:  # NATS away: the decision stands, its event is lost
+            log.warning("plan event not published", kind=kind, error=repr(exc))
+
+
+__all__ = ["Planner"]

@@ -1,0 +1,96 @@
+"""Applying one effect: its ctl commands, sent in order with a deadline, and the outcome they add up to.
+
+Never raises: a refusal (`CtlRefused`, e.g. `not_found` for a request that ended, `busy`, `unsupported`
+from a worker without the command), an error reply, no responder (the worker is gone), a deadline or
+an unreachable registry is a `PlanFailed` naming the command and why. A MigrateOut that fails leaves
+the request running on its source (the worker's contract), so nothing is lost.
+
+Buddy groups (KunServe): FormGroup is JoinGroup to each member, with the group's registry record
+written first and marked active after (`group_records.py`); DissolveGroup is LeaveGroup to each
+member named by that record, a member answering `not_found` or `unsupported`, or with no worker
+listening, being one that is not (or no longer) in the group, and the record is marked dissolved after; DropInstanceLayers and
+RestoreInstanceLayers are DropLayers and RestoreLayers.
+"""
+from __future__ import annotations
+
+import time
+
+from shared.bus import Bus
+from shared.events.common import GroupMember
+from shared.events.ctl import CtlDone, CtlRefused, CtlReply, LeaveGroup, MigrateOut
+from shared.events.plan import DissolveGroup, FormGroup, PlanApplied, PlanFailed
+from shared.logging import get_logger
+from shared.planner.effects import Effect, action_of, ctl_commands
+from shared.subjects import worker_ctl
+from shared.wire import NoResponders, TidalError
+
+from services.planner import group_records, metrics
+
+log = get_logger("tidal.planner.apply")
+
+
+async def apply_effect(bus: Bus, effect: Effect, *, timeout_s: float) -> PlanApplied | PlanFailed:
+    started = time.monotonic()
+    action = action_of(effect)
+    try:
+        members: list[GroupMember] | None = None
+        if isinstance(action, FormGroup):
+            await group_records.record_forming(bus, action, effect.plan_id, timeout_s=timeout_s)
+        elif isinstance(action, DissolveGroup):
+            members = await group_records.members_of(bus, action.group_id, timeout_s=timeout_s)
+        commands = ctl_commands(effect, group_members=members)
+    except ValueError as exc:
+        return PlanFailed(plan_id=effect.plan_id, ts=time.time(), action_index=0, message=str(exc)[:2000])
+    except TidalError as exc:
+        metrics.SKIPPED.labels("registry_unreachable").inc()
+        return PlanFailed(plan_id=effect.plan_id, ts=time.time(), action_index=0,
+                          message=f"the registry's groups bucket could not be read or written: {exc}"[:2000])
+    for worker_id, command in commands:
+        name = type(command).__name__
+        try:
+            reply = await bus.request(worker_ctl(worker_id), command, CtlReply, timeout=timeout_s)
+        except NoResponders:
+            if isinstance(command, LeaveGroup):
+                continue  # no such worker runs: a restarted or dead worker holds no group
+            metrics.SKIPPED.labels("unreachable").inc()
+            return _failed(effect, command, f"{name} to {worker_id} got no answer: no worker listens")
+        except TidalError as exc:
+            metrics.SKIPPED.labels("unreachable").inc()
+            return _failed(effect, command, f"{name} to {worker_id} got no answer: {exc}")
+        if isinstance(reply, CtlRefused) and isinstance(command, LeaveGroup) and reply.code in _NOT_A_MEMBER:
+            continue  # that member is not in the group (never joined, or left already): leaving is done
+        if isinstance(reply, CtlRefused):
+            metrics.SKIPPED.labels(f"refused_{reply.code}").inc()
+            return _failed(effect, command, f"{name} refused by {worker_id} ({reply.code}): {reply.message}")
+        assert isinstance(reply, CtlDone)
+    if isinstance(action, (FormGroup, DissolveGroup)):
+        await _mark(bus, action.group_id, "active" if isinstance(action, FormGroup) else "dissolved", timeout_s)
+    _count_migration(effect, commands, "applied")
+    return PlanApplied(plan_id=effect.plan_id, ts=time.time(), duration_s=time.monotonic() - started,
+                       commands=len(commands))
+
+
+_NOT_A_MEMBER = ("not_found", "unsupported")
+
+
+async def _mark(bus: Bus, group_id: str, state: str, timeout_s: float) -> None:
+    """The record's new state, best effort: the members have done it either way."""
+    try:
+        await group_records.set_state(bus, group_id, state, timeout_s=timeout_s)  # type: ignore[arg-type]
+    except TidalError as exc:
+        log.warning("group record not updated", group=group_id, state=state, error=repr(exc))
+
+
+def _failed(effect: Effect, command: object, message: str) -> PlanFailed:
+    log.info("effect failed", plan_id=effect.plan_id, error=message)
+    _count_migration(effect, [("", command)], "failed")
+    return PlanFailed(plan_id=effect.plan_id, ts=time.time(), action_index=0, message=message[:2000])
+
+
+def _count_migration(effect: Effect, commands: list, outcome: str) -> None:
+    for _, command in commands:
+        if isinstance(command, MigrateOut):
+            metrics.MIGRATIONS.labels(command.mode, outcome).inc()
+
+
+__all__ = ["apply_effect"]

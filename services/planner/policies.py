@@ -1,0 +1,52 @@
+"""The planner's policies, from the config, in the order of the memory economy (DESIGN §1).
+
+The core asks the policies in list order each interval, and a later policy sees the effects of the
+earlier ones as busy, so the order is the order in which memory is bought, cheapest source first:
+
+1. prewarmed weights and cold adapters are not policies here: the worker's pool gives them up for
+   KV on demand (reclaimers, adapter LRU), the cheapest memory; KunServe counts a worker's
+   prewarmed bytes as KV capacity, so it drops layers only for what evicting them cannot cover;
+2. KunServe (`[policies] buddy_groups`): drop replicated layers into buddy groups — instant,
+   costs pipeline overhead until restored;
+3. MELL (`[policies] migration`): migrate requests to a peer with room — costs link time or a
+   re-prefill per request;
+4. scale out (ScaleUpPolicy, on capacity requests; WarmServe with `[planner] autoscale`, from the
+   forecasts, onto prewarmed workers) — costs a startup, least when warm. WarmServe goes last: its
+   prewarms take only memory no instance uses (idle, universal and grace-period workers, the last
+   capped at Eq. 1's target), which the pool gives back first (rung 1), so they never compete with
+   the rungs above; and the others' effects on an instance are busy to it.
+
+Reads the KunServe profile file (`[policies] kunserve_profile`): a bad path or file fails the
+planner's start with a message naming it.
+"""
+from __future__ import annotations
+
+from shared.config import ClusterConfig
+from shared.planner.kunserve_policy import KunServePolicy
+from shared.planner.mell_policy import MellPolicy
+from shared.planner.policy import Policy
+from shared.planner.scale_up import ScaleUpPolicy
+from shared.planner.warmserve_policy import WarmServePolicy, WarmServeSettings
+from shared.profiles import load_pipeline_profile
+
+
+def build_policies(config: ClusterConfig, *, group_prefix: str, scale_up: ScaleUpPolicy | None = None) -> list[Policy]:
+    """The interval policies, cheapest source of memory first. `group_prefix` makes buddy-group ids
+    unique across planner processes; `scale_up` is the capacity-request path (WarmServe counts its
+    scale-ups in flight)."""
+    p, pol = config.planner, config.policies
+    policies: list[Policy] = []
+    if pol.buddy_groups:  # false: not constructed, so nothing of KunServe runs
+        policies.append(KunServePolicy(load_pipeline_profile(pol.kunserve_profile), kv_block_tokens=pol.kv_block_tokens,
+                                       unsplit_max_batch=pol.max_batch_size, group_prefix=group_prefix))
+    policies.append(MellPolicy(migration=pol.migration, kv_high_watermark=p.kv_high_watermark,
+                               max_migrations_per_op=p.max_migrations_per_op))
+    if p.autoscale:
+        policies.append(WarmServePolicy(WarmServeSettings(
+            prewarm=pol.prewarm, batch_size=pol.max_batch_size, mean_request_s=float(p.request_time),
+            scale_down_after_s=float(p.scale_down_after), min_instance_age_s=max(float(p.scale_down_after) / 2, 1.0),
+            min_instances=0 if config.dispatcher.scale_from_zero else 1), capacity=scale_up))
+    return policies
+
+
+__all__ = ["build_policies"]

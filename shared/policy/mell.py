@@ -1,0 +1,198 @@
+"""MELL's online KV-cache scheduler (MELL §VI, Fig. 10, Algorithm 1) as a pure policy.
+
+`MellScheduler` keeps the planned placement of every running request's KV cache on devices of
+KV capacity C, and turns each operation -- a request arrives (`allocate`), completes
+(`depart`), or its KV grows (`update`) -- into a placement and the migrations Fig. 10
+prescribes, at most `max_migrations_per_op` of them (Theorem 3's ten). No I/O, no clock.
+The rules and the cap are described in `mell_rules`; the choices this module makes where the
+paper is silent or ambiguous:
+
+* Tiny requests (<= C/8) join the currently filling multi-item (bundle) while it stays
+  <= C/4, holds fewer than max_migrations_per_op // 2 requests and its device has room;
+  otherwise they open a new bundle, placed as a T item. Moving a bundle moves each of its
+  requests and counts that many migrations, hence the member limit (a bundle of 50 requests
+  could never move under a cap of 10). A bundle is a T item whatever its size, so bundles
+  closed by the member limit, or shrunk as members left, may be <= C/8: the departure from
+  "multi-items of size (C/8, C/4]" (T-GPU fill >= 75% only needs items <= C/4).
+* `update` follows Fig. 10 Update and is called on every growth (Algorithm 1 calls it on class
+  changes; a same-class growth only does something when the device would overflow). A class
+  change departs and re-allocates the request, except M->L on an M-GPU, which stays (the
+  device becomes an L-GPU). An overflow moves off the device's smaller-class requests (T first,
+  largest first) when the request is the device's largest class and that is affordable;
+  otherwise the request itself moves. Shrinking sizes are accepted and handled alike.
+* A departure that empties a device retires it at once (Algorithm 1 retires idle GPUs).
+* With a fixed device list, "activate a new GPU" takes the first idle device in list order;
+  when none is idle the request goes to the fullest active device with room, else
+  `NoCapacity` is raised and nothing changes.
+* Batching (§VI): departs, then updates, then allocates, each with its own migration cap; the
+  buffered moves are coalesced (see `mell_ops.coalesce_moves`). An update or depart of a
+  request allocated in the same batch folds into that allocation (the last size wins; an
+  allocate+depart pair vanishes); an update of a request departing in the batch is dropped.
+  Within one operation, too, a request moved twice moves once. With `batching=False` the ops
+  run in the given order and every op's moves are kept; placements are where each request was
+  first put (requests that also departed in the batch left out).
+* Beyond the agreed API: `apply(op)`, `capped_operations` (operations that hit the cap),
+  `fleet` (the per-category index, read-only for callers), and `peek_allocate(size)`: the device
+  `allocate` would put a request of that size on now, without changing anything (the planner's
+  placement hints for the dispatcher, see `mell_placement._peek_destination`).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from shared.policy.mell_classes import check_capacity, check_size, request_class
+from shared.policy.mell_fleet import Item
+from shared.policy.mell_ops import (
+    Allocate, BatchResult, Depart, Move, NoCapacity, Op, OpResult, Update, coalesce_moves,
+)
+from shared.policy.mell_placement import MellPlacement
+from shared.policy.mell_theorem import total_weight, violations
+
+__all__ = ["Allocate", "BatchResult", "Depart", "MellScheduler", "Move", "NoCapacity", "Op", "OpResult",
+           "Update", "request_class"]
+
+
+class MellScheduler(MellPlacement):
+    def __init__(self, capacity: int, devices: Sequence[str] | None = None, *, max_migrations_per_op: int = 10,
+                 batching: bool = True) -> None:
+        check_capacity(capacity)
+        if devices is not None and len(set(devices)) != len(devices):
+            raise ValueError("device ids must be unique")
+        super().__init__(capacity, devices, max_migrations_per_op)
+        self.batching = batching
+
+    # ---- queries ------------------------------------------------------------------------
+    def device_of(self, request_id: str) -> str | None:
+        item = self._item_of.get(request_id)
+        return None if item is None or item.device is None else item.device.id
+
+    def requests_on(self, device: str) -> dict[str, int]:
+        dev = self.fleet.active.get(device)
+        if dev is None:
+            return {}
+        out: dict[str, int] = {}
+        for it in dev.items.values():
+            out.update(it.members if it.members is not None else {it.key: it.size})
+        return out
+
+    def active_devices(self) -> list[str]:
+        return [d.id for d in sorted(self.fleet.active.values(), key=lambda d: d.seq)]
+
+    def used(self, device: str) -> int:
+        dev = self.fleet.active.get(device)
+        return 0 if dev is None else dev.used
+
+    def weight_lower_bound(self) -> float:
+        return float(total_weight(self.fleet))
+
+    def theorem1_violations(self) -> list[str]:
+        return violations(self.fleet)
+
+    def peek_allocate(self, size: int) -> str | None:
+        """The device `allocate` would choose for a request of `size` now, changing nothing. None when
+        it would activate a device that has no id yet (unbounded: a minted one) or fits nowhere
+        (NoCapacity); with a device list, activating means its first idle device, which is returned."""
+        check_size(size, self.capacity, "size of the peeked request")
+        cls = request_class(size, self.capacity)
+        if cls == "tiny":
+            bundle = self._bundle_with_room(size)
+            if bundle is not None:
+                assert bundle.device is not None
+                return bundle.device.id
+            cls = "T"  # a new bundle, placed as a T item
+        return self._peek_destination(size, cls)
+
+    # ---- operations -----------------------------------------------------------------------
+    def allocate(self, request_id: str, size: int) -> OpResult:
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        if request_id in self._item_of:
+            raise ValueError(f"request {request_id!r} is already allocated (on {self.device_of(request_id)})")
+        check_size(size, self.capacity, f"size of request {request_id!r}")
+        self._begin_op()
+        cls = request_class(size, self.capacity)
+        if cls == "tiny":
+            self._join_bundle(request_id, size)
+        else:
+            item = Item(request_id, size, cls)
+            self._place(item, reuse=None)
+            self._item_of[request_id] = item
+        moves = coalesce_moves(self._end_op(), skip={request_id})
+        return OpResult({request_id: self.device_of(request_id) or ""}, moves)
+
+    def depart(self, request_id: str) -> OpResult:
+        item = self._known(request_id)
+        self._begin_op()
+        del self._item_of[request_id]
+        dev = item.device
+        assert dev is not None
+        before = dev.category
+        if item.members is not None and len(item.members) > 1:
+            size = item.members.pop(request_id)
+            self.fleet.resize(item, item.size - size, "T", cost_delta=-1)
+            self._top_up(dev)
+        else:
+            if item is self._filling:
+                self._filling = None
+            self.fleet.remove(item)
+            self._settle(dev, before)
+        return OpResult({}, coalesce_moves(self._end_op()))
+
+    def update(self, request_id: str, size: int) -> OpResult:
+        item = self._known(request_id)
+        check_size(size, self.capacity, f"new size of request {request_id!r}")
+        self._begin_op()
+        cls = request_class(size, self.capacity)
+        if item.members is not None:
+            self._update_tiny(item, request_id, size, cls)
+        else:
+            self._update_single(item, size, cls)
+        return OpResult({}, coalesce_moves(self._end_op()))
+
+    def apply(self, op: Op) -> OpResult:
+        if isinstance(op, Allocate):
+            return self.allocate(op.request_id, op.size)
+        if isinstance(op, Depart):
+            return self.depart(op.request_id)
+        if isinstance(op, Update):
+            return self.update(op.request_id, op.size)
+        raise TypeError(f"not a MELL operation: {op!r}")
+
+    def run_batch(self, ops: Sequence[Op]) -> BatchResult:
+        for op in ops:
+            if not isinstance(op, (Allocate, Depart, Update)):
+                raise TypeError(f"not a MELL operation: {op!r}")
+        departed = {op.request_id for op in ops if isinstance(op, Depart)}
+        if not self.batching:
+            placements: dict[str, str] = {}
+            moves: list[Move] = []
+            for op in ops:
+                r = self.apply(op)
+                placements.update(r.placements)
+                moves.extend(r.moves)
+            placements = {rid: d for rid, d in placements.items() if rid in self._item_of}
+            return BatchResult(placements, tuple(moves), len(moves))
+        new_size = {op.request_id: op.size for op in ops if isinstance(op, Allocate)}
+        for op in ops:  # an update of a request allocated in this batch sets its starting size
+            if isinstance(op, Update) and op.request_id in new_size:
+                new_size[op.request_id] = op.size
+        born_and_gone = departed & new_size.keys()
+        ordered: list[Op] = [op for op in ops if isinstance(op, Depart) and op.request_id not in new_size]
+        moot = new_size.keys() | departed  # updates folded into an allocation, or of departing requests
+        ordered += [op for op in ops if isinstance(op, Update) and op.request_id not in moot]
+        ordered += [Allocate(rid, s) for rid, s in new_size.items() if rid not in born_and_gone]
+        buffered: list[Move] = []
+        placed: set[str] = set()
+        for op in ordered:
+            r = self.apply(op)
+            placed.update(r.placements)
+            buffered.extend(r.moves)
+        final = coalesce_moves(buffered, skip=placed | departed)
+        return BatchResult({rid: self.device_of(rid) or "" for rid in placed}, final, len(buffered))
+
+    # ---- internals --------------------------------------------------------------------------
+    def _known(self, request_id: str) -> Item:
+        item = self._item_of.get(request_id)
+        if item is None:
+            raise KeyError(f"request {request_id!r} is not allocated")
+        return item

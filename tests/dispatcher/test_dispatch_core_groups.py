@@ -1,0 +1,44 @@
+"""The dispatcher core and KunServe buddy groups (pure: no NATS, time passed in): requests queued while
+the members were full go to the group's entry once its stats show the group, up to §4.3's batch limit."""
+from __future__ import annotations
+
+import msgspec
+from dispatcher.dispatch_builders import CONFIG, DEAD_AFTER, heartbeat, instance, sends, stats, submit
+
+from shared.events import LayerRange
+from shared.policy.kunserve_groups import group_max_batch
+from shared.policy.routing import make_policy
+from shared.policy.routing_groups import profiled_batch
+from shared.profiles import load_pipeline_profile
+from services.dispatcher.core import DispatchCore
+from services.dispatcher.model_catalog import ModelCatalog
+from services.dispatcher.tracked import Phase
+
+PROFILE = load_pipeline_profile()
+
+
+def member(iid: str, layers: tuple[int, int] | None, *, total: int, used: int, running: int):  # type: ignore[no-untyped-def]
+    inst = instance(iid, running=running, used=used, total=total)
+    if layers is None:
+        return inst
+    return msgspec.structs.replace(inst, group_id="g", layers=LayerRange(start=layers[0], end=layers[1]))
+
+
+def test_requests_queued_on_full_members_are_rebalanced_to_the_group() -> None:
+    c = DispatchCore(dispatcher_id="dispatcher-test", policy=make_policy("least-load"),
+                     catalog=ModelCatalog.from_config(CONFIG), queue_bound=8, max_redispatches=2,
+                     dead_after=DEAD_AFTER, block_size=16, max_batch=4, now=0.0, group_batch=profiled_batch(PROFILE))
+    for worker, iid in (("w0", "i0"), ("w1", "i1")):  # both replicas' KV is full: nothing fits
+        c.heartbeat(heartbeat(worker), 0.0)
+        c.worker_stats(stats(worker, member(iid, None, total=64, used=64, running=1)), 0.0)
+    for n in range(5):
+        _, effects = c.submit(submit(f"r{n}"), 0.1)
+        assert sends(effects) == []
+    assert c.count(Phase.QUEUED) == 5
+    # the drop: each keeps one of the two layers, the freed bytes are 32 more blocks each
+    c.worker_stats(stats("w1", member("i1", (1, 2), total=96, used=64, running=1)), 0.5)
+    assert c.count(Phase.QUEUED) == 5  # the entry's stats have not shown the group: incomplete, no route
+    effects = c.worker_stats(stats("w0", member("i0", (0, 1), total=96, used=64, running=1)), 0.6)
+    limit = group_max_batch(2, 4, PROFILE)  # 6: the pair's compute at the pipeline's efficiency, not 2 x 4
+    assert [(s.worker_id, s.assignment.instance_id) for s in sends(effects)] == [("w0", "i0")] * (limit - 2)
+    assert c.count(Phase.QUEUED) == 5 - (limit - 2)  # the rest overflow: they wait for room, not pile on

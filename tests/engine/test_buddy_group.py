@@ -1,0 +1,164 @@
+"""KunServe group execution in one process: two engines as two buddy-group members joined by
+the loopback channel (the real wire format). Tokens must equal an unsplit engine's, greedy
+and seeded; micro-batches overlap; each token costs one activation hop per stage; requests
+decoding when the group forms (victims) keep decoding through remote attention while their
+KV is exchanged, and end token-exact with no KV left behind."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.gpu_worker.engine.checkpoint_gen import make_model
+from services.gpu_worker.engine.engine import EngineConfig, LLMEngine
+from services.gpu_worker.engine.sampling_params import SamplingParams
+from services.gpu_worker.group.loopback import Loopback
+from services.gpu_worker.group.member import GroupMember, Stage
+from services.gpu_worker.group.wire import StagePass, decode, encode, spec
+
+LAYERS = 4
+NEW = 20
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("group")
+    return make_model(root / "m", arch="qwen2", layers=LAYERS, hidden=64, heads=4, kv_heads=2, seed=5)
+
+
+def engine(model_dir: Path) -> LLMEngine:
+    return LLMEngine(EngineConfig(str(model_dir), pool_bytes=64 << 20, block_size=8, max_num_seqs=8,
+                                  max_num_batched_tokens=256, max_prefill_chunk=24))
+
+
+def requests(seeded: bool) -> dict[str, tuple[list[int], SamplingParams]]:
+    g = torch.Generator().manual_seed(3)
+    out = {}
+    for i, n in enumerate([5, 30, 11, 19, 7, 26]):
+        params = SamplingParams(temperature=0.9, seed=100 + i, max_tokens=NEW) if seeded else \
+            SamplingParams(temperature=0.0, max_tokens=NEW)
+        out[f"r{i}"] = (torch.randint(0, 500, (n,), generator=g).tolist(), params)
+    return out
+
+
+def reference(model_dir: Path, reqs) -> dict[str, list[int]]:
+    e = engine(model_dir)
+    for rid, (prompt, params) in reqs.items():
+        e.add_request(rid, prompt, params)
+    tokens: dict[str, list[int]] = {rid: [] for rid in reqs}
+    while e.has_unfinished:
+        for o in e.step():
+            tokens[o.request_id] += o.new_token_ids
+    return tokens
+
+
+def collect(tokens: dict[str, list[int]], outputs) -> None:
+    for o in outputs:
+        tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+
+
+def pair(model_dir: Path) -> tuple[Loopback, GroupMember, GroupMember]:
+    loop = Loopback()
+    a = loop.add(GroupMember(engine(model_dir), "a", loop.port("a")))
+    b = loop.add(GroupMember(engine(model_dir), "b", loop.port("b")))
+    return loop, a, b
+
+
+def drive(loop: Loopback, members: list[GroupMember], tokens, *, kv_every: int = 1, rounds: int = 2000) -> int:
+    """Round-robin: deliver, launch, exchange. KV frames pass every `kv_every` rounds."""
+    most_in_flight = 0
+    for r in range(rounds):
+        if not any(m.busy for m in members):
+            for m in members:
+                collect(tokens, loop.deliver(m.member_id, kv_per_round=99))
+            return most_in_flight
+        for m in members:
+            collect(tokens, loop.deliver(m.member_id, kv_per_round=1 if r % kv_every == 0 else 0))
+            collect(tokens, m.step())
+            most_in_flight = max(most_in_flight, len(m.in_flight))
+            m.pump_exchange(1)
+    raise AssertionError("the group did not finish")
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("split", [1, 3])
+def test_group_tokens_equal_unsplit_run(model_dir, seeded, split):
+    reqs = requests(seeded)
+    expected = reference(model_dir, reqs)
+    loop, a, b = pair(model_dir)
+    stages = [Stage("a", range(0, split)), Stage("b", range(split, LAYERS))]
+    assert a.join("g1", stages) > 0 and b.join("g1", stages) > 0
+    assert a.engine.runner.resident_layers() == list(range(split))
+    assert b.engine.runner.resident_layers() == list(range(split, LAYERS))
+    items = list(reqs.items())
+    tokens: dict[str, list[int]] = {}
+    a.engine.add_request(items[0][0], *items[0][1])
+    collect(tokens, a.step())  # micro-batch 0 is now in stage 1 (on b)
+    assert len(a.in_flight) == 1
+    for i, (rid, (prompt, params)) in enumerate(items[1:], start=1):
+        (a if i % 2 == 0 else b).engine.add_request(rid, prompt, params)  # both owners: stage 0 and stage 1
+    most = drive(loop, [a, b], tokens)
+    assert tokens == expected
+    assert most == 2, "the owner keeps a second micro-batch going while the first is in the other stage"
+    assert loop.sent["AttnCall"] == 0 and loop.sent["KvExchange"] == 0  # no victims: nothing remote
+    for m in (a, b):  # every sequence's KV is freed on every member
+        assert m.engine.blocks.num_used_blocks == 0
+
+
+def test_each_micro_batch_costs_one_hop_per_stage(model_dir):
+    loop, a, b = pair(model_dir)
+    stages = [Stage("a", range(0, 2)), Stage("b", range(2, LAYERS))]
+    a.join("g", stages), b.join("g", stages)
+    a.engine.add_request("x", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=1))
+    b.engine.add_request("y", [4, 5, 6], SamplingParams(temperature=0.0, max_tokens=1))
+    tokens: dict[str, list[int]] = {}
+    drive(loop, [a, b], tokens)
+    assert len(tokens["x"]) == len(tokens["y"]) == 1
+    # x: a runs stage 0, one StagePass to b, one StageDone back; y: a StagePass to a and one back to b
+    assert loop.sent["StagePass"] == 3 and loop.sent["StageDone"] == 1
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+def test_requests_decoding_through_a_drop_are_token_exact(model_dir, seeded):
+    reqs = requests(seeded)
+    expected = reference(model_dir, reqs)
+    loop, a, b = pair(model_dir)
+    for i, (rid, (prompt, params)) in enumerate(reqs.items()):
+        (a if i % 2 == 0 else b).engine.add_request(rid, prompt, params)
+    tokens: dict[str, list[int]] = {}
+    for _ in range(4):  # unsplit: prefill and a few tokens on each member alone
+        for m in (a, b):
+            collect(tokens, m.engine.step())
+    assert all(0 < len(t) < NEW for t in tokens.values())
+    stages = [Stage("a", range(0, 2)), Stage("b", range(2, LAYERS))]
+    a.join("g", stages), b.join("g", stages)
+    assert set(a.victims) == {"r0", "r2", "r4"} and set(b.victims) == {"r1", "r3", "r5"}
+    drive(loop, [a, b], tokens, kv_every=4)  # the exchange is slow: victims decode on remote attention meanwhile
+    assert tokens == expected
+    assert a.holder.served > 0 and b.holder.served > 0, "victims' attention ran where their KV was"
+    assert loop.sent["KvExchange"] == 4 and loop.sent["KvLanded"] == 4  # two dropped layers each way
+    for m in (a, b):
+        assert m.engine.blocks.num_used_blocks == 0 and not m.exchanging
+
+
+def test_wire_roundtrip_and_bad_messages():
+    hidden = torch.randn(3, 8)
+    frame = StagePass(group_id="g", owner="a", micro_id=7, stage=1, chunks=[], freed=["z"], hidden=spec(hidden))
+    got, tensors = decode(encode(frame, [hidden]))
+    assert got == frame and torch.equal(tensors[0], hidden)
+    data = encode(frame, [hidden])
+    with pytest.raises(ValueError, match="overruns"):
+        decode(data[:-4])
+    with pytest.raises(ValueError, match="bytes after its tensors"):
+        decode(data + b"\0")
+    with pytest.raises(ValueError, match="carries"):
+        spec(torch.zeros(2, dtype=torch.int64))

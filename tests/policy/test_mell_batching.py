@@ -1,0 +1,55 @@
+"""MELL §VI request-operation batching: departs, then updates, then allocates; redundant moves go."""
+from __future__ import annotations
+
+from shared.policy.mell import Allocate, Depart, MellScheduler, Move, Update
+from shared.policy.mell_ops import coalesce_moves
+
+C = 2400
+
+
+def test_coalescing_chains_round_trips_and_skipped_requests() -> None:
+    moves = [Move("a", "g0", "g1"), Move("b", "g0", "g1"), Move("a", "g1", "g2"), Move("b", "g1", "g0"),
+             Move("c", "g3", "g4")]
+    assert coalesce_moves(moves) == (Move("a", "g0", "g2"), Move("c", "g3", "g4"))
+    assert coalesce_moves(moves, skip={"c"}) == (Move("a", "g0", "g2"),)
+
+
+def _three_m_gpus(batching: bool) -> MellScheduler:
+    s = MellScheduler(C, batching=batching)
+    for rid, size in (("a", 1150), ("b", 1150), ("c", 1100), ("d", 1150), ("e", 850)):
+        s.allocate(rid, size)  # gpu-0: a b; gpu-1: c d; gpu-2 (latest M-GPU): e
+    return s
+
+
+def test_a_to_b_then_b_to_c_becomes_a_to_c() -> None:
+    s = _three_m_gpus(batching=True)
+    # Depart(c) refills gpu-1 with e from gpu-2; the new L then takes e (the only M that fits
+    # beside it) from gpu-1: e moves gpu-2 -> gpu-1 -> gpu-3, executed as one move
+    r = s.run_batch([Allocate("big", 1300), Depart("c")])
+    assert r.placements == {"big": "gpu-3"}
+    assert r.moves == (Move("e", "gpu-2", "gpu-3"),)
+    assert r.moves_before_dedup == 2
+    assert s.device_of("e") == "gpu-3"
+
+
+def test_a_request_that_departs_in_the_batch_is_not_moved() -> None:
+    ops = [Allocate("big", 1300), Depart("e")]
+    one_by_one = _three_m_gpus(batching=False).run_batch(ops)
+    # e is pulled in beside the new L, then departs, and c refills the L-GPU
+    assert one_by_one.moves == (Move("e", "gpu-2", "gpu-3"), Move("c", "gpu-1", "gpu-3"))
+    batched = _three_m_gpus(batching=True).run_batch(ops)  # e departs first: only c moves
+    assert batched.moves == (Move("c", "gpu-1", "gpu-3"),) and batched.moves_before_dedup == 1
+
+
+def test_ops_on_a_request_allocated_in_the_same_batch_fold_into_its_allocation() -> None:
+    s = MellScheduler(C)
+    r = s.run_batch([Allocate("x", 500), Update("x", 1300), Allocate("y", 100), Depart("y")])
+    assert r.placements == {"x": "gpu-0"} and s.requests_on("gpu-0") == {"x": 1300}
+    assert s.device_of("y") is None
+
+
+def test_without_batching_ops_run_in_order() -> None:
+    s = MellScheduler(C, batching=False)
+    r = s.run_batch([Allocate("x", 500), Update("x", 1300), Depart("x"), Allocate("y", 1300)])
+    assert r.placements == {"y": "gpu-1"}  # gpu-0 was activated for x, then retired
+    assert s.active_devices() == ["gpu-1"]

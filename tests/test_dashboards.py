@@ -1,0 +1,100 @@
+"""compose/'s Prometheus and Grafana without a Docker engine: targets, mounts, provisioning, dashboard.
+
+That every metric the dashboard reads is really exported is checked against a live cluster in
+tests/e2e/test_e2e_observability.py.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dashboard_queries import dashboard, dashboard_queries, metric_names
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "compose"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+
+
+def _container_ports(compose: dict) -> dict[str, str]:
+    """Each Tidal container's metrics port, as the compose environment sets it."""
+    ports = {}
+    for name, service in compose["services"].items():
+        if "build" in service:
+            ports[name] = str(service["environment"]["TIDAL_METRICS_PORT"])
+    return ports
+
+
+def test_prometheus_scrapes_every_tidal_container_on_its_metrics_port(compose):
+    prom = yaml.safe_load((COMPOSE / "prometheus" / "prometheus.yml").read_text())
+    targets: dict[str, str] = {}
+    for job in prom["scrape_configs"]:
+        assert job.get("metrics_path", "/metrics") == "/metrics", job["job_name"]
+        for static in job["static_configs"]:
+            for target in static["targets"]:
+                host, port = target.rsplit(":", 1)
+                assert host in compose["services"], f"{job['job_name']}: no compose service {host!r}"
+                targets[host] = port
+    assert targets == _container_ports(compose)  # every container, each on the port it serves
+    jobs = {job["job_name"] for job in prom["scrape_configs"]}
+    modules = {s["command"][s["command"].index("-m") + 1] for s in compose["services"].values() if "build" in s}
+    assert jobs == {m.split(".")[1] for m in modules}  # one job per service, named after it
+
+
+def test_every_bind_mount_exists_in_the_repo(compose):
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                assert (COMPOSE / source).exists(), f"{name}: {source} is not in compose/"
+            else:
+                assert source in compose["volumes"], f"{name}: named volume {source} not declared"
+
+
+def test_grafana_provisioning_parses_and_points_at_what_is_mounted(compose):
+    grafana = compose["services"]["grafana"]
+    mounts = {v.split(":")[1]: COMPOSE / v.split(":")[0] for v in grafana["volumes"] if v.startswith(".")}
+    datasources = yaml.safe_load((COMPOSE / "grafana/provisioning/datasources/prometheus.yml").read_text())
+    (source,) = datasources["datasources"]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    assert "prometheus" in compose["services"]
+    providers = yaml.safe_load((COMPOSE / "grafana/provisioning/dashboards/tidal.yml").read_text())
+    (provider,) = providers["providers"]
+    folder = mounts[provider["options"]["path"]]
+    assert (folder / "tidal.json").is_file()
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (mounts[str(Path(home).parent)] / Path(home).name).is_file()
+    assert set(mounts) >= {"/etc/grafana/provisioning/datasources", "/etc/grafana/provisioning/dashboards"}
+    # every panel queries the provisioned data source
+    uid = source["uid"]
+    for panel in dashboard()["panels"]:
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == uid, panel["title"]
+            assert all(t["datasource"]["uid"] == uid for t in panel["targets"]), panel["title"]
+
+
+def test_dashboard_has_the_panels_people_look_for():
+    dash = dashboard()
+    titles = {p["title"] for p in dash["panels"]}
+    assert {"Request rate", "TTFT", "TPOT", "E2E latency", "Tokens/s", "Queue depth", "KV use",
+            "Memory pool by kind", "Migrations"} <= titles
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    names = set().union(*(metric_names(e) for _w, e in dashboard_queries(dash)))
+    for histogram in ("tidal_gateway_ttft_seconds", "tidal_gateway_tpot_seconds", "tidal_gateway_request_seconds"):
+        assert f"{histogram}_bucket" in names
+    for _where, expr in dashboard_queries(dash):
+        if "histogram_quantile" in expr:
+            assert "by (le" in expr, expr  # a quantile needs the buckets kept apart
+
+
+def test_metric_name_extraction_ignores_functions_labels_and_ranges():
+    expr = ('histogram_quantile(0.95, sum by (le, mode) (rate(tidal_x_seconds_bucket{worker=~"$worker", a="by (b)"}'
+            '[$__rate_interval]))) / on (worker) group_left sum without (kind) (tidal_y_bytes)')
+    assert metric_names(expr) == {"tidal_x_seconds_bucket", "tidal_y_bytes"}
+    assert metric_names("label_values(tidal_worker_pool_capacity_bytes, worker)") == {"tidal_worker_pool_capacity_bytes"}

@@ -1,0 +1,106 @@
+"""`tidal status`'s rendering from constructed WorkerStats: proportional bars, labelled kinds, 80 columns."""
+from __future__ import annotations
+
+import msgspec
+from rich.console import Console
+
+from shared.events import InstanceStats, LayerRange, PoolBreakdown, WorkerState, WorkerStats
+from tidal.commands.status import ServiceRow, StatusReport, WorkerRow
+from tidal.commands.status_view import (
+    BAR, STYLE, bar_cells, pool_bar_text, pool_segments, render_to_string, status_view,
+)
+
+MiB = 1 << 20
+
+
+def stats(worker: str = "w0", **pool: int) -> WorkerStats:
+    sizes = {"weights_bytes": 40 * MiB, "prewarm_bytes": 10 * MiB, "adapter_bytes": 2 * MiB, "kv_bytes": 32 * MiB,
+             "workspace_bytes": 4 * MiB, **pool}
+    capacity = 128 * MiB
+    return WorkerStats(
+        worker_id=worker, seq=7, ts=1000.0, device="cpu", state=WorkerState.READY,
+        pool=PoolBreakdown(capacity_bytes=capacity, free_bytes=capacity - sum(sizes.values()), **sizes),
+        instances=[
+            InstanceStats(instance_id=f"{worker}-demo-llama-0", model="demo-llama", layers=LayerRange(start=0, end=4),
+                          running=3, waiting=5, kv_blocks_total=64, kv_blocks_used=16, kv_block_bytes=MiB // 4,
+                          tokens_per_s=41.5, adapters=["sql-lora"]),
+            InstanceStats(instance_id=f"{worker}-demo-qwen-0", model="demo-qwen", layers=LayerRange(start=0, end=2),
+                          running=0, waiting=0, kv_blocks_total=64, kv_blocks_used=0, kv_block_bytes=MiB // 4),
+        ],
+        resident_adapters=["sql-lora"],
+    )
+
+
+def report(*workers: WorkerStats, dead: tuple[str, ...] = ()) -> StatusReport:
+    rows = [WorkerRow(worker_id=s.worker_id, device="cpu", memory_capacity_bytes=s.pool.capacity_bytes, liveness="alive",
+                      state="ready", last_heartbeat_age_s=0.2, stats=s, stats_age_s=0.1) for s in workers]
+    rows += [WorkerRow(worker_id=w, device="cpu", memory_capacity_bytes=64 * MiB, liveness="dead", state="dead",
+                       last_heartbeat_age_s=31.0) for w in dead]
+    services = [ServiceRow(service="gpu_worker", instance="gpu_worker-w0-a-rather-long-instance-name", pid=4242,
+                           health="ok", registry_state="ready", uptime_s=12.0, metrics_port=9410)]
+    return StatusReport(nats_url="nats://127.0.0.1:4222", registry_reachable=True, services=services, workers=rows)
+
+
+def test_segments_split_kv_into_used_and_free_and_sum_to_capacity():
+    segs = dict(pool_segments(stats()))
+    assert segs["kv used"] == 16 * MiB // 4 and segs["kv free"] == 32 * MiB - 4 * MiB
+    assert segs["lora"] == 2 * MiB and segs["prewarm"] == 10 * MiB
+    assert sum(segs.values()) == 128 * MiB
+
+
+def test_bar_cells_are_proportional_and_fill_the_width():
+    cells = dict(bar_cells([("weights", 50), ("kv used", 25), ("free", 25)], 40))
+    assert cells == {"weights": 20, "kv used": 10, "free": 10}
+    odd = bar_cells([("a", 1), ("b", 1), ("c", 1)], 10)
+    assert sum(c for _l, c in odd) == 10 and sorted(c for _l, c in odd) == [3, 3, 4]
+    assert dict(bar_cells([("a", 0), ("b", 0)], 10)) == {"a": 0, "b": 0}
+
+
+def test_pool_bar_styles_each_kind_in_proportion():
+    s = stats()
+    bar = pool_bar_text(s, 64)  # 128 MiB over 64 cells: 2 MiB a cell
+    assert bar.plain == BAR * 64
+    per_style = {}
+    for span in bar.spans:
+        per_style[span.style] = per_style.get(span.style, 0) + span.end - span.start
+    assert per_style[STYLE["weights"]] == 20 and per_style[STYLE["prewarm"]] == 5
+    assert per_style[STYLE["lora"]] == 1 and per_style[STYLE["kv used"]] == 2 and per_style[STYLE["kv free"]] == 14
+    assert per_style[STYLE["workspace"]] == 2 and per_style[STYLE["free"]] == 20
+
+
+def test_report_reads_at_80_columns_with_every_kind_instance_and_adapter():
+    text = render_to_string(report(stats("w0"), stats("w1", prewarm_bytes=0), dead=("w2",)), width=80)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80, "\n".join(line for line in lines if len(line) > 80)
+    for label in ("weights", "prewarm", "lora", "kv used", "kv free", "workspace", "free"):
+        assert f"{label} " in text, label
+    assert "weights 40.0MiB" in text and "kv used 4.0MiB" in text and "kv free 28.0MiB" in text
+    for worker in ("w0", "w1"):
+        assert f"{worker}-demo-llama-0" in text and f"{worker}-demo-qwen-0" in text
+    llama_row = next(line for line in lines if "w0-demo-llama-0" in line)
+    assert "16/64 25%" in llama_row and "41.5" in llama_row and "sql-lora" in llama_row
+    assert text.count("resident adapters: sql-lora") == 2
+    assert "w2" in text and "dead" in text
+    assert sum(line.count(BAR) >= 60 for line in lines) == 2  # one full-width bar per live worker
+
+
+def test_a_newer_worker_stats_with_extra_fields_still_renders():
+    """Another engineer may add per-instance pool fields: decode ignores them, the view reads today's."""
+    wire = msgspec.json.encode(stats())
+    raw = msgspec.json.decode(wire)
+    raw["pool"]["per_instance"] = [{"instance_id": "x", "kv_bytes": 1}]
+    raw["instances"][0]["pool_bytes"] = 123
+    newer = msgspec.json.decode(msgspec.json.encode(raw), type=WorkerStats)
+    assert "w0-demo-llama-0" in render_to_string(report(newer), width=80)
+
+
+def test_json_report_carries_the_stats():
+    decoded = msgspec.json.decode(msgspec.json.encode(report(stats())))
+    assert decoded["workers"][0]["stats"]["pool"]["weights_bytes"] == 40 * MiB
+
+
+def test_narrow_terminal_does_not_crash():
+    out = Console(width=40, color_system=None)
+    with out.capture() as captured:
+        out.print(status_view(report(stats())))
+    assert max(len(line) for line in captured.get().splitlines()) <= 40

@@ -1,0 +1,49 @@
+"""`tidal repro kunserve [--scale paper|tiny] [--out DIR]`: KunServe §5 (Fig. 10, Fig. 16) simulated.
+
+Runs KunServe and the Llumnix baselines over three datasets at rising rates on 8 simulated
+Qwen-2.5-14B/A800 instances, plus the drop-plan ablation, writes report.md, PNG figures and
+summary.json under --out, and prints the summary line last. Simulation only: there is no --live mode.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+import time
+from pathlib import Path
+
+HELP = "KunServe (buddy groups under bursts): P50/P99 TTFT and TBT, SLO violations vs Llumnix variants"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from loadgen.repro.kunserve import SCALES
+
+    p.add_argument("--scale", choices=sorted(SCALES), default="paper",
+                   help="paper: 8 instances, 3 datasets x 3 rates, 240 s each; tiny: 4 tight-memory instances, seconds")
+    p.add_argument("--out", default=None, help="report directory (default runs/repro-kunserve-<timestamp>/)")
+    p.add_argument("--seed", type=int, default=None, help="trace seed (default 0)")
+    p.add_argument("--no-ablation", action="store_true", help="skip the Fig. 16 drop-plan ablation")
+    p.add_argument("--no-plots", action="store_true", help="do not draw the PNG figures")
+
+
+def run(args: argparse.Namespace) -> int:
+    from loadgen.repro.kunserve import SCALES, headline, run_repro
+    from loadgen.repro.kunserve_report import write_kunserve_report
+    from loadgen.repro.report import default_out
+
+    started = time.perf_counter()
+    cfg = SCALES[args.scale]
+    if args.seed is not None:
+        cfg = dataclasses.replace(cfg, seed=args.seed)
+    if args.no_ablation:
+        cfg = dataclasses.replace(cfg, ablation=False)
+    out = Path(args.out) if args.out else default_out("kunserve")
+    result = run_repro(cfg, progress=lambda line: print(line, flush=True))
+    head = headline(result)
+    argv = sys.argv[3:] if sys.argv[1:3] == ["repro", "kunserve"] else []
+    report = write_kunserve_report(out, result, head, command=("tidal repro kunserve " + shlex.join(argv)).strip(),
+                                   wall_s=time.perf_counter() - started, plots=not args.no_plots)
+    print(f"report: {report}")
+    print(head.line())
+    return 0

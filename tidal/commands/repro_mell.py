@@ -1,0 +1,109 @@
+"""`tidal repro mell [--scale paper|tiny] [--out DIR]`: MELL §VIII (Figs. 11-15) simulated.
+
+Builds the paper's workloads on its two testbeds, replays them on BF, WF, LB and MELL (with
+and without request-operation batching) and on the BF-restart / WF-restart ablation, writes
+report.md, PNG figures and summary.json under --out, and prints the summary line last (MELL
+against the paper's BF / WF / LB). `--live` runs a small version on a local cluster of CPU workers
+instead, beside the planner off and the simulator on the same trace (loadgen/repro/mell_live.py).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+import time
+from pathlib import Path
+
+HELP = "MELL (multi-GPU KV packing): GPUs needed, utilisation, migrations vs BF/WF/LB"
+
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from loadgen.repro.mell import SCALES
+    from loadgen.repro.mell_setup import TESTBEDS, WORKLOADS
+
+    p.add_argument("--scale", choices=sorted(SCALES), default="paper",
+                   help="paper: the paper's rates over an hour (Azure: a compressed day); tiny: a 4-minute smoke run")
+    p.add_argument("--out", default=None, help="report directory (default runs/repro-mell-<timestamp>/)")
+    p.add_argument("--seed", type=int, default=None, help="workload seed (default 0)")
+    p.add_argument("--testbeds", default=None, help=f"comma-separated subset of {','.join(TESTBEDS)}")
+    p.add_argument("--workloads", default=None, help=f"comma-separated subset of {','.join(WORKLOADS)}")
+    p.add_argument("--epoch", type=float, default=None, metavar="S", help="planning interval in seconds (default 1)")
+    p.add_argument("--no-plots", action="store_true", help="do not draw the PNG figures")
+    live = p.add_argument_group("--live: a small version on a local cluster (4 CPU workers), planner off and sim beside")
+    live.add_argument("--live", action="store_true", help="run MELL live on a local cluster and compare with the simulator")
+    live.add_argument("--duration", type=float, default=None, metavar="S", help="seconds of live trace (default 30)")
+    live.add_argument("--rate", type=float, default=None, help="live requests per second per model (default 0.8)")
+    live.add_argument("--memory", default=None, help="each live worker's pool (default 6MiB: tight KV)")
+
+
+def _subset(text: str | None, known: dict, what: str) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ValueError(f"unknown {what} {unknown or text!r}; known: {', '.join(known)}")
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    from loadgen.repro.mell import SCALES, headline, run_repro
+    from loadgen.repro.mell_report import write_mell_report
+    from loadgen.repro.mell_setup import TESTBEDS, WORKLOADS
+    from loadgen.repro.report import default_out
+
+    if args.live:
+        return run_live_command(args)
+    started = time.perf_counter()
+    cfg = SCALES[args.scale]
+    try:
+        changes = {"seed": args.seed, "epoch_s": args.epoch,
+                   "testbeds": _subset(args.testbeds, TESTBEDS, "testbed"),
+                   "workloads": _subset(args.workloads, WORKLOADS, "workload")}
+        if args.epoch is not None and args.epoch <= 0:
+            raise ValueError(f"--epoch must be > 0, got {args.epoch}")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in changes.items() if v is not None})
+    out = Path(args.out) if args.out else default_out("mell")
+    scenarios = run_repro(cfg, progress=lambda line: print(line, flush=True))
+    head = headline(scenarios)
+    command = "tidal repro mell " + shlex.join(sys.argv[3:]) if sys.argv[1:3] == ["repro", "mell"] else "tidal repro mell"
+    report = write_mell_report(out, scenarios, cfg, head, command=command.strip(),
+                               wall_s=time.perf_counter() - started, plots=not args.no_plots)
+    print(f"report: {report}")
+    print(head.line())
+    return 0
+
+
+def run_live_command(args: argparse.Namespace) -> int:
+    from loadgen.repro.mell_live import LiveConfig, run_live
+    from loadgen.repro.mell_live_report import comparison_table, live_headline, write_live_report
+    from loadgen.repro.mell_live_trace import LiveTraceSpec
+    from loadgen.repro.report import default_out
+
+    try:
+        trace = dataclasses.replace(LiveTraceSpec(), **{k: v for k, v in {
+            "duration_s": args.duration, "rate_per_model": args.rate, "seed": args.seed}.items() if v is not None})
+        cfg = LiveConfig(trace=trace, **({"memory": args.memory} if args.memory else {}),
+                         **({"interval_s": args.epoch} if args.epoch is not None else {}))
+        if cfg.interval_s <= 0:
+            raise ValueError(f"--epoch must be > 0, got {cfg.interval_s}")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from shared.logging import configure_logging
+
+    configure_logging("cli", level="warning")  # stdout is for the report
+    out = Path(args.out) if args.out else default_out("mell-live")
+    run = run_live(cfg, out / "live", progress=lambda line: print(line, flush=True))
+    head = live_headline(run)
+    command = "tidal repro mell " + shlex.join(sys.argv[3:]) if sys.argv[1:3] == ["repro", "mell"] else "tidal repro mell --live"
+    report = write_live_report(out, run, head, command.strip())
+    print(comparison_table(run))
+    print(f"report: {report}")
+    print(head.line())
+    return 0 if head.lost == 0 else 1

@@ -1,0 +1,98 @@
+"""`tidal repro warmserve [--scale paper|tiny] [--out DIR]`: WarmServe §7.3 (Figs. 9, 11, 13-15) simulated.
+
+Replays AzureConv/AzureCode-like multi-model traces at rising RPS on WarmServe (forecast ->
+replica counts -> prewarm scores -> evict-aware placement, proactive prewarming), WarmServe
+without proactive prewarming, an SLLM-GPU-like autoscaler and a MuxServe-like static
+co-location over the paper's 16 GPUs; writes report.md, PNG figures and summary.json under
+--out and prints the summary line last.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+import time
+from pathlib import Path
+
+HELP = "WarmServe (multi-LLM prewarming): P50/P99 TTFT, TPOT, prewarm hit rate vs SLLM-GPU and MuxServe"
+
+# `--live`: the small version on a local CPU cluster (loadgen/repro/warmserve_live.py): prewarm on vs off.
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from loadgen.repro.warmserve import SCALES
+    from loadgen.repro.warmserve_setup import WORKLOADS
+
+    p.add_argument("--scale", choices=sorted(SCALES), default="paper",
+                   help="paper: 3 workloads x RPS 5-25, an hour each; tiny: one workload, 2 RPS, 10 minutes")
+    p.add_argument("--out", default=None, help="report directory (default runs/repro-warmserve-<timestamp>/)")
+    p.add_argument("--seed", type=int, default=None, help="workload seed (default 0)")
+    p.add_argument("--workloads", default=None, help=f"comma-separated subset of {','.join(WORKLOADS)}")
+    p.add_argument("--rps", default=None, help="comma-separated request rates (default: the scale's)")
+    p.add_argument("--no-plots", action="store_true", help="do not draw the PNG figures")
+    p.add_argument("--live", action="store_true",
+                   help="instead: a local cluster of 4 CPU workers and 5 small models under a shifting trace, "
+                        "prewarm on vs off (P50/P99 TTFT, prewarm hit rate); a few minutes")
+
+
+def _changes(args: argparse.Namespace) -> dict[str, object]:
+    from loadgen.repro.warmserve_setup import WORKLOADS
+
+    out: dict[str, object] = {}
+    if args.seed is not None:
+        out["seed"] = args.seed
+    if args.workloads is not None:
+        names = tuple(n.strip() for n in args.workloads.split(",") if n.strip())
+        unknown = [n for n in names if n not in WORKLOADS]
+        if unknown or not names:
+            raise ValueError(f"unknown workload {unknown or args.workloads!r}; known: {', '.join(WORKLOADS)}")
+        out["workloads"] = names
+    if args.rps is not None:
+        try:
+            rates = tuple(float(r) for r in args.rps.split(",") if r.strip())
+        except ValueError:
+            raise ValueError(f"--rps must be comma-separated numbers, got {args.rps!r}") from None
+        if not rates or min(rates) <= 0:
+            raise ValueError(f"--rps needs at least one rate, each > 0, got {args.rps!r}")
+        out["rps"] = rates
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from loadgen.repro.report import default_out
+    from loadgen.repro.warmserve import SCALES, headline, run_repro
+    from loadgen.repro.warmserve_report import write_warmserve_report
+
+    if getattr(args, "live", False):
+        return _run_live(args)
+    started = time.perf_counter()
+    try:
+        cfg = dataclasses.replace(SCALES[args.scale], **_changes(args))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else default_out("warmserve")
+    points = run_repro(cfg, progress=lambda line: print(line, flush=True))
+    head = headline(points, cfg)
+    argv = sys.argv[3:] if sys.argv[1:3] == ["repro", "warmserve"] else []
+    command = ("tidal repro warmserve " + shlex.join(argv)).strip()
+    report = write_warmserve_report(out, points, cfg, head, command=command, wall_s=time.perf_counter() - started,
+                                    plots=not args.no_plots)
+    print(f"report: {report}")
+    print(head.line())
+    return 0
+
+
+def _run_live(args: argparse.Namespace) -> int:
+    from loadgen.repro.report import default_out
+    from loadgen.repro.warmserve_live import WarmLiveConfig, run_live, write_summary
+
+    cfg = WarmLiveConfig(seed=args.seed if args.seed is not None else 0)
+    out = Path(args.out) if args.out else default_out("warmserve-live")
+    run = run_live(cfg, root=out / "work", progress=lambda line: print(line, flush=True))  # models, cluster logs
+    argv = sys.argv[3:] if sys.argv[1:3] == ["repro", "warmserve"] else []
+    print(f"summary: {write_summary(out, run, ('tidal repro warmserve ' + shlex.join(argv)).strip())}")
+    print(run.line())
+    lost = sum(r.lost for r in run.runs.values())
+    return 0 if lost == 0 else 1

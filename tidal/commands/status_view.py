@@ -1,0 +1,161 @@
+"""What `tidal status` prints, as rich renderables built from the report alone (no I/O, no clock).
+
+Per worker: its pool as one stacked bar by kind (weights, prewarm, lora, KV used, KV free,
+workspace, free) with a legend, its instances (batch, queue, KV use, tokens/s) and its
+resident adapters. Everything fits an 80-column terminal. Only fields of today's
+`WorkerStats` are read, so a newer worker that publishes more still renders.
+"""
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING, Any
+
+from rich.columns import Columns
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from shared.events.worker import WorkerStats
+
+if TYPE_CHECKING:
+    from tidal.commands.status import StatusReport, WorkerRow
+
+# (label, style) in bar order; the order groups what the memory economy can reclaim.
+KINDS: tuple[tuple[str, str], ...] = (
+    ("weights", "blue"), ("prewarm", "cyan"), ("lora", "magenta"), ("kv used", "red"),
+    ("kv free", "yellow"), ("workspace", "green"), ("free", "bright_black"),
+)
+STYLE = dict(KINDS)
+BAR = "█"
+COLOUR = {"ok": "green", "alive": "green", "ready": "green", "draining": "yellow", "starting": "yellow",
+          "unreachable": "red", "dead": "red"}
+
+
+def human_bytes(n: int) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return f"{n}B"
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
+
+
+def pool_segments(stats: WorkerStats) -> list[tuple[str, int]]:
+    """The pool by kind, in KINDS order; KV split into used and free by the instances' block use."""
+    pool = stats.pool
+    kv_used = sum(i.kv_blocks_used * i.kv_block_bytes for i in stats.instances)
+    kv_used = min(kv_used, pool.kv_bytes)
+    sizes = {"weights": pool.weights_bytes, "prewarm": pool.prewarm_bytes, "lora": pool.adapter_bytes,
+             "kv used": kv_used, "kv free": pool.kv_bytes - kv_used, "workspace": pool.workspace_bytes,
+             "free": pool.free_bytes}
+    return [(label, sizes[label]) for label, _style in KINDS]
+
+
+def bar_cells(segments: list[tuple[str, int]], width: int) -> list[tuple[str, int]]:
+    """Cells per segment, proportional to bytes (largest remainder), summing to `width` (0 if all empty)."""
+    total = sum(n for _label, n in segments)
+    if total <= 0 or width <= 0:
+        return [(label, 0) for label, _n in segments]
+    exact = [n * width / total for _label, n in segments]
+    cells = [int(x) for x in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda i: exact[i] - cells[i], reverse=True)
+    for i in by_remainder[: width - sum(cells)]:
+        cells[i] += 1
+    return [(label, c) for (label, _n), c in zip(segments, cells)]
+
+
+def pool_bar_text(stats: WorkerStats, width: int) -> Text:
+    bar = Text()
+    for label, cells in bar_cells(pool_segments(stats), width):
+        if cells:
+            bar.append(BAR * cells, style=STYLE[label])
+    return bar
+
+
+class PoolBar:
+    """The stacked bar, as wide as the space it is given."""
+
+    def __init__(self, stats: WorkerStats) -> None:
+        self.stats = stats
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield pool_bar_text(self.stats, options.max_width)
+
+
+def legend(stats: WorkerStats) -> Columns:
+    """One entry per kind; entries never break across lines."""
+    entries = []
+    for label, nbytes in pool_segments(stats):
+        entry = Text("■ ", style=STYLE[label])
+        entry.append(f"{label} {human_bytes(nbytes)}", style="default")
+        entries.append(entry)
+    return Columns(entries, padding=(0, 2))
+
+
+def instances_table(stats: WorkerStats) -> Table:
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    for column, justify in (("instance", "left"), ("model", "left"), ("batch", "right"), ("queue", "right"),
+                            ("KV used", "right"), ("tok/s", "right"), ("adapters", "left")):
+        table.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for inst in stats.instances:
+        share = f" {100 * inst.kv_blocks_used / inst.kv_blocks_total:.0f}%" if inst.kv_blocks_total else ""
+        table.add_row(inst.instance_id, inst.model, str(inst.running), str(inst.waiting),
+                      f"{inst.kv_blocks_used}/{inst.kv_blocks_total}{share}", f"{inst.tokens_per_s:.1f}",
+                      ", ".join(inst.adapters) or "-")
+    return table
+
+
+def worker_panel(row: "WorkerRow") -> Panel:
+    c = COLOUR.get(row.liveness, "white")
+    heartbeat = f"heartbeat {age(row.last_heartbeat_age_s)} ago" if row.last_heartbeat_age_s is not None else ""
+    state = f" {row.state}" if row.state != row.liveness else ""
+    life = f" [cyan]{row.lifecycle}[/cyan]" if row.lifecycle else ""  # WarmServe's worker lifecycle
+    title = f"[bold]{row.worker_id}[/bold] {row.device} [{c}]{row.liveness}[/{c}]{state}{life} {heartbeat}"
+    stats = row.stats
+    if stats is None:
+        why = "dead" if row.liveness == "dead" else "no stats received"
+        body: Any = Text(f"capacity {human_bytes(row.memory_capacity_bytes)}; {why}")
+    else:
+        parts: list[Any] = [
+            Text(f"pool {human_bytes(stats.pool.capacity_bytes)}, stats {age(row.stats_age_s)} old"),
+            PoolBar(stats), legend(stats),
+        ]
+        if stats.instances:
+            parts.append(instances_table(stats))
+        parts.append(Text("resident adapters: " + (", ".join(stats.resident_adapters) or "none")))
+        body = Group(*parts)
+    return Panel(body, title=title, title_align="left")
+
+
+def services_table(report: "StatusReport") -> Table:
+    table = Table(title="services")
+    for column in ("service", "instance", "pid", "health", "registry", "uptime", "metrics"):
+        table.add_column(column, overflow="fold")
+    for row in report.services:
+        c = COLOUR.get(row.health, "white")
+        table.add_row(row.service, row.instance, str(row.pid or "-"), f"[{c}]{row.health}[/{c}]",
+                      row.registry_state or "-", age(row.uptime_s), str(row.metrics_port or "-"))
+    return table
+
+
+def status_view(report: "StatusReport") -> Group:
+    """The whole report: NATS line, services table, one panel per worker."""
+    head = Text(f"NATS {report.nats_url}")
+    if report.error:
+        head.append(f"  {report.error}", style="red")
+    return Group(head, services_table(report), Text("workers", style="italic"),
+                 *(worker_panel(w) for w in report.workers))
+
+
+def render_to_string(report: "StatusReport", width: int = 80) -> str:
+    """The report as plain text `width` columns wide (what a test or a log file gets)."""
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None).print(status_view(report))
+    return out.getvalue()
