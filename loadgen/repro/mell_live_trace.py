@@ -45,8 +45,11 @@ class LiveTraceSpec:
             raise ValueError(f"need duration_s > 0 and rate_per_model > 0, got {self.duration_s}, {self.rate_per_model}")
         if not 0 <= self.long_share <= 1:
             raise ValueError(f"long_share must be in [0, 1], got {self.long_share}")
-        if self.long_prompt + 1.5 * self.long_output >= 1:
-            raise ValueError("a long request must fit one worker's KV: long_prompt + 1.5 x long_output < 1")
+        for kind, prompt, output in (("long", self.long_prompt, self.long_output),
+                                     ("short", self.short_prompt, self.short_output)):
+            if prompt <= 0 or output <= 0 or prompt + 1.5 * output >= 1:
+                raise ValueError(f"a {kind} request must fit one worker's KV: need 0 < {kind}_prompt + 1.5 x "
+                                 f"{kind}_output < 1, got {prompt} + 1.5 x {output}")
 
 
 def fragmenting_trace(spec: LiveTraceSpec, capacity_tokens: int) -> list[TraceRecord]:

@@ -35,7 +35,7 @@ class LoraSimWorker(SimWorker):
         if chunks:
             extra += self.lora.prefill_s([(n, rk.get(req.adapter, 0) if req.adapter else 0) for req, n, _ in chunks])
         # a measured fit's intercept may be negative (short prefills): a step still takes some time
-        return max(extra, MIN_STEP_S)
+        return max(extra, MIN_STEP_S) if decoding or chunks else 0.0
 
 
 def lora_worker_factory(lora: LoraPerfModel, ranks: dict[str, int]):

@@ -50,7 +50,7 @@ from services.dispatcher.tracked import Phase
 log = get_logger("tidal.dispatcher")
 
 TICK_S = 0.1  # liveness, queue deadlines, retries of queued requests
-WATCHED = (Bucket.WORKERS, Bucket.MODELS, Bucket.ADAPTERS)
+WATCHED = (Bucket.WORKERS, Bucket.MODELS, Bucket.ADAPTERS, Bucket.GROUPS)
 
 
 def group_batch(cfg: ClusterConfig) -> GroupBatch:

@@ -18,7 +18,7 @@ from shared.events import (
     StreamMessage, SubmitAccepted, SubmitRejected, SubmitReply, SubmitRequest, Usage, WorkerHeartbeat, WorkerRecord,
     WorkerStats,
 )
-from shared.events.registry import AdapterRecord, Bucket, ModelRecord
+from shared.events.registry import AdapterRecord, Bucket, GroupRecord, ModelRecord
 from shared.logging import get_logger
 from shared.policy.admission import adapter_gate, batch_load, serving, with_room
 from shared.policy.routing import RoutingPolicy
@@ -284,6 +284,11 @@ class DispatchCore:
         if event.bucket is Bucket.WORKERS and isinstance(record, WorkerRecord):
             lost = self.table.record(record, now)
             return self._handle_lost(lost, now) if lost else []
+        if event.bucket is Bucket.GROUPS:  # a buddy group being restored takes nothing new (KunServe §4.3)
+            if isinstance(record, GroupRecord) and record.state == "restoring":
+                self.table.restoring_groups.add(record.group_id)
+            else:
+                self.table.restoring_groups.discard(event.key)
         if event.bucket is Bucket.MODELS:
             if isinstance(record, ModelRecord):
                 self.catalog.put_model(record)

@@ -58,6 +58,7 @@ class InstanceTable:
         self.workers: dict[str, WorkerView] = {}
         self.loads: dict[str, InstanceLoad] = {}
         self._instance_worker: dict[str, str] = {}
+        self.restoring_groups: set[str] = set()  # buddy groups being restored (registry): routed nothing new
 
     def _worker(self, worker_id: str) -> WorkerView:
         view = self.workers.get(worker_id)
@@ -155,8 +156,8 @@ class InstanceTable:
             if not self.routable(w, now):
                 continue
             for inst in w.instances.values():
-                if inst.model == model and inst.accepting:  # not one being evicted (EvictModel)
-                    out.append(self._view(w, inst))
+                if inst.model == model and inst.accepting and inst.group_id not in self.restoring_groups:
+                    out.append(self._view(w, inst))  # not one being evicted (EvictModel) or restored (KunServe)
         return collapse_groups(out, self.group_batch)
 
     def _view(self, w: WorkerView, inst: InstanceStats) -> InstanceView:

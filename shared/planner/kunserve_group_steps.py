@@ -5,8 +5,11 @@ each time it is asked (`next_steps`), returns the actions that move the group to
 
     forming --FormGroup applied--> dropping --every planned range dropped--> active
     active --target restored--> restoring: RestoreInstanceLayers for every dropped range
-           --every range back--> migrating: Migrate each request holding KV on a member
-           --none in flight--> dissolving: DissolveGroup (LeaveGroup on every member) --applied--> gone
+           --every range back--> dissolving: DissolveGroup (LeaveGroup on every member) --applied--> gone
+
+Migrate-back needs no action: a member holding every layer again pulls its requests' KV home by
+itself (services/gpu_worker/group/migrate_back.py) and refuses LeaveGroup `busy` until nothing
+would be lost, so DissolveGroup is retried every interval until every member has left.
 
 The target is one of two consistent states: *dropped* (every member keeps only its stage) or
 *restored* (every layer back, then dissolved). A burst that returns mid-restore flips the target
@@ -159,35 +162,8 @@ class GroupSteps:
                                         f"[{start}, {end}) back"))
             if out or self._member_busy() or any(self.dropped.values()):
                 return out
-            self.phase = GroupPhase.MIGRATING
-        if self.phase == GroupPhase.MIGRATING:
-            out = self._migrate_back(view, busy)
-            if out or any(s[0] == "migrate" for s in self.inflight):
-                return out
-            self.phase = GroupPhase.DISSOLVING
+            self.phase = GroupPhase.DISSOLVING  # the members migrate their requests back themselves
         return self._dissolve(busy)
-
-    def _migrate_back(self, view: ClusterView, busy: Busy) -> list[tuple[PlanAction, str]]:
-        """Every request holding KV on a member: its KV is split over the stages; it moves to the member
-        that keeps the most of the other layers (in a pair: the other member), which holds every layer now."""
-        out: list[tuple[PlanAction, str]] = []
-        for m in self.members:
-            worker = view.workers.get(m.worker_id)
-            inst = next((i for i in worker.instances if i.instance_id == m.instance_id), None) if worker else None
-            target = max((o for o in self.members if o.instance_id != m.instance_id),
-                         key=lambda o: (len(o.layers), -o.layers.start))
-            for req in inst.requests if inst is not None else ():
-                if req.kv_bytes <= 0 or req.request_id in self.migrated:
-                    continue
-                action = Migrate(request_id=req.request_id, source=m.worker_id, destination=target.worker_id,
-                                 destination_instance=target.instance_id, mode="kv")
-                if busy.has(key(action)):
-                    continue
-                self.migrated.add(req.request_id)
-                self.inflight.add(step_id(action))
-                out.append((action, f"{self.group_id} is restored: {req.request_id} leaves the pipeline for "
-                                    f"{target.instance_id}"))
-        return out
 
     def _dissolve(self, busy: Busy) -> list[tuple[PlanAction, str]]:
         action = DissolveGroup(group_id=self.group_id)

@@ -47,7 +47,8 @@ def test_overheads_pair_the_same_requests_under_cached():
     ondemand = _rows([0.4, 0.2, 0.2], cold)
     assert paired_overhead(ondemand, base, "ttft_s", "cold") == pytest.approx(2.0)  # 0.6 / 0.2 - 1
     assert paired_overhead(ondemand, base, "ttft_s", "warm") == pytest.approx(0.0)
-    assert paired_overhead(ondemand, base, "ttft_s", "all") == pytest.approx(0.8 / 0.4 - 1)
+    assert paired_overhead(ondemand, base, "ttft_s", "all", "mean") == pytest.approx(0.8 / 0.4 - 1)
+    assert paired_overhead(_rows([0.1, 0.5, 0.3], cold), base, "ttft_s", "all") == pytest.approx(0.3 / 0.1 - 1)  # medians
     rounds = [{"cached": base, "ondemand": ondemand}, {"cached": base, "ondemand": _rows([0.15, 0.15, 0.2], cold)},
               {"cached": base, "ondemand": _rows([0.3, 0.3, 0.2], cold)}]
     over = round_overheads(rounds, ["cached", "ondemand"])

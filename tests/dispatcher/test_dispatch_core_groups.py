@@ -42,3 +42,28 @@ def test_requests_queued_on_full_members_are_rebalanced_to_the_group() -> None:
     limit = group_max_batch(2, 4, PROFILE)  # 6: the pair's compute at the pipeline's efficiency, not 2 x 4
     assert [(s.worker_id, s.assignment.instance_id) for s in sends(effects)] == [("w0", "i0")] * (limit - 2)
     assert c.count(Phase.QUEUED) == 5 - (limit - 2)  # the rest overflow: they wait for room, not pile on
+
+
+def test_a_group_being_restored_takes_no_new_requests() -> None:
+    from shared.events.common import GroupMember
+    from shared.events.registry import Bucket, CatalogChanged, GroupRecord
+
+    c = DispatchCore(dispatcher_id="dispatcher-test", policy=make_policy("least-load"),
+                     catalog=ModelCatalog.from_config(CONFIG), queue_bound=8, max_redispatches=2,
+                     dead_after=DEAD_AFTER, block_size=16, max_batch=4, now=0.0, group_batch=profiled_batch(PROFILE))
+    for worker, iid, layers in (("w0", "i0", (0, 1)), ("w1", "i1", (1, 2))):
+        c.heartbeat(heartbeat(worker), 0.0)
+        c.worker_stats(stats(worker, member(iid, layers, total=96, used=0, running=0)), 0.0)
+    members = [GroupMember(worker_id="w0", instance_id="i0", layers=LayerRange(start=0, end=1)),
+               GroupMember(worker_id="w1", instance_id="i1", layers=LayerRange(start=1, end=2))]
+
+    def state(s: str, revision: int) -> CatalogChanged:
+        return CatalogChanged(bucket=Bucket.GROUPS, key="g", revision=revision, op="put", ts=0.1,
+                              record=GroupRecord(group_id="g", model="tiny", members=members, state=s))
+
+    c.catalog_changed(state("restoring", 1), 0.1)
+    _, effects = c.submit(submit("r-restoring"), 0.2)
+    assert sends(effects) == []  # the group's members are not routable while it restores
+    c.catalog_changed(state("active", 2), 0.3)  # the restore was cancelled (a burst came back)
+    _, effects = c.submit(submit("r-active"), 0.4)
+    assert [(s.worker_id, s.assignment.instance_id) for s in sends(effects)] == [("w0", "i0")]

@@ -46,6 +46,8 @@ class ClusterSpec:
     migration: str = "auto"  # [policies] migration
     extra_toml: str = ""  # appended to the config (e.g. a [planner] section)
     scale_from_zero: bool = False  # [dispatcher] scale_from_zero (requests for a model with no instance wait)
+    routing_policy: str = "least_load"  # [dispatcher] routing_policy ("mell": follow the planner's placement hints)
+    policies_toml: str = ""  # more [policies] keys (e.g. 'buddy_groups = false')
 
 
 def free_port() -> int:
@@ -59,10 +61,10 @@ def cluster_toml(spec: ClusterSpec, assets: TinyAssets, data_dir: Path, port: in
         f'[cluster]\ndata_dir = "{data_dir}"\n',
         f'[gateway]\nhost = "127.0.0.1"\nport = {port}\ndrain_timeout = "3s"\n',
         f'[dispatcher]\nqueue_bound = {spec.queue_bound}\nmax_redispatches = {spec.max_redispatches}\n'
-        f'scale_from_zero = {str(spec.scale_from_zero).lower()}\n',
+        f'scale_from_zero = {str(spec.scale_from_zero).lower()}\nrouting_policy = "{spec.routing_policy}"\n',
         '[registry]\nheartbeat_interval = "200ms"\ndead_after = "1s"\n',
         f'[policies]\nmax_batch_size = {spec.max_batch}\nstep_token_budget = {STEP_TOKEN_BUDGET}\n'
-        f'kv_block_tokens = {BLOCK_TOKENS}\nmigration = "{spec.migration}"\n',
+        f'kv_block_tokens = {BLOCK_TOKENS}\nmigration = "{spec.migration}"\n{spec.policies_toml}\n',
     ]
     for name, path in assets.models.items():
         lines.append(f'[[models]]\nname = "{name}"\npath = "{path}"\nmax_context = {MAX_CONTEXT}\n')

@@ -1,8 +1,9 @@
 """The planner live: a real nats-server, registry, dispatcher, planner and three gpu_worker processes.
 
 Fragmented load (long and short requests the dispatcher spread over the workers) is consolidated
-by planner-issued migrations, every stream token-exact against the fault-free greedy run, and a
-worker left empty is reported idle; two planners: one decides, the other takes over when it dies;
+by planner-issued migrations, every stream token-exact against the fault-free run (greedy, and
+seeded sampling), and a worker left empty is reported idle; two planners: one decides, the other
+takes over when it dies;
 a destination killed mid-migration loses no request. The tests run in this order on one cluster."""
 from __future__ import annotations
 
@@ -115,6 +116,38 @@ async def test_fragmented_load_is_consolidated_by_planner_migrations(bus: Bus, p
     for pid in migrations:  # every decided effect ends exactly once
         await observer.wait_for(lambda pid=pid: plans.outcome(pid), timeout=30)
         assert len(plans.outcome(pid)) == 1
+
+
+async def test_seeded_sampling_is_token_exact_through_planner_migrations(bus: Bus, plans: Plans, observer: Observer,
+                                                                        oracle: Oracle) -> None:
+    """Seeded sampling is a function of (seed, output index): a request the planner moved samples the
+    tokens an unmoved run samples."""
+    from services.gpu_worker.engine.sampling_params import SamplingParams as EngineSampling
+
+    sizes = [LONG, SHORT, LONG, SHORT, LONG, SHORT]
+    prompts = oracle.long_prompts(LLAMA, len(sizes), LONG)
+    load = {f"seeded-{i}": (prompts[i], n, 1000 + i) for i, n in enumerate(sizes)}
+    for rid, (prompt, n, seed) in load.items():
+        msg = SubmitRequest(request_id=rid, model=LLAMA, prompt_token_ids=oracle.prompt_ids(LLAMA, prompt),
+                            sampling=SamplingParams(temperature=0.8, seed=seed, max_tokens=n, ignore_eos=True),
+                            arrival_ts=time.time())
+        assert isinstance(await bus.request(dispatch_submit(), msg, SubmitReply), SubmitAccepted)
+    await finished(observer, list(load))
+    moved = [rid for rid in load if len(observer.workers(rid)) > 1]
+    assert moved, "no seeded request was migrated"
+    engine = oracle._engine(LLAMA)
+    for rid, (prompt, n, seed) in load.items():
+        chunks = sorted(observer.chunks(rid), key=lambda c: c.seq)
+        assert [c.seq for c in chunks] == list(range(len(chunks))), f"{rid}: a gap or a duplicate"
+        (want,) = engine.generate([oracle.prompt_ids(LLAMA, prompt)],
+                                  EngineSampling(temperature=0.8, seed=seed, max_tokens=n, ignore_eos=True))
+        assert tuple(t for c in chunks for t in c.token_ids) == tuple(want.token_ids), rid
+
+    def applied() -> set[str]:
+        return {d.plan.actions[0].request_id for d in plans.decided(Migrate)
+                if any(isinstance(e, PlanApplied) for e in plans.outcome(d.plan.plan_id))}
+
+    await observer.wait_for(lambda: set(moved) <= applied(), timeout=10)  # every move was a planner's
 
 
 async def test_two_planners_one_decides_and_the_other_takes_over(cluster: E2ECluster, bus: Bus, plans: Plans,

@@ -95,7 +95,7 @@ def test_a_burst_forms_a_group_then_drops_complementary_layers() -> None:
     assert core.step(grouped(0.5, used=100, gid=form.group_id)) == []  # dropped, calm: nothing more
 
 
-def test_demand_falling_restores_migrates_back_and_dissolves_in_that_order() -> None:
+def test_demand_falling_restores_then_dissolves_in_that_order() -> None:
     policy, core = make()
     drop_pair(policy, core)
     assert core.step(grouped(10.0, used=10)) == []  # calm starts: held for restore_hold_s
@@ -105,11 +105,10 @@ def test_demand_falling_restores_migrates_back_and_dissolves_in_that_order() -> 
         ("w0-m", 4, 8), ("w1-m", 0, 4)]
     assert all(isinstance(a, RestoreInstanceLayers) for a in actions(restores))
     first = settle(core, restores[:1], grouped(16.5, used=10))
-    assert first == []  # one member still restoring: no migration yet
-    migrations = settle(core, restores[1:], grouped(16.6, used=10))
-    moves = sorted((a.request_id, a.source, a.destination, a.destination_instance, a.mode) for a in actions(migrations))
-    assert moves == [("r0", "w0", "w1", "w1-m", "kv"), ("r1", "w1", "w0", "w0-m", "kv")]
-    dissolve = settle(core, migrations, grouped(17.0, used=10))
+    assert first == []  # one member still restoring: nothing more yet
+    # every layer back: the members migrate their requests back themselves (no Migrate), and the
+    # group is dissolved (LeaveGroup is refused busy by a member until nothing would be lost)
+    dissolve = settle(core, restores[1:], grouped(16.6, used=10))
     assert [type(a) for a in actions(dissolve)] == [DissolveGroup]
     assert settle(core, dissolve, grouped(17.5, used=10)) == []
     assert policy.groups("m") == {} and policy.phase("m") == Phase.NORMAL

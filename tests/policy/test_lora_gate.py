@@ -114,3 +114,13 @@ def test_the_simulator_routes_through_the_same_gate() -> None:
             if gate == "hostable":
                 assert len(offered) == 3  # sim instances report no room: unknown, so every one may load it
     assert narrowed > 0  # the trace does hit adapters resident on some workers only
+
+
+def test_an_slo_relative_to_a_nonpositive_unloaded_step_is_refused() -> None:
+    from shared.policy.lora_perf_model import LinearFit, LoraPerfModel
+
+    bad = LoraPerfModel(kernel="padded", decode=LinearFit(alpha_s=1e-5, gamma_s=1e-3, beta_s=-2e-3),
+                        prefill=LinearFit(alpha_s=0.0, gamma_s=1e-4))
+    with pytest.raises(ValueError, match="unloaded decode step"):
+        RankAware(bad, slo_factor=1.5)
+    assert RankAware(bad, tpot_slo_s=0.05).slo_s == 0.05  # an absolute SLO does not depend on it

@@ -10,9 +10,10 @@ same requests and seeds; each round uses fresh adapter names, so cold requests a
 
 Loads are paced (`lora_load_bandwidth`): derived at start so that a rank-64 load costs the share of a
 typical prefill it costs in the paper (lora_stats.py has the published numbers); `--load-bandwidth`
-overrides. Reports per mode the median over rounds (with min–max) of mean TTFT / TPOT / E2E and of
-each one's overhead against cached, for all, cold and warm requests (paired: the same requests under
-cached). The last line, from the cold requests' TTFT:
+overrides. Reports per mode the median over rounds (with min–max) of each round's median TTFT / TPOT /
+E2E and of each one's overhead against cached, for all, cold and warm requests (paired: the same
+requests under cached); medians, because a shared machine's bursts swamp means (results.json has
+both). The last line, from the cold requests' TTFT:
 `bench lora: ttft_overhead_cpu_assist=NN% ttft_overhead_ondemand=NN% ttft_overhead_slora=NN%`.
 """
 from __future__ import annotations
@@ -21,12 +22,13 @@ import argparse
 import asyncio
 import json
 import socket
+import statistics
 import time
 from pathlib import Path
 
 from tidal.bench.lora_cluster import MODES, LoRACluster, adapter_name, config_text, model_name, warm_adapter
 from tidal.bench.lora_stats import (PAPER_LOAD_OVER_PREFILL, PAPER_RANK64_LOAD_S, PAPER_TYPICAL_PREFILL_S,
-                                    TraceRequest, adapter_slots, make_trace, mode_means, paced_bandwidth,
+                                    TraceRequest, adapter_slots, make_trace, mode_stats, paced_bandwidth,
                                     round_overheads, spread, summary_line)
 from tidal.bench.output import add_out_argument, out_dir
 
@@ -41,12 +43,12 @@ SLORA_ADAPTER_ROOM = 4
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("lora", help="cold adapters: Cached vs OnDemand vs S-LoRA-like vs CPU-assisted (CaraServe)")
     add_out_argument(p, "lora")
-    p.add_argument("--requests", type=int, default=12, help="requests per round")
+    p.add_argument("--requests", type=int, default=8, help="requests per round")
     p.add_argument("--rps", type=float, default=2.0, help="Poisson arrival rate")
     p.add_argument("--prompt-len", type=int, nargs=2, default=(64, 192), metavar=("MIN", "MAX"))
     p.add_argument("--output-len", type=int, default=16)
     p.add_argument("--reuse", type=float, default=0.25, help="share of requests for an adapter used earlier (warm)")
-    p.add_argument("--rounds", type=int, default=5, help="rounds; each runs every mode once, rotating the order")
+    p.add_argument("--rounds", type=int, default=8, help="rounds; each runs every mode once, rotating the order")
     p.add_argument("--kernel", choices=("segmented", "padded"), default="segmented", help="LoRA kernel of every mode")
     p.add_argument("--load-bandwidth", help='paced adapter load rate, e.g. "200MB/s" (default: derived, see docs)')
     p.add_argument("--processes", type=int, default=2, help="CPU LoRA processes (cpu_assist)")
@@ -127,9 +129,9 @@ async def _drive(port: int, modes: list[str], trace: list[TraceRequest], args: a
             rec[mode] = await _round(port, mode, rnd, trace, args.output_len)
             await asyncio.sleep(0.5)  # the last streams' tails, the loader's queue drain
         rounds.append(rec)
-        print(f"  round {rnd + 1}/{args.rounds} ({' '.join(order)}): cold-request TTFT "
-              + "  ".join(f"{m} {sum(r['ttft_s'] for r in rec[m] if r['cold']) * 1000 / max(1, sum(r['cold'] for r in rec[m])):.0f} ms"
-                          for m in modes), flush=True)
+        print(f"  round {rnd + 1}/{args.rounds} ({' '.join(order)}): cold-request median TTFT "
+              + "  ".join(f"{m} {statistics.median(r['ttft_s'] for r in rec[m] if r['cold']) * 1000:.0f} ms" for m in modes),
+              flush=True)
     return rounds
 
 
@@ -143,19 +145,21 @@ def _fmt(values: list[float], scale: float, unit: str) -> str:
 
 def _report(rounds: list[dict], modes: list[str]) -> dict:
     over = round_overheads(rounds, modes)
-    print("median over rounds [min..max] of each round's mean; cold = the round's first request for an adapter")
+    print("median over rounds [min..max] of each round's median (overheads: of the same requests under cached); "
+          "cold = the round's first request for an adapter")
     for which in ("cold", "warm", "all"):
         print(f"  {which} requests:")
         for mode in modes:
-            ttft = mode_means(rounds, mode, "ttft_s", which)
+            ttft = mode_stats(rounds, mode, "ttft_s", which)
             if not ttft:
                 continue
-            line = (f"    {mode:<10} TTFT {_fmt(ttft, 1000, ' ms'):<22} TPOT {_fmt(mode_means(rounds, mode, 'tpot_s', which), 1000, ' ms'):<20}"
-                    f" E2E {_fmt(mode_means(rounds, mode, 'e2e_s', which), 1000, ' ms'):<22}")
+            tpot, e2e = (mode_stats(rounds, mode, k, which) for k in ("tpot_s", "e2e_s"))
+            line = (f"    {mode:<10} TTFT {_fmt(ttft, 1000, ' ms'):<22} TPOT {_fmt(tpot, 1000, ' ms'):<20}"
+                    f" E2E {_fmt(e2e, 1000, ' ms'):<22}")
             if mode != "cached":
                 o = over[mode]
-                line += (f" vs cached: TTFT {_fmt(o.get(f'ttft_s_{which}', []), 100, '%')}  TPOT "
-                         f"{_fmt(o.get(f'tpot_s_{which}', []), 100, '%')}  E2E {_fmt(o.get(f'e2e_s_{which}', []), 100, '%')}")
+                ttft_o, tpot_o, e2e_o = (_fmt(o.get(f"{k}_{which}", []), 100, "%") for k in ("ttft_s", "tpot_s", "e2e_s"))
+                line += f" vs cached: TTFT {ttft_o}  TPOT {tpot_o}  E2E {e2e_o}"
             print(line)
     return over
 
@@ -183,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
           f"{args.requests - cold} warm), ranks {'/'.join(map(str, RANKS))} on q/k/v, output {args.output_len} "
           f"tokens, {args.kernel} kernel in every mode")
     print(f"load pacing: prefill of a {typical}-token prompt here {cal.prefill_s * 1000:.1f} ms (fastest of 9, median "
-          f"{cal.prefill_median_s * 1000:.1f} ms; rank-64 adapter resident); paper: rank-64 load {PAPER_RANK64_LOAD_S * 1000:.1f} ms / prefill {PAPER_TYPICAL_PREFILL_S * 1000:.0f} ms"
+          f"{cal.prefill_median_s * 1000:.1f} ms; rank-64 adapter resident); paper: rank-64 load "
+          f"{PAPER_RANK64_LOAD_S * 1000:.1f} ms / prefill {PAPER_TYPICAL_PREFILL_S * 1000:.0f} ms"
           f" = {PAPER_LOAD_OVER_PREFILL:.2f} -> a rank-64 adapter ({cal.rank64_bytes / 1e6:.2f} MB) loads in "
           f"{cal.rank64_bytes / derived * 1000:.1f} ms: lora_load_bandwidth = {derived / 1e6:.1f} MB/s (derived)"
           + (f"; --load-bandwidth {args.load_bandwidth} used instead ({cal.rank64_bytes / bandwidth * 1000:.1f} ms)"
@@ -213,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         "args": {k: v for k, v in vars(args).items() if k != "func"}, "prefill_s": cal.prefill_s,
         "prefill_median_s": cal.prefill_median_s,
         "rank64_bytes": cal.rank64_bytes, "bandwidth": bandwidth, "derived_bandwidth": derived, "memory": memory,
-        "overheads": over, "rounds": rounds}, indent=1))
+        "overheads": over, "overheads_of_means": round_overheads(rounds, modes, "mean"), "rounds": rounds}, indent=1))
     print(f"(files in {out}; paper, Llama2-7B on an A10, every request cold: CPU-assisted +22% TTFT, "
           f"OnDemand/S-LoRA +412%/+451%)")
     print(summary_line(over))

@@ -70,16 +70,19 @@ def adapter_slots(trace: list[TraceRequest]) -> int:
     return 1 + max(r.slot for r in trace)
 
 
-def paired_overhead(rows: list[dict], base: list[dict], key: str, which: str) -> float | None:
-    """mean(key over the selected requests) / mean(the same requests under cached) - 1.
+def paired_overhead(rows: list[dict], base: list[dict], key: str, which: str, stat: str = "median") -> float | None:
+    """stat(key over the selected requests) / stat(the same requests under cached) - 1; stat is
+    "median" (robust to a shared machine's bursts) or "mean" (the paper's).
     which: "all" | "cold" | "warm" (as the trace marks them); None if none selected."""
     picked = [i for i, r in enumerate(rows) if which == "all" or r["cold"] == (which == "cold")]
     if not picked:
         return None
-    return sum(rows[i][key] for i in picked) / sum(base[i][key] for i in picked) - 1
+    agg = statistics.median if stat == "median" else statistics.fmean
+    return agg([rows[i][key] for i in picked]) / agg([base[i][key] for i in picked]) - 1
 
 
-def round_overheads(rounds: list[dict[str, list[dict]]], modes: list[str]) -> dict[str, dict[str, list[float]]]:
+def round_overheads(rounds: list[dict[str, list[dict]]], modes: list[str],
+                    stat: str = "median") -> dict[str, dict[str, list[float]]]:
     """Per mode, per "<metric>_<which>" the overhead against cached in each round."""
     out: dict[str, dict[str, list[float]]] = {}
     for mode in modes:
@@ -89,7 +92,7 @@ def round_overheads(rounds: list[dict[str, list[dict]]], modes: list[str]) -> di
         for rec in rounds:
             for key in ("ttft_s", "tpot_s", "e2e_s"):
                 for which in ("all", "cold", "warm"):
-                    o = paired_overhead(rec[mode], rec["cached"], key, which)
+                    o = paired_overhead(rec[mode], rec["cached"], key, which, stat)
                     if o is not None:
                         per.setdefault(f"{key}_{which}", []).append(o)
         out[mode] = per
@@ -101,14 +104,14 @@ def spread(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
 
-def mode_means(rounds: list[dict[str, list[dict]]], mode: str, key: str, which: str) -> list[float]:
-    """Per round, the mean of `key` over the mode's selected requests (the marks are the trace's,
+def mode_stats(rounds: list[dict[str, list[dict]]], mode: str, key: str, which: str) -> list[float]:
+    """Per round, the median of `key` over the mode's selected requests (the marks are the trace's,
     so under cached "cold" names the requests that are cold in the other modes)."""
     out = []
     for rec in rounds:
         picked = [r[key] for r in rec[mode] if which == "all" or r["cold"] == (which == "cold")]
         if picked:
-            out.append(sum(picked) / len(picked))
+            out.append(statistics.median(picked))
     return out
 
 

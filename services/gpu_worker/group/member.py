@@ -33,6 +33,7 @@ from services.gpu_worker.engine.outputs import RequestOutput
 from services.gpu_worker.engine.sampler import SampleResult
 
 from .engine_step import complete_micro_batch, schedule_excluding
+from .member_lifecycle import MemberLifecycle
 from .migrate_back import MigrateBack, serve_pull
 from .stage_executor import AttentionHolder, KvShort, StageExecutor
 from .wire import (
@@ -77,7 +78,7 @@ def validate_stages(stages: list[Stage], num_layers: int) -> None:
         raise ValueError(f"a member may hold one stage only: {members}")
 
 
-class GroupMember:
+class GroupMember(MemberLifecycle):
     def __init__(self, engine: LLMEngine, member_id: str, transport: Transport, *, max_micro_batches: int = 2) -> None:
         self.engine, self.member_id, self.transport = engine, member_id, transport
         self.max_micro_batches = max_micro_batches
@@ -93,6 +94,7 @@ class GroupMember:
         self._exchange: list[tuple[int, str]] = []  # (layer, member that keeps it) still to send
         self._awaiting: dict[int, list] = {}  # layer exchanged -> [keeper, sent at, attempts, seqs] until KvLanded
         self._attempts: dict[int, int] = {}  # layer to send again -> attempts so far
+        self._preempt_later: set[str] = set()  # to preempt once their micro-batch is back
         self._micro = itertools.count()
         self._calls = itertools.count()
         self.hops = 0  # activation messages sent for micro-batches (passes and results)
@@ -141,91 +143,16 @@ class GroupMember:
             freed += self.engine.drop_layers(max(start, self.layers.stop), end)
         return freed
 
-    def restore_layers(self, start: int, end: int) -> bool:
-        """Load dropped layers of [start, end) back, one at a time as far as free KV blocks give the
-        bytes (live KV is never evicted for it); True once all are back. Then the requests migrate
-        back (`migrate_back`)."""
-        self.restore_requested = True
-        held = self.engine.runner.resident_layers()
-        todo = sorted((l for l in range(start, end) if l not in held), reverse=bool(held) and end <= held[0])
-        for layer in todo:  # next to the resident range first: it stays contiguous
-            try:
-                self.engine.restore_layers(layer, layer + 1)
-            except MemoryError:
-                return False
-        return True
-
-    @property
-    def restored(self) -> bool:
-        runner = self.engine.runner
-        return len(runner.resident_layers()) == runner.cfg.num_layers
-
-    def foreign(self) -> list[str]:
-        """Other owners' sequences whose KV of this stage is still here."""
-        return [s for s in self.executor.held if self.engine.blocks.has(s) and self.engine.scheduler.get(s) is None]
-
-    def leave_blocker(self) -> str | None:
-        """Why leaving now would lose KV, or None: nothing in flight, no exchange, no other owner's KV
-        here, and this member's own requests (if any) all local (solo, after the migrate-back)."""
-        if self.in_flight or self._exchange or self._awaiting:
-            return "micro-batches or a KV exchange are in flight"
-        if not self.solo and self.engine.has_unfinished:
-            return "its requests still run through the pipeline (restore the layers: they migrate back)"
-        foreign = self.foreign()
-        if foreign:
-            return f"it holds other members' KV of {len(foreign)} requests (they migrate back first)"
-        return None
-
-    def go_solo(self) -> None:
-        """Every own request's KV is here now: run them on every layer; keep serving the stage."""
-        everything = range(self.engine.runner.cfg.num_layers)
-        self.engine.blocks.set_layers(everything, keep_tables=True)
-        self.engine.runner.set_kv_layers(everything)
-        self.executor.stage_only = True
-        self.victims.clear()
-        self.solo = True
-
     def preempt(self, seq_id: str) -> None:
-        """Recompute `seq_id` from its tokens (token-exact): its KV is dropped on every member."""
+        """Recompute `seq_id` from its tokens (token-exact): its KV is dropped on every member. One
+        in a micro-batch in flight is preempted once that is back (the stages still read its KV)."""
+        if seq_id in self._in_flight_ids:
+            self._preempt_later.add(seq_id)
+            return
+        self._preempt_later.discard(seq_id)
         self.victims.pop(seq_id, None)
         self.back.forget(seq_id)
         self.engine.scheduler.preempt(seq_id)
-
-    def collapse(self) -> None:
-        """A member is gone: the pipeline cannot run. Run alone on every layer (restored from the
-        host copy), own requests recomputed (token-exact), the other owners' KV freed."""
-        sched = self.engine.scheduler
-        for seq in list(sched.running):
-            self.preempt(seq.seq_id)
-        self.in_flight.clear()
-        self._in_flight_ids.clear()
-        for seq_id in list(self.executor.held):
-            if sched.get(seq_id) is None:
-                self.executor.free(seq_id)
-        self._exchange, self._awaiting, self.victims, self._freed = [], {}, {}, []
-        self.back = MigrateBack(self)
-        runner = self.engine.runner
-        missing = [l for l in range(runner.cfg.num_layers) if l not in runner.resident_layers()]
-        if missing:
-            self.engine.restore_layers(missing[0], missing[-1] + 1, preempt=True)
-        self.solo = True
-        self.leave()
-
-    def leave(self) -> None:
-        """Leave the group, holding every layer again (restored first by the caller). Only when
-        nothing of the group remains here (`leave_blocker`)."""
-        runner = self.engine.runner
-        blocker = self.leave_blocker()
-        if blocker:
-            raise RuntimeError(f"{self.member_id} still serves the group: {blocker}")
-        missing = [l for l in range(runner.cfg.num_layers) if l not in runner.resident_layers()]
-        if missing:
-            raise RuntimeError(f"{self.member_id} must restore layers {missing} before leaving")
-        everything = range(runner.cfg.num_layers)
-        self.engine.blocks.set_layers(everything, keep_tables=True)
-        runner.set_kv_layers(everything)
-        self.executor.stage_only = self.solo = False
-        self.group_id, self.stages = None, []
 
     @property
     def busy(self) -> bool:
@@ -285,6 +212,8 @@ class GroupMember:
         if self.solo:  # own requests run on every layer here; frames of the others come via `handle`
             self.engine.stalled = not self.engine.has_unfinished
             return self.engine.step() if self.engine.has_unfinished else []
+        for seq_id in [s for s in self._preempt_later if s not in self._in_flight_ids]:
+            self.preempt(seq_id)
         if self.back.paused or len(self.in_flight) >= self.max_micro_batches:
             self.engine.stalled = True  # nothing to launch until a micro-batch returns
             return []

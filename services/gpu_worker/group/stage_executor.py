@@ -62,7 +62,12 @@ class SplitAttention:
         if not idx:
             return out
         rows = torch.cat([torch.arange(self._starts[i], self._starts[i] + len(self.chunks[i].token_ids)) for i in idx])
-        out[rows] = self.call(self.owner, layer, [self.chunks[i] for i in idx], q[rows], k[rows], v[rows])
+        try:
+            out[rows] = self.call(self.owner, layer, [self.chunks[i] for i in idx], q[rows], k[rows], v[rows])
+        except RuntimeError as exc:  # the owner no longer holds that KV: those requests are recomputed
+            if type(exc).__name__ == "PeerLost":
+                raise
+            raise KvShort([self.chunks[i].seq_id for i in idx]) from exc
         self.calls += 1
         return out
 
