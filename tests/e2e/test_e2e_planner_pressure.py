@@ -76,12 +76,15 @@ async def test_kv_pressure_moves_a_request_away_before_requests_queue(bus: Bus, 
     assert 3 * (prompt + max_tokens) > capacity and 2 * (prompt + max_tokens) <= WATERMARK * capacity, capacity
     decided: list[PlanDecided] = []
     applied: set[str] = set()
+    ended: dict[str, str] = {}  # plan id -> how it ended, when not applied
 
     async def on_plan(msg: PlanEvent, _ctx: Delivery) -> None:
         if isinstance(msg, PlanDecided):
             decided.append(msg)
         elif isinstance(msg, PlanApplied):
             applied.add(msg.plan_id)
+        else:
+            ended[msg.plan_id] = f"{type(msg).__name__}: {msg.message}"
 
     await bus.subscribe(CATALOG["plan.event"].wildcard, PlanEvent, on_plan)
     rng = random.Random(7)
@@ -98,7 +101,10 @@ async def test_kv_pressure_moves_a_request_away_before_requests_queue(bus: Bus, 
     pressure = [d for d in decided if d.plan.trigger == "kv_pressure" and isinstance(d.plan.actions[0], Migrate)
                 and d.plan.actions[0].source == hot]
     assert pressure, f"no kv_pressure migration away from {hot}: {[(d.plan.trigger, d.plan.reason) for d in decided]}"
-    await observer.wait_for(lambda: any(d.plan.plan_id in applied for d in pressure), timeout=10)
+    try:
+        await observer.wait_for(lambda: any(d.plan.plan_id in applied for d in pressure), timeout=10)
+    except AssertionError:
+        raise AssertionError(f"no kv_pressure migration applied: {[(d.plan.reason, ended.get(d.plan.plan_id)) for d in pressure]}") from None
     assert any(len(observer.workers(rid)) > 1 for rid in load), "no request left the hot worker"
     # before the first move away was decided, the hot worker ran all three with none waiting, KV never full
     decided_at = min(d.plan.ts for d in pressure)

@@ -109,6 +109,11 @@ async def test_failed_kv_exchange_falls_back_to_reprefill(bus: Bus, reference: L
     await form(bus, "gf", ms)
     for rid, (w, p, s) in reqs.items():
         assert await tokens(streams[rid]) == expected(reference, p, s), rid
+    await asyncio.sleep(0.3)  # the finished requests' frees reach the other member
+    for m in ms:  # nothing of the failed exchange is left behind: both leave
+        left = await ctl(bus, m.worker_id, LeaveGroup(idempotency_key=f"leave-gf-{m.instance_id}", group_id="gf",
+                                                      instance_id=m.instance_id))
+        assert isinstance(left, CtlDone), left
 
 
 async def test_member_killed_mid_pipeline_survivor_runs_alone(bus: Bus, reference: LLMEngine,
