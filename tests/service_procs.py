@@ -7,24 +7,29 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
-from shared.bus import Bus
-from shared.nats_server import free_port
+from shared.bus import Bus, BusSettings
+from shared.nats_server import NatsServer, free_port
 from shared.health import HealthReply
 from tidal.health_probe import gather_health
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Fast liveness so tests are quick: heartbeats every 200 ms, dead after 1 s of silence.
-TINY_CONFIG = """
+# Fast liveness so tests are quick: heartbeats every 200 ms, dead after 1 s of silence. The
+# start of the test configs (TOML), data under the config's folder.
+FAST_LIVENESS = """
 [cluster]
 data_dir = "data"
 
 [registry]
 heartbeat_interval = "200ms"
 dead_after = "1s"
+"""
 
+TINY_CONFIG = FAST_LIVENESS + """
 [[workers]]
 id = "w0"
 device = "cpu"
@@ -49,9 +54,11 @@ def write_config(directory: Path, text: str = TINY_CONFIG) -> Path:
 class ServiceProcess:
     """One service process, its own process group, its log in a file."""
 
-    def __init__(self, name: str, nats_url: str, config: Path, instance: str, *extra: str) -> None:
+    def __init__(self, name: str, nats_url: str, config: Path, instance: str, *extra: str,
+                 env: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.instance = instance
+        self.env = dict(env or {})  # on top of this process's environment (e.g. fault injection)
         self.argv = [sys.executable, "-m", f"services.{name}", "--nats", nats_url, "--config", str(config),
                      "--instance", instance, "--metrics-port", "-1", "--drain-timeout", "3", *extra]
         self.log_path = config.parent / f"{instance}.log"
@@ -61,7 +68,7 @@ class ServiceProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                         env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"})
         return self
 
     @property
@@ -100,6 +107,52 @@ async def wait_ready(bus: Bus, proc: ServiceProcess, timeout: float = 45.0) -> H
             return reply
         await asyncio.sleep(0.1)
     raise AssertionError(f"{proc.instance} not ready within {timeout}s:\n{proc.log()[-3000:]}")
+
+
+class LocalCluster:
+    """A nats-server and the service processes started against it (see `local_cluster`)."""
+
+    def __init__(self, nats: NatsServer) -> None:
+        self.nats = nats
+        self.procs: list[ServiceProcess] = []
+
+    @property
+    def url(self) -> str:
+        return self.nats.url
+
+    def start(self, name: str, config: Path, instance: str, *extra: str,
+              env: Mapping[str, str] | None = None) -> ServiceProcess:
+        proc = ServiceProcess(name, self.url, config, instance, *extra, env=env).start()
+        self.procs.append(proc)
+        return proc
+
+    def wait_ready(self, timeout: float) -> list[HealthReply]:
+        """From synchronous code (a module fixture): until every process started so far is ready;
+        their health replies, in start order."""
+        async def ready() -> list[HealthReply]:
+            bus = await Bus.connect(BusSettings(url=self.url), service="test")
+            try:
+                return [await wait_ready(bus, proc, timeout=timeout) for proc in self.procs]
+            finally:
+                await bus.close()
+
+        return asyncio.run(ready())
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+        self.nats.stop()
+
+
+@contextmanager
+def local_cluster(directory: Path) -> Iterator[LocalCluster]:
+    """A nats-server (its store in `directory`) for the processes started on it; at exit they are
+    stopped, the last started first, then the server."""
+    cluster = LocalCluster(NatsServer(store_dir=directory / "nats").start())
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 async def eventually(check, timeout: float = 10.0, interval: float = 0.05):  # type: ignore[no-untyped-def]

@@ -3,13 +3,15 @@
 1. Two small generated models (a llama and a qwen2 layout), each served by its own half of the
    workers (MELL packs one model's requests per device, as the paper; mell_policy's capacity is per
    model), every worker with a tight pool so that a few long requests fill its KV.
-2. One cluster of real processes (nats, registry, gateway, workers, dispatcher, planner,
-   `migration = "auto"`). The cost of a request's life on this CPU is measured first: the trace's
-   opening seconds through the gateway, planner off (decode seconds per token, prefill per token).
-3. The fragmenting trace (mell_live_trace.py; lengths relative to the KV the workers report) runs
-   through the gateway by the loadgen runner twice: the planner off (`[planner] enabled = false`,
-   least-load routing), then MELL on (`mell` routing) — only the dispatcher and the planner restart
-   in between. The bus says which workers hold requests, their KV, and the migrations.
+2. Two clusters of real processes side by side (nats, registry, gateway, workers, dispatcher, planner,
+   `migration = "auto"`): one with the planner off (`[planner] enabled = false`, least-load routing),
+   one with MELL on (`mell` routing). They run at the same time so that both see the same CPU: on a
+   shared host the speed of a step, hence how long a request holds its KV, drifts from minute to
+   minute, and a baseline run a minute apart measures the drift as much as the planner.
+3. The cost of a request's life on this CPU is measured first: the trace's opening seconds on both
+   (decode seconds per token, prefill per token). Then the fragmenting trace (mell_live_trace.py;
+   lengths relative to the KV the workers report) runs through each gateway by the loadgen runner.
+   The bus says which workers hold requests, their KV, and the migrations.
 4. The simulator runs the same records through the planner core (kv_packing_core) with the measured
    cost; mell_live_report.py compares.
 """
@@ -95,22 +97,27 @@ def make_models(root: Path) -> dict[str, Path]:
 
 
 def run_live(cfg: LiveConfig, root: Path, *, progress: Callable[[str], None] = print) -> LiveRun:
-    """Everything under `root`: the models, the cluster's config, NATS store and logs (`root/cluster/logs`)."""
+    """Everything under `root`: the models, each cluster's config, NATS store and logs (`root/<phase>/logs`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     started = time.perf_counter()
-    base = root
-    models = make_models(base / "models")
+    root = root.resolve()  # the configs name the checkpoints, and relative paths are the config's
+    models = make_models(root / "models")
     names = list(models)
     workers = {f"mell-w{i}": [names[i // cfg.workers_per_model]] for i in range(cfg.workers_per_model * len(names))}
     spec = LiveClusterSpec(models=models, workers=workers, memory=cfg.memory, interval_s=cfg.interval_s,
                            watermark=cfg.watermark, max_context=MAX_CONTEXT)
-    cluster = LiveCluster(base / "cluster", spec, free_port())
-    progress(f"live: starting {len(workers)} CPU workers ({cfg.workers_per_model} per model, pool {cfg.memory} each), "
-             f"nats, registry, gateway, dispatcher, planner")
+    clusters = {name: LiveCluster(root / name, spec, free_port()) for name in PHASES}
+    progress(f"live: starting two clusters side by side (planner off; MELL), each with {len(workers)} CPU workers "
+             f"({cfg.workers_per_model} per model, pool {cfg.memory} each), nats, registry, gateway, dispatcher, planner")
     try:
-        cluster.start(PHASES["no-planner"])
-        run = asyncio.run(_phases(cluster, cfg, spec, progress))
+        with ThreadPoolExecutor(len(clusters)) as pool:
+            for done in [pool.submit(c.start, PHASES[name]) for name, c in clusters.items()]:
+                done.result()
+        run = asyncio.run(_phases(clusters, cfg, spec, progress))
     finally:
-        cluster.stop()
+        for cluster in clusters.values():
+            cluster.stop()
     devices = {m: sum(1 for served in workers.values() if m in served) for m in models}
     run.sim = simulate(run.trace, devices=devices, capacity_bytes=run.capacity_bytes, bytes_per_token=run.bytes_per_token,
                        block_tokens=run.block_tokens, watermark=cfg.watermark, epoch_s=cfg.interval_s, cost=run.cost)
@@ -118,33 +125,36 @@ def run_live(cfg: LiveConfig, root: Path, *, progress: Callable[[str], None] = p
     return run
 
 
-async def _phases(cluster: LiveCluster, cfg: LiveConfig, spec: LiveClusterSpec,
+async def _phases(clusters: dict[str, LiveCluster], cfg: LiveConfig, spec: LiveClusterSpec,
                   progress: Callable[[str], None]) -> LiveRun:
+    """Both clusters at once, so that both share the cores with the same other load (a CPU host's speed
+    varies from minute to minute, and a request's life, hence the KV held, with it)."""
     from loadgen.runner.runner import RunnerConfig, served_context
 
-    watch = await LiveWatch().start(cluster.nats_url)
+    watches = {name: await LiveWatch().start(c.nats_url) for name, c in clusters.items()}
     try:
-        capacity, bpt, block = await _kv_shape(watch, spec)
-        context = await asyncio.to_thread(served_context, cluster.url)
-        runner = RunnerConfig(url=cluster.url, seed=cfg.trace.seed, request_timeout_s=300.0)
+        capacity, bpt, block = await _kv_shape(watches["mell"], spec)
         trace = fragmenting_trace(cfg.trace, capacity // bpt)
-        cost = await probe_cost(runner, context, trace, cfg.probe_s)
+        contexts = {n: await asyncio.to_thread(served_context, c.url) for n, c in clusters.items()}
+        runners = {n: RunnerConfig(url=c.url, seed=cfg.trace.seed, request_timeout_s=300.0) for n, c in clusters.items()}
+        costs = await asyncio.gather(*(probe_cost(runners[n], contexts[n], trace, cfg.probe_s) for n in clusters))
+        cost = dict(zip(clusters, costs))["mell"]  # the simulator replays MELL's run
         progress(f"live: a worker holds {capacity // bpt} tokens of KV ({bpt} B/token); measured cost (the trace's "
-                 f"first {cfg.probe_s:.0f} s): decode {cost.decode_step_s * 1e3:.2f} ms/token, prefill "
+                 f"first {cfg.probe_s:.0f} s on both): decode {cost.decode_step_s * 1e3:.2f} ms/token, prefill "
                  f"{cost.prefill_s_per_token * 1e6:.0f} us/token")
         run = LiveRun(cfg, trace, capacity, bpt, block, cost)
-        for name in ("no-planner", "mell"):
-            if name != "no-planner":
-                cluster.switch(PHASES[name])
-            await asyncio.sleep(2 * cfg.interval_s)  # the planner's first views; stats of idle workers
-            run.phases[name] = await _run_phase(name, trace, runner, context, watch, cfg.interval_s)
-            phase = run.phases[name]
-            progress(f"live [{name}]: {len(trace) - phase.lost(trace)}/{len(trace)} streams complete, "
+        await asyncio.sleep(2 * cfg.interval_s)  # the probe's last stats and plans go by
+        results = await asyncio.gather(*(_run_phase(n, trace, runners[n], contexts[n], watches[n], cfg.interval_s)
+                                          for n in clusters))
+        for phase in results:
+            run.phases[phase.name] = phase
+            progress(f"live [{phase.name}]: {len(trace) - phase.lost(trace)}/{len(trace)} streams complete, "
                      f"mean active workers {phase.side.busy().mean():.2f}, migrations applied {phase.applied()}, "
                      f"median {phase.median_tpot_s() * 1e3:.2f} ms/token ({phase.wall_s:.0f} s)")
         return run
     finally:
-        await watch.stop()
+        for watch in watches.values():
+            await watch.stop()
 
 
 async def _run_phase(name: str, trace: list[TraceRecord], runner, context: dict[str, int],  # type: ignore[no-untyped-def]

@@ -1,10 +1,9 @@
 """`tidal repro mell --live`: the local cluster — real processes, one config per phase.
 
-nats-server, registry, gateway and the gpu_workers start once; the dispatcher and the planner
-are the only services whose settings differ between the two phases (`[planner] enabled`,
-`[dispatcher] routing_policy`), so `switch(phase)` restarts just those two with the phase's
-config. Every process is in its own process group, logs under `<root>/logs/`; `stop()` leaves
-none behind. Workers run one torch thread each (`TIDAL_WORKER_THREADS=1`, as on a shared CPU).
+nats-server, registry, gateway, the gpu_workers, the dispatcher and the planner; a phase sets
+what differs between the runs compared (`[planner] enabled`, `[dispatcher] routing_policy`).
+Every process is in its own process group, logs under `<root>/logs/`; `stop()` leaves none
+behind. Workers run one torch thread each (`TIDAL_WORKER_THREADS=1`, as on a shared CPU).
 """
 from __future__ import annotations
 
@@ -90,7 +89,8 @@ class LiveClusterSpec:
                              interval_ms=round(self.interval_s * 1000), watermark=self.watermark, batch=self.max_batch,
                              block=self.block_tokens, migration=self.migration)
         for name, path in self.models.items():
-            text += f'\n[[models]]\nname = "{name}"\npath = "{path}"\ndtype = "float32"\nmax_context = {self.max_context}\n'
+            text += (f'\n[[models]]\nname = "{name}"\npath = "{path}"\ndtype = "float32"\n'
+                     f'max_context = {self.max_context}\n')
         for worker, models in self.workers.items():
             text += (f'\n[[workers]]\nid = "{worker}"\ndevice = "cpu"\nmemory = "{self.memory}"\n'
                      f'models = {json.dumps(models)}\nstream_interval = "20ms"\n')
@@ -125,15 +125,6 @@ class LiveCluster:
         deadline = time.monotonic() + timeout_s
         asyncio.run(self._workers_ready(deadline))
         self._warm_up(deadline)
-
-    def switch(self, phase: Phase, timeout_s: float = 120.0) -> None:
-        """Restart the dispatcher and the planner with `phase`'s settings (nothing may be in flight)."""
-        for name in ("dispatcher", "planner"):
-            self._terminate(name)
-        self.config.write_text(self.spec.toml(phase, self.root / "data", self.port))
-        self._launch("dispatcher")
-        self._launch("planner")
-        self._warm_up(time.monotonic() + timeout_s)
 
     def stop(self) -> None:
         for name in [n for n in self.procs if n != "registry"]:
@@ -175,10 +166,6 @@ class LiveCluster:
             self._signal(name, signal.SIGKILL)
             self.procs[name].wait()
 
-    def _terminate(self, name: str) -> None:
-        self._signal(name, signal.SIGTERM)
-        self._wait(name)
-
     def log_tail(self, name: str, lines: int = 15) -> str:
         path = self.root / "logs" / f"{name.replace(':', '-')}.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
@@ -199,7 +186,8 @@ class LiveCluster:
         ready: set[str] = set()
 
         async def on_stats(msg: WorkerStats, _ctx: Delivery) -> None:
-            if msg.state is WorkerState.READY and {i.model for i in msg.instances} >= set(self.spec.workers.get(msg.worker_id, [])):
+            want = set(self.spec.workers.get(msg.worker_id, []))
+            if msg.state is WorkerState.READY and {i.model for i in msg.instances} >= want:
                 ready.add(msg.worker_id)
 
         bus = await Bus.connect(BusSettings(url=self.nats_url), service="cli")

@@ -88,13 +88,14 @@ def write_live_report(out: Path, run: LiveRun, head: LiveHeadline, command: str)
     assert run.sim is not None
     outcomes = {k: sum(v.values()) for k, v in mell.migrations.items()}
     lines = [
-        "# MELL live: a local CPU cluster beside the planner off and the simulator", "",
+        "# MELL live: a local CPU cluster beside the planner off (run at the same time) and the simulator", "",
         f"Command: `{command}` ({run.wall_s:.0f} s).", "",
         f"{len(run.trace)} requests of {len(t.models)} models over {t.duration_s:.0f} s (Poisson "
         f"{t.rate_per_model}/s per model, {t.long_share:.0%} long, seed {t.seed}); "
         f"{cfg.workers_per_model} CPU workers per model, each with {run.capacity_bytes // run.bytes_per_token} tokens "
         f"of KV ({cfg.memory} pool); planning interval {cfg.interval_s} s, KV high watermark {cfg.watermark}.",
-        f"Measured cost (the trace's first {cfg.probe_s:.0f} s, run once before the phases): decode {run.cost.decode_step_s * 1e3:.2f} ms/token, "
+        f"Measured cost (the trace's first {cfg.probe_s:.0f} s, on both clusters before the measured runs; "
+        f"MELL's): decode {run.cost.decode_step_s * 1e3:.2f} ms/token, "
         f"prefill {run.cost.prefill_s_per_token * 1e6:.0f} us/token; the simulator uses these.", "",
         comparison_table(run), "",
         (f"The simulator needed devices beyond the live workers (it cannot queue): {extra}." if (extra := {

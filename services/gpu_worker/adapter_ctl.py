@@ -22,13 +22,13 @@ command per adapter at a time: another one meanwhile is refused `busy` (retry la
 from __future__ import annotations
 
 import asyncio
-import collections
-import time
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from services.gpu_worker.ctl_idempotency import IdempotentCommands
 from services.gpu_worker.engine.engine import LLMEngine
 from services.gpu_worker.engine.lora import LoRAAdapter, load_adapter
 from services.gpu_worker.instance import ModelInstance
@@ -36,8 +36,7 @@ from shared.bus import Delivery
 from shared.events import AdapterRecord, Bucket, InstanceRecord
 from shared.events.ctl import CtlDone, CtlRefused, CtlRefusedCode, CtlReply, EvictAdapter, LoadAdapter
 from shared.logging import get_logger
-from shared.subjects import worker_stats
-from shared.wire import INTERNAL, ErrorReply, TidalError
+from shared.wire import TidalError
 
 if TYPE_CHECKING:
     from services.gpu_worker.worker import GpuWorker
@@ -45,7 +44,6 @@ if TYPE_CHECKING:
 log = get_logger("tidal.gpu_worker.adapters")
 
 AdapterCommand = LoadAdapter | EvictAdapter
-MEMORY = 10_000  # outcomes remembered, by idempotency key
 DRAIN_POLL_S = 0.05
 REGISTRY_TIMEOUT_S = 2.0
 MAX_DETAIL = 1000  # characters of an error kept in a reply (Reason allows 2048)
@@ -60,56 +58,27 @@ def _install(engine: LLMEngine, adapter: LoRAAdapter, path: str, pinned: bool) -
 class AdapterControl:
     def __init__(self, worker: GpuWorker) -> None:
         self.worker = worker
-        self.outcomes: collections.OrderedDict[str, tuple[AdapterCommand, asyncio.Future[CtlReply]]] = (
-            collections.OrderedDict())
         self.loading: set[str] = set()
         self.evicting: set[str] = set()  # refusing new requests; removed once its running ones end
         self._tasks: set[asyncio.Task[None]] = set()
+        self.commands: IdempotentCommands[AdapterCommand] = IdempotentCommands(
+            run=self._run, refused=self._refused, spawn=self._spawn, failed_message="adapter command failed")
 
     # --- the handler (called from GpuWorker.on_ctl, in the worker's mailbox) ----------------------
     async def handle(self, msg: AdapterCommand, ctx: Delivery) -> CtlReply | None:
-        seen = self.outcomes.get(msg.idempotency_key)
-        if seen is not None:
-            if seen[0] != msg:
-                return self._refused(msg, "conflict", f"idempotency key {msg.idempotency_key!r} was already used "
-                                                      f"for another command")
-            self._spawn(self._answer(ctx, seen[1], replayed=True))
-            return None
-        outcome: asyncio.Future[CtlReply] = asyncio.get_running_loop().create_future()
-        self.outcomes[msg.idempotency_key] = (msg, outcome)
-        if len(self.outcomes) > MEMORY:
-            self.outcomes.popitem(last=False)
-        self._spawn(self._run(msg, outcome))
-        self._spawn(self._answer(ctx, outcome, replayed=False))
-        return None
+        return self.commands.handle(msg, ctx, self.worker.bus)  # may answer later, from its own task
 
-    def _spawn(self, work: object) -> None:
-        task = asyncio.ensure_future(work)  # type: ignore[arg-type]
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, ctx: Delivery, outcome: asyncio.Future[CtlReply], *, replayed: bool) -> None:
+    async def _run(self, msg: AdapterCommand) -> CtlReply:
         try:
-            reply = await asyncio.shield(outcome)
-        except Exception:  # logged by _run; the caller gets a typed internal error
-            if ctx.reply:
-                error = ErrorReply(code=INTERNAL, message="adapter command failed")
-                await self.worker.bus.respond_error(ctx.reply, error)
-            return
-        if replayed and isinstance(reply, CtlDone):
-            reply = msgspec.structs.replace(reply, replayed=True)
-        if ctx.reply:
-            await self.worker.bus.respond(ctx, reply)
-
-    async def _run(self, msg: AdapterCommand, outcome: asyncio.Future[CtlReply]) -> None:
-        try:
-            reply = await (self._load(msg) if isinstance(msg, LoadAdapter) else self._evict(msg))
-        except Exception as exc:
+            return await (self._load(msg) if isinstance(msg, LoadAdapter) else self._evict(msg))
+        except Exception:
             log.exception("adapter command failed", command=type(msg).__name__, adapter=msg.adapter)
-            self.outcomes.pop(msg.idempotency_key, None)  # not applied as far as we know: a retry runs it again
-            outcome.set_exception(exc)
-            return
-        outcome.set_result(reply)
+            raise
 
     # --- load -------------------------------------------------------------------------------------
     async def _load(self, msg: LoadAdapter) -> CtlReply:
@@ -241,10 +210,7 @@ class AdapterControl:
     async def _changed(self, instances: list[ModelInstance]) -> None:
         """Tell the dispatchers now (stats) and the catalog (instance records) what the instances serve."""
         worker = self.worker
-        try:
-            await worker.bus.publish(worker_stats(), worker._stats.build(worker.state, time.time()))  # noqa: SLF001
-        except Exception as exc:  # the regular stats loop carries it within one interval anyway
-            log.warning("stats not published after an adapter change", error=repr(exc))
+        await worker.publish_stats()
         if worker.catalog is None:
             return
         for inst in instances:

@@ -17,15 +17,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Protocol
 
-from services.gpu_worker.engine.engine import DetachedRequest, KvProgress, LLMEngine
-from services.gpu_worker.engine.sampling_params import SamplingParams, SamplingParamsError
+from services.gpu_worker import instance_kv
+from services.gpu_worker.engine.engine import DetachedRequest, LLMEngine
+from services.gpu_worker.engine.outputs import RequestOutput
+from services.gpu_worker.engine.sampling_params import SamplingParamsError
+from services.gpu_worker.engine_params import engine_params
 from services.gpu_worker.group.member import GroupMember
+from services.gpu_worker.instance_kv import KvSnapshot, Stopped
+from services.gpu_worker.instance_snapshot import InstanceSnapshot, take_snapshot
 from services.gpu_worker.stream import Payload, StreamEncoder
 from shared.events import Assignment
-from shared.events import SamplingParams as WireSamplingParams
 from shared.logging import get_logger
 
 log = get_logger("tidal.gpu_worker.instance")
@@ -45,64 +48,6 @@ HANDOFF_MAX_RUNNING = 4  # up to this many running requests, a first token's pub
 HANDOFF_WAIT_S = 0.002  # ... at most this long
 PICKUP_WAIT_S = 0.001  # how long an assignment to an idle engine waits for the engine thread to take it
 STALLED_WAIT_S = 0.002  # a step that scheduled nothing (waiting for KV another instance holds): pause, don't spin
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceSnapshot:
-    """The instance's load and memory at one moment (made on the engine thread)."""
-
-    ts: float = 0.0
-    running: int = 0
-    waiting: int = 0
-    queued_prompt_tokens: int = 0
-    kv_blocks_total: int = 0  # the most it could hold: its own + what the shared pool could give it
-    kv_blocks_used: int = 0
-    kv_blocks_held: int = 0  # held now, used or free (the rest of kv_blocks_total is the pool's or others')
-    tokens_emitted: int = 0  # cumulative
-    steps: int = 0  # cumulative
-    pool_capacity: int = 0
-    pool_id: int | None = None  # which pool (instances of a worker share one); None: count it on its own
-    pool_by_owner: dict[str, dict[str, int]] = field(default_factory=dict)  # kind -> owner -> bytes
-    resident_adapters: tuple[str, ...] = ()
-    # per request (running and waiting): (request_id, prompt tokens, tokens, KV-computed tokens, KV blocks held,
-    # KV blocks at prompt + max_tokens); plain tuples, made cheaply on the engine thread (StatsBuilder types them)
-    requests: tuple[tuple[str, int, int, int, int, int], ...] = ()
-    # LoRA (CaraServe): ranks of the batch and the queue (0: no adapter), where adapters are warm
-    # ((adapter, "device" | "host", pinned, rank, bytes) rows), device room for a new one
-    running_ranks: tuple[int, ...] = ()
-    waiting_ranks: tuple[int, ...] = ()
-    adapter_residency: tuple[tuple[str, str, bool, int, int], ...] = ()
-    adapter_room_bytes: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class KvSnapshot:
-    """A running request's KV progress and views of the full blocks asked for (migration)."""
-
-    progress: KvProgress
-    views: list[object]
-
-
-@dataclass(frozen=True, slots=True)
-class Stopped:
-    """A request taken out for the final stop of a KV migration, its blocks still held."""
-
-    detached: DetachedRequest
-    next_seq: int  # its stream's next chunk
-    first_block: int  # views: blocks [first_block, last_block) on every layer, still to send
-    last_block: int
-    views: list[object]
-    stopped_at: float  # time.monotonic() when it left the engine
-
-
-def engine_params(p: WireSamplingParams) -> SamplingParams:
-    """The wire's sampling parameters as the engine's (raises SamplingParamsError if inconsistent)."""
-    return SamplingParams(
-        max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.seed,
-        stop=tuple(p.stop), stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
-        logprobs=p.logprobs, include_stop_str_in_output=p.include_stop_str_in_output,
-        skip_special_tokens=p.skip_special_tokens,
-    )
 
 
 class ModelInstance:
@@ -179,86 +124,36 @@ class ModelInstance:
 
     # --- live KV migration (services/gpu_worker/migration_kv.py): each is one engine-thread call --
     def kv_snapshot(self, request_id: str, first_block: int) -> "asyncio.Future[KvSnapshot | None]":
-        """The request's progress and views of its full blocks [first_block, full_blocks) (sent
-        while it keeps decoding: full blocks never change); None if it is not running here."""
-        def snap(engine: LLMEngine) -> KvSnapshot | None:
-            progress = engine.kv_progress(request_id)
-            if progress is None or request_id not in self.encoder.streams:
-                return None
-            last = max(first_block, progress.full_blocks)
-            return KvSnapshot(progress, engine.kv_views(request_id, first_block, last) if last > first_block else [])
-        return self.run_on_engine(snap)  # type: ignore[return-value]
+        """The request's progress and views of its full blocks from `first_block` (instance_kv.snapshot)."""
+        return self.run_on_engine(  # type: ignore[return-value]
+            lambda engine: instance_kv.snapshot(engine, self.encoder, request_id, first_block))
 
     def stop_for_handover(self, request_id: str, sent_blocks: int, preemptions: int) -> "asyncio.Future[Stopped | None]":
-        """The final stop: take the request out keeping its KV blocks (no final chunk; its
-        coalesced tokens go out now) with views of the blocks still to send. Those are
-        [sent_blocks, blocks covering its computed tokens) — at least the last of them, so a
-        final transfer always happens — or from 0 when a preemption since the pre-copy
-        (`preemptions` differs) made the copied blocks stale. None if it ended."""
-        def stop(engine: LLMEngine) -> Stopped | None:
-            progress = engine.kv_progress(request_id)
-            if progress is None or request_id not in self.encoder.streams:
-                return None
-            detached = engine.detach(request_id, keep_kv=True)
-            assert detached is not None
-            stopped_at = time.monotonic()
-            taken = self.encoder.detach(request_id)
-            assert taken is not None
-            flushed, next_seq = taken
-            if flushed is not None:  # its coalesced tokens go out before the destination continues the stream
-                assert self._emit is not None
-                self._emit([flushed], [])
-            bs = engine.blocks.block_size
-            last = -(-detached.num_computed_tokens // bs)
-            stale = progress.num_preemptions != preemptions or detached.num_computed_tokens < sent_blocks * bs
-            first = 0 if stale else min(sent_blocks, max(0, last - 1))  # the last block always goes in the stop
-            views = engine.kv_views(request_id, first, last) if last > first else []
-            return Stopped(detached, next_seq, first, last, views, stopped_at)
-        return self.run_on_engine(stop)  # type: ignore[return-value]
+        """The final stop, the request's KV blocks kept (instance_kv.stop_for_handover); None if it ended."""
+        return self.run_on_engine(lambda engine: instance_kv.stop_for_handover(  # type: ignore[return-value]
+            engine, self.encoder, self._flush, request_id, sent_blocks, preemptions))
 
     def resume_detached(self, detached: DetachedRequest, next_seq: int) -> "asyncio.Future[None]":
         """Run a request stopped by `stop_for_handover` here again, on its held blocks (a failed move)."""
-        def resume(engine: LLMEngine) -> None:
-            rid = detached.request_id
-            self.encoder.open(rid, next_seq, detached.params.logprobs is not None)
-            try:
-                engine.attach(rid, detached.prompt_token_ids, detached.params,
-                              output_token_ids=detached.output_token_ids,
-                              num_computed_tokens=detached.num_computed_tokens, adapter=detached.adapter,
-                              priority=detached.priority)
-            except ValueError:
-                self.encoder.streams.pop(rid, None)
-                raise
-        return self.run_on_engine(resume)  # type: ignore[return-value]
+        return self.run_on_engine(  # type: ignore[return-value]
+            lambda engine: instance_kv.resume_detached(engine, self.encoder, detached, next_seq))
 
     def reserve_kv(self, request_id: str, num_tokens: int, expected_tokens: int, first_block: int,
                    last_block: int) -> "asyncio.Future[list[object] | None]":
-        """Destination: hold blocks for `num_tokens` (grown on repeat calls) and return views of
-        [first_block, last_block) to receive into; None if there is no room."""
-        def reserve(engine: LLMEngine) -> list[object] | None:
-            if engine.reserve_kv(request_id, num_tokens, expected_tokens=expected_tokens) is None:
-                return None
-            return list(engine.kv_views(request_id, first_block, last_block)) if last_block > first_block else []
-        return self.run_on_engine(reserve)  # type: ignore[return-value]
+        """Destination: hold blocks for `num_tokens` and views of [first_block, last_block) to receive
+        into (instance_kv.reserve); None if there is no room."""
+        return self.run_on_engine(lambda engine: instance_kv.reserve(  # type: ignore[return-value]
+            engine, request_id, num_tokens, expected_tokens, first_block, last_block))
 
     def release_kv(self, request_id: str) -> "asyncio.Future[int]":
         """Free the blocks held/reserved under `request_id` (never a running request's)."""
         return self.run_on_engine(lambda engine: engine.release_kv(request_id))  # type: ignore[return-value]
 
     def attach(self, a: Assignment) -> "asyncio.Future[None]":
-        """Destination's commit: admit `a` on the blocks reserved for it, its stream opened at
-        `a.next_seq`. Raises ValueError/SamplingParamsError (nothing changed) if it cannot."""
-        def admit(engine: LLMEngine) -> None:
-            params = engine_params(a.sampling)
-            self.encoder.open(a.request_id, a.next_seq, params.logprobs is not None)
-            try:
-                engine.attach(a.request_id, list(a.prompt_token_ids), params,
-                              output_token_ids=list(a.resume_token_ids), num_computed_tokens=a.kv_computed_tokens,
-                              adapter=a.adapter, priority=-a.priority)
-            except ValueError:
-                self.encoder.streams.pop(a.request_id, None)
-                raise
-        return self.run_on_engine(admit)  # type: ignore[return-value]
+        """Destination's commit: admit `a` on the blocks reserved for it (instance_kv.attach). Raises
+        ValueError/SamplingParamsError (nothing changed) if it cannot."""
+        return self.run_on_engine(  # type: ignore[return-value]
+            lambda engine: instance_kv.attach(engine, self.encoder, a))
 
     def deliver_group_frame(self, frame: object, tensors: list[object]) -> None:
         """A buddy-group frame for this member, handled on the engine thread between steps."""
@@ -296,21 +191,9 @@ class ModelInstance:
                     self._stall()
                 if not self._apply(block=not self._has_work(), payloads=payloads, ended=ended):
                     return
-                firsts = 0
-                if self.group is not None:  # a buddy group's member (services/gpu_worker/group/)
-                    outputs = self.group.step()
-                    if self.group is not None:  # (a collapse may have ended the group in the step)
-                        self.group.pump_exchange(1, time.monotonic())
-                    self._steps += 1
-                    now = time.monotonic()
-                    firsts = self.encoder.encode_outputs(outputs, now, payloads, ended)
-                elif self.engine.has_unfinished:
-                    outputs = self.engine.step()
-                    self._steps += 1
-                    now = time.monotonic()
-                    firsts = self.encoder.encode_outputs(outputs, now, payloads, ended)
-                else:
-                    now = time.monotonic()
+                outputs = self._step()
+                now = time.monotonic()
+                firsts = self.encoder.encode_outputs(outputs, now, payloads, ended) if outputs is not None else 0
                 if payloads or ended:  # first: the snapshot can wait, the tokens should not
                     assert self._emit is not None
                     if firsts and len(self.engine.scheduler.running) <= HANDOFF_MAX_RUNNING:
@@ -327,6 +210,20 @@ class ModelInstance:
             log.exception("engine thread crashed", instance=self.instance_id)
             if self._crashed is not None:
                 self._crashed(self.instance_id, exc)
+
+    def _step(self) -> list[RequestOutput] | None:
+        """One step: the buddy group's if this instance is a member (services/gpu_worker/group/),
+        else the engine's; None when there is nothing to step."""
+        if self.group is not None:
+            outputs = self.group.step()
+            if self.group is not None:  # (a collapse may have ended the group in the step)
+                self.group.pump_exchange(1, time.monotonic())
+        elif self.engine.has_unfinished:
+            outputs = self.engine.step()
+        else:
+            return None
+        self._steps += 1
+        return outputs
 
     def _stall(self) -> None:
         """Wait a moment for a command (kept for `_apply`, first) instead of spinning on empty steps."""
@@ -386,9 +283,13 @@ class ModelInstance:
         assert detached is not None
         flushed, next_seq = detached
         if flushed is not None:  # its coalesced tokens go out before anyone continues the stream
-            assert self._emit is not None
-            self._emit([flushed], [])
+            self._flush(flushed)
         fut.set_result((state.output_token_ids, next_seq))
+
+    def _flush(self, payload: Payload) -> None:
+        """Publish a detached request's coalesced tokens now (it has no final chunk here)."""
+        assert self._emit is not None
+        self._emit([payload], [])
 
     def _add(self, a: Assignment, payloads: list[Payload], ended: list[str]) -> None:
         try:
@@ -404,39 +305,8 @@ class ModelInstance:
             ended.append(a.request_id)
 
     def _take_snapshot(self, now: float | None = None) -> None:
-        engine = self.engine
-        sched, blocks = engine.scheduler, engine.blocks
-        queued = sum(s.num_uncomputed_tokens for s in sched.waiting)
-        queued += sum(s.num_uncomputed_tokens for s in sched.running if s.num_uncomputed_tokens > 1)
         self._snapshot_at = time.monotonic() if now is None else now
-        self.snapshot = InstanceSnapshot(
-            ts=time.time(), running=len(sched.running), waiting=len(sched.waiting), queued_prompt_tokens=queued,
-            kv_blocks_total=blocks.capacity_blocks, kv_blocks_used=blocks.num_used_blocks,
-            kv_blocks_held=blocks.num_blocks, pool_id=id(engine.pool.root),
-            tokens_emitted=self.encoder.tokens_emitted, steps=self._steps, pool_capacity=engine.pool.capacity_bytes,
-            pool_by_owner=engine.pool.by_owner(), resident_adapters=tuple(engine.runner.lora.resident),
-            requests=self._request_rows(), **self._lora_fields(),
-        )
+        self.snapshot = take_snapshot(self.engine, tokens_emitted=self.encoder.tokens_emitted, steps=self._steps)
 
-    def _lora_fields(self) -> dict[str, object]:
-        engine = self.engine
-        lora = engine.runner.lora
 
-        def rank(adapter: str | None) -> int:
-            held = lora.host.get(adapter) if adapter is not None else None
-            return held.rank if held is not None else 0
-
-        return {"running_ranks": tuple(rank(s.adapter) for s in engine.scheduler.running),
-                "waiting_ranks": tuple(rank(s.adapter) for s in engine.scheduler.waiting),
-                "adapter_residency": tuple(lora.residency()), "adapter_room_bytes": lora.room_bytes()}
-
-    def _request_rows(self) -> tuple[tuple[str, int, int, int, int, int], ...]:
-        engine = self.engine
-        blocks, size = engine.blocks, engine.blocks.block_size
-        layers = len(blocks.layers)
-        rows = []
-        for seq in (*engine.scheduler.running, *engine.scheduler.waiting):
-            final = min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
-            rows.append((seq.seq_id, seq.num_prompt_tokens, seq.num_tokens, seq.num_computed_tokens,
-                         blocks.num_blocks_of(seq.seq_id), -(-final // size) * layers))
-        return tuple(rows)
+__all__ = ["Crashed", "Emit", "ModelInstance", "engine_params"]

@@ -32,7 +32,8 @@ from shared.subjects import worker_assign
 from shared.wire import TidalError
 
 if TYPE_CHECKING:
-    from services.gpu_worker.worker import Active, GpuWorker
+    from services.gpu_worker.admission import Active
+    from services.gpu_worker.worker import GpuWorker
 
 log = get_logger("tidal.gpu_worker.migration")
 

@@ -40,8 +40,9 @@ from shared.subjects import worker_assign, worker_migrate
 from shared.wire import DeadlineExceeded, TidalError
 
 if TYPE_CHECKING:
-    from services.gpu_worker.instance import KvSnapshot, Stopped
-    from services.gpu_worker.worker import Active, GpuWorker
+    from services.gpu_worker.admission import Active
+    from services.gpu_worker.instance_kv import KvSnapshot, Stopped
+    from services.gpu_worker.worker import GpuWorker
 
 log = get_logger("tidal.gpu_worker.migration")
 

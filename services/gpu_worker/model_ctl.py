@@ -28,18 +28,19 @@ key: a retry gets the first outcome with `replayed=True`. One command per model 
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
-import msgspec
 from prometheus_client import Counter
 
+from services.gpu_worker.ctl_idempotency import IdempotentCommands
 from services.gpu_worker.engine.loader import CHECKPOINT_OPENS
 from services.gpu_worker.engine.memory_pool import MemoryPool
 from services.gpu_worker.engine.model_config import CheckpointError, load_model_config
 from services.gpu_worker.engine.preloaded import PreloadedWeights, model_weight_bytes
-from services.gpu_worker.instance import InstanceSnapshot, ModelInstance
+from services.gpu_worker.instance import ModelInstance
+from services.gpu_worker.instance_snapshot import InstanceSnapshot
 from services.gpu_worker.loading import LoadError, load_instance
 from services.gpu_worker.prewarm import PREWARM_TENANT, PrewarmStore
 from shared.bus import Delivery
@@ -47,7 +48,6 @@ from shared.config import ClusterConfig, WorkerSpec
 from shared.events.ctl import CtlDone, CtlRefused, CtlRefusedCode, CtlReply, EvictModel, LoadModel, Prewarm
 from shared.logging import get_logger
 from shared.metrics import REGISTRY
-from shared.wire import INTERNAL, ErrorReply
 
 if TYPE_CHECKING:
     from services.gpu_worker.worker import GpuWorker
@@ -59,7 +59,6 @@ COMMANDS = Counter("tidal_worker_model_commands_total", "LoadModel / EvictModel 
                    "refusal code)", ["command", "outcome"], registry=REGISTRY)
 CHECKPOINT_READS = Counter("tidal_worker_checkpoint_opens_total", "safetensors files opened to start or prewarm "
                            "a model (0 for a start on warm weights)", registry=REGISTRY)
-MEMORY = 10_000  # outcomes remembered, by idempotency key
 DRAIN_POLL_S = 0.05
 MAX_DETAIL = 1000
 
@@ -71,45 +70,20 @@ class ModelControl:
         self.grace_s = float(spec.grace_period) if self.prewarm_enabled else 0.0
         self.store = PrewarmStore(pool)
         self.busy: set[str] = set()  # models with a command under way
-        self.outcomes: collections.OrderedDict[str, tuple[ModelCommand, asyncio.Future[CtlReply]]] = (
-            collections.OrderedDict())
         self._tasks: set[asyncio.Task[None]] = set()
+        self.commands: IdempotentCommands[ModelCommand] = IdempotentCommands(
+            run=self._run, refused=self._refused, spawn=self._spawn, failed_message="model command failed")
 
     # --- the handler (GpuWorker.on_ctl) ------------------------------------------------------------
     async def handle(self, msg: ModelCommand, ctx: Delivery) -> CtlReply | None:
-        seen = self.outcomes.get(msg.idempotency_key)
-        if seen is not None:
-            if seen[0] != msg:
-                return self._refused(msg, "conflict", f"idempotency key {msg.idempotency_key!r} was already used "
-                                                      "for another command")
-            self._spawn(self._answer(ctx, seen[1], replayed=True))
-            return None
-        outcome: asyncio.Future[CtlReply] = asyncio.get_running_loop().create_future()
-        self.outcomes[msg.idempotency_key] = (msg, outcome)
-        if len(self.outcomes) > MEMORY:
-            self.outcomes.popitem(last=False)
-        self._spawn(self._run(msg, outcome))
-        self._spawn(self._answer(ctx, outcome, replayed=False))
-        return None
+        return self.commands.handle(msg, ctx, self.worker.bus)  # answered from its own task
 
-    def _spawn(self, work: object) -> None:
-        task = asyncio.ensure_future(work)  # type: ignore[arg-type]
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, ctx: Delivery, outcome: asyncio.Future[CtlReply], *, replayed: bool) -> None:
-        try:
-            reply = await asyncio.shield(outcome)
-        except Exception:
-            if ctx.reply:
-                await self.worker.bus.respond_error(ctx.reply, ErrorReply(code=INTERNAL, message="model command failed"))
-            return
-        if replayed and isinstance(reply, CtlDone):
-            reply = msgspec.structs.replace(reply, replayed=True)
-        if ctx.reply:
-            await self.worker.bus.respond(ctx, reply)
-
-    async def _run(self, msg: ModelCommand, outcome: asyncio.Future[CtlReply]) -> None:
+    async def _run(self, msg: ModelCommand) -> CtlReply:
         name = type(msg).__name__
         try:
             if isinstance(msg, LoadModel):
@@ -118,16 +92,14 @@ class ModelControl:
                 reply = await self._evict(msg)
             else:
                 reply = await self._prewarm(msg)
-        except Exception as exc:
+        except Exception:
             log.exception("model command failed", command=name, model=msg.model)
-            self.outcomes.pop(msg.idempotency_key, None)  # not applied as far as we know: a retry runs it again
             COMMANDS.labels(name, "error").inc()
-            outcome.set_exception(exc)
-            return
+            raise
         COMMANDS.labels(name, "done" if isinstance(reply, CtlDone) else reply.code).inc()
         if isinstance(reply, CtlRefused):
             log.warning("model command refused", command=name, model=msg.model, code=reply.code, error=reply.message)
-        outcome.set_result(reply)
+        return reply
 
     def _check(self, msg: ModelCommand) -> CtlRefused | None:
         """Refusals every command shares: an unknown model, draining, another command on the model."""

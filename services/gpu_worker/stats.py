@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from services.gpu_worker.instance import InstanceSnapshot, ModelInstance
+from services.gpu_worker.instance import ModelInstance
+from services.gpu_worker.instance_snapshot import InstanceSnapshot
 from shared.events import InstanceStats, LayerRange, MemoryHolding, MemoryKind, PoolBreakdown, WorkerState, WorkerStats
 from shared.events.base import MAX_LIST
 from shared.events.worker import MAX_REQUEST_LOADS, AdapterResidency, RequestLoad

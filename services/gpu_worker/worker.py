@@ -1,13 +1,13 @@
 """The gpu_worker actor: assignments in, token chunks and stats out.
 
-* `tidal.v1.worker.<id>.assign` — validate, then hand the request to its instance's engine
+* `tidal.v1.worker.<id>.assign` — validate (`admission.py`), then hand the request to its instance's engine
   thread. Idempotent per key: a re-delivered assignment is answered `replayed=True` and
   nothing is done twice. Refusals are typed (`AssignRejected.reason`); a malformed
   assignment (token ids outside the vocabulary, nothing left to generate) is a `bad_request`.
 * `tidal.v1.req.*.abort` — every worker hears every abort and keeps its own: the engine
   thread applies it before its next step, so the KV blocks are free within one step.
 * chunks — each engine step's encoded chunks arrive from the engine thread in one call;
-  one publisher task sends them in order (no per-token work on the event loop).
+  one publisher task sends them in order (`chunk_publisher.py`: no per-token work on the event loop).
 * stats — `WorkerStats` every `stats_interval` (250 ms); heartbeats are the announcer's.
 * drain (SIGTERM) — assignments are refused with `draining`; admitted requests run to
   the end or to the drain deadline; what is left then is re-dispatched by the dispatcher
@@ -28,31 +28,28 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
-import threading
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from typing import Any
 
-import nats.errors
 from prometheus_client import Counter
 
 from services.gpu_worker import migration
 from services.gpu_worker import metrics as worker_metrics
 from services.gpu_worker.adapter_metrics import export_residency
 from services.gpu_worker.adapter_ctl import AdapterControl
+from services.gpu_worker.admission import Active, refusal
+from services.gpu_worker.chunk_publisher import ChunkPublisher
 from services.gpu_worker.group_ctl import GROUP_COMMANDS, GroupControl
 from services.gpu_worker.catalog import CatalogWriter
 from services.gpu_worker.dataplane import WorkerDataPlane
 from services.gpu_worker.migration_dest import KvInbound
-from services.gpu_worker.instance import InstanceSnapshot, ModelInstance
+from services.gpu_worker.instance import ModelInstance
+from services.gpu_worker.instance_snapshot import InstanceSnapshot
 from services.gpu_worker.stats import StatsBuilder, pool_breakdown
-from services.gpu_worker.stream import Payload
 from shared.actors import Actor
 from shared.bus import Delivery
-from shared.events import (
-    AbortRequest, AssignAccepted, AssignRejected, AssignRejectReason, Assignment, CtlRefused, WorkerState,
-)
+from shared.events import AbortRequest, AssignAccepted, AssignRejected, Assignment, CtlRefused, WorkerState
 from shared.announce import Announcer
 from shared.events.ctl import (
     CtlReply, CtlRequest, EvictAdapter, EvictModel, LoadAdapter, LoadModel, MigrateIn, MigrateKvCancel, MigrateKvStage,
@@ -64,25 +61,14 @@ from shared.metrics import REGISTRY
 from shared.registry_client import RegistryClient
 from shared.service import Service
 from shared.subjects import CATALOG, worker_assign, worker_ctl, worker_migrate, worker_stats
-from shared.wire import BadRequest, TidalError
+from shared.wire import TidalError
 
 log = get_logger("tidal.gpu_worker")
 
-CHUNKS = Counter("tidal_worker_chunks_total", "Token chunks published", registry=REGISTRY)
-DROPPED = Counter("tidal_worker_chunks_dropped_total", "Token chunks NATS did not take", registry=REGISTRY)
 ASSIGNMENTS = Counter("tidal_worker_assignments_total", "Assignments by outcome", ["outcome"], registry=REGISTRY)
 
 IDEMPOTENCY_MEMORY = 100_000  # accepted keys remembered for replay
 ABORT_MEMORY = 10_000  # aborts of requests not (yet) here, remembered in case the assignment is late
-
-
-@dataclass(slots=True)
-class Active:
-    instance: ModelInstance
-    key: str
-    deadline_ts: float | None
-    assignment: Assignment  # kept for migration (services/gpu_worker/migration.py)
-    aborted: bool = False
 
 
 class GpuWorker(Actor):
@@ -101,8 +87,7 @@ class GpuWorker(Actor):
         self.draining = False
         self.catalog: CatalogWriter | None = None
         self._stats: StatsBuilder = StatsBuilder(worker_id, device, [])
-        self._outbox: collections.deque[tuple[list[Payload], list[str], threading.Event | None]] = collections.deque()
-        self._outbox_ready = asyncio.Event()
+        self.chunks = ChunkPublisher(finished=lambda request_id: self.active.pop(request_id, None))
         self._loop: asyncio.AbstractEventLoop | None = None
         self.adapter_ctl = AdapterControl(self)  # LoadAdapter / EvictAdapter (services/gpu_worker/adapter_ctl.py)
         self.group_ctl = GroupControl(self)  # JoinGroup / DropLayers / LeaveGroup (services/gpu_worker/group_ctl.py)
@@ -117,11 +102,12 @@ class GpuWorker(Actor):
     # --- lifecycle ----------------------------------------------------------------------------
     async def on_start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self.chunks.bind(self._loop)
         await self.bind(worker_assign(self.worker_id), Assignment, self.on_assign)
         await self.bind(CATALOG["request.abort"].wildcard, AbortRequest, self.on_abort, label="tidal.v1.req.*.abort")
         await self.bind(worker_ctl(self.worker_id), CtlRequest, self.on_ctl)
         await self.bind(worker_migrate(self.worker_id), MigrateRequest, self.on_migrate)
-        self.spawn("publisher", self._publish_loop)
+        self.spawn("publisher", lambda: self.chunks.run(self.bus.nc))
         self.spawn("stats", self._stats_loop)
         await self.dataplane.start(RegistryClient(self.bus, timeout=2.0))
         self.group_ctl.start()  # buddy-group frames may come before this worker's JoinGroup
@@ -133,7 +119,7 @@ class GpuWorker(Actor):
         self.catalog = catalog
         for inst in instances:
             self.instances[inst.instance_id] = inst
-            inst.start(self._emitted, self._crashed)
+            inst.start(self.chunks.emitted, self._crashed)
         self._stats = StatsBuilder(self.worker_id, self.device, list(self.instances.values()), pool_extra=self._warm_snapshot)
         self.activated = True
         if self.catalog is not None:
@@ -182,7 +168,7 @@ class GpuWorker(Actor):
     # --- instances that come and go (model_ctl.py) ---------------------------------------------
     async def add_instance(self, inst: ModelInstance) -> None:
         """Serve a loaded instance from now on: its engine thread, stats at once, the catalog."""
-        inst.start(self._emitted, self._crashed)
+        inst.start(self.chunks.emitted, self._crashed)
         self.instances[inst.instance_id] = inst
         self._stats.instances = list(self.instances.values())
         await self.publish_stats()
@@ -221,9 +207,10 @@ class GpuWorker(Actor):
             ASSIGNMENTS.labels("replayed").inc()
             return AssignAccepted(request_id=done.request_id, worker_id=done.worker_id, instance_id=done.instance_id,
                                   replayed=True)
-        refusal = self._refusal(a)
-        if refusal is not None:
-            reason, message = refusal
+        refused = refusal(a, worker_id=self.worker_id, draining=self.draining, instances=self.instances,
+                          active=self.active, max_waiting=self.max_waiting)
+        if refused is not None:
+            reason, message = refused
             ASSIGNMENTS.labels(reason).inc()
             return AssignRejected(request_id=a.request_id, worker_id=self.worker_id, reason=reason, message=message,
                                   retry_after_s=1.0 if reason in ("no_capacity", "draining") else None)
@@ -246,39 +233,6 @@ class GpuWorker(Actor):
             self.accepted.popitem(last=False)
         ASSIGNMENTS.labels("accepted").inc()
         return reply
-
-    def _refusal(self, a: Assignment) -> tuple[AssignRejectReason, str] | None:
-        """Why this worker cannot take `a` now (None: it can). Raises BadRequest for a malformed one."""
-        if self.draining:
-            return "draining", f"worker {self.worker_id} is draining"
-        inst = self.instances.get(a.instance_id)
-        if inst is not None and not inst.accepting:
-            return "model_not_loaded", f"instance {a.instance_id} of {a.model} is being evicted from {self.worker_id}"
-        if inst is None or inst.model != a.model:
-            served = ", ".join(f"{i.instance_id} ({i.model})" for i in self.instances.values()) or "none yet"
-            return "model_not_loaded", f"worker {self.worker_id} has no instance {a.instance_id} of {a.model}; it serves {served}"
-        if a.adapter is not None and a.adapter not in inst.adapters:
-            return "adapter_unavailable", f"adapter {a.adapter!r} is not registered for {a.model} on {self.worker_id}"
-        if a.request_id in self.active:
-            other = self.active[a.request_id].key
-            return "no_capacity", f"request {a.request_id} already runs here (assignment {other})"
-        total = len(a.prompt_token_ids) + len(a.resume_token_ids)
-        if len(a.resume_token_ids) >= a.sampling.max_tokens:
-            raise BadRequest(f"{len(a.resume_token_ids)} resume tokens leave nothing of max_tokens "
-                             f"{a.sampling.max_tokens} to generate", field="resume_token_ids")
-        if total >= inst.max_model_len:
-            raise BadRequest(f"prompt and resumed tokens ({total}) reach the context length {inst.max_model_len} "
-                             f"of {a.model}", field="prompt_token_ids")
-        vocab = inst.vocab_size
-        if any(t >= vocab for t in a.prompt_token_ids) or any(t >= vocab for t in a.resume_token_ids):
-            raise BadRequest(f"token ids must be below the vocabulary size {vocab} of {a.model}", field="prompt_token_ids")
-        snap = inst.snapshot
-        if snap.waiting + inst.pending >= self.max_waiting:
-            return "no_capacity", f"instance {inst.instance_id} has {self.max_waiting} requests waiting"
-        blocks_needed = -(-total // inst.engine.blocks.block_size) * inst.num_layers
-        if snap.kv_blocks_total and blocks_needed > snap.kv_blocks_total:
-            return "no_capacity", f"{total} tokens need {blocks_needed} KV blocks; {inst.instance_id} has {snap.kv_blocks_total}"
-        return None
 
     # --- aborts ---------------------------------------------------------------------------------
     async def on_abort(self, msg: AbortRequest, _ctx: Delivery) -> None:
@@ -352,19 +306,7 @@ class GpuWorker(Actor):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    # --- chunks: engine thread → event loop → NATS ---------------------------------------------
-    def _emitted(self, payloads: list[Payload], ended: list[str], sent: threading.Event | None = None) -> None:
-        """Called on an engine thread once per step."""
-        assert self._loop is not None
-        try:
-            self._loop.call_soon_threadsafe(self._enqueue, payloads, ended, sent)
-        except RuntimeError:  # the loop is closed: the process is exiting
-            pass
-
-    def _enqueue(self, payloads: list[Payload], ended: list[str], sent: threading.Event | None = None) -> None:
-        self._outbox.append((payloads, ended, sent))
-        self._outbox_ready.set()
-
+    # --- engine threads ---------------------------------------------------------------------------
     def _crashed(self, instance_id: str, exc: BaseException) -> None:
         """An engine thread died: its requests are lost here; exit so the dispatcher re-dispatches them."""
         assert self._loop is not None
@@ -373,26 +315,6 @@ class GpuWorker(Actor):
             self._loop.call_soon_threadsafe(self.service.request_stop, 1)
         except RuntimeError:  # the loop is closed: the process is exiting anyway
             pass
-
-    async def _publish_loop(self) -> None:
-        nc = self.bus.nc
-        while True:
-            await self._outbox_ready.wait()
-            self._outbox_ready.clear()
-            while self._outbox:
-                payloads, ended, sent = self._outbox.popleft()
-                try:
-                    for subject, data in payloads:
-                        await nc.publish(subject, data)
-                except nats.errors.Error as exc:  # NATS away and the reconnect buffer full: these are lost
-                    DROPPED.inc(len(payloads))
-                    log.warning("chunks not published", error=repr(exc), chunks=len(payloads))
-                else:
-                    CHUNKS.inc(len(payloads))
-                for request_id in ended:
-                    self.active.pop(request_id, None)
-                if sent is not None:  # after nats-py's flusher (woken by the publish) has written them
-                    asyncio.get_running_loop().call_soon(sent.set)
 
     # --- stats ----------------------------------------------------------------------------------
     async def _stats_loop(self) -> None:

@@ -5,7 +5,8 @@ capacity among them × `[planner] kv_high_watermark`, so MELL never packs a devi
 Every interval (`decide`):
 
 1. A request seen for the first time (with KV) is *allocated*; one no longer reported *departs*
-   (unless a migration of it is in flight); one whose KV grew is *updated*. The ops run as one
+   (unless a migration of it is in flight or was just applied: the views lag a move); one whose
+   KV grew is *updated*. The ops run as one
    batch (`run_batch`, §VI operation batching). A request the dispatcher placed starts where it is:
    where MELL's placement differs from where it runs, that difference is a move.
 2. Moves: every request not on its MELL device is a candidate; candidates leaving a worker above the
@@ -40,6 +41,9 @@ from shared.policy.mell_ops import NoCapacity
 
 MigrationSetting = Literal["auto", "kv", "tokens", "off"]
 CAPACITY_DRIFT = 0.25  # a model's scheduler is rebuilt when its devices' KV capacity changes by more than this
+# A request just migrated is missing from the views for a moment (its destination's stats predate the commit):
+# it does not depart while it is this young a move (the larger of these intervals and seconds).
+MOVE_GRACE_INTERVALS, MOVE_GRACE_S = 3, 1.0
 
 
 @dataclass
@@ -68,6 +72,7 @@ class MellPolicy:
         self.failures: Counter[str] = Counter()  # request -> failed migrations
         self.reported_idle: set[str] = set()
         self.unplaced: set[str] = set()  # requests MELL found no room for (NoCapacity): left where they run
+        self.moved_at: dict[str, float] = {}  # request -> when its last migration was applied
 
     # --- the Policy protocol ----------------------------------------------------------------
     def decide(self, view: ClusterView, busy: Busy) -> list[Decision]:
@@ -95,6 +100,7 @@ class MellPolicy:
         if isinstance(action, Migrate):
             if isinstance(outcome, PlanApplied):
                 self.failures.pop(action.request_id, None)
+                self.moved_at[action.request_id] = outcome.ts
             else:
                 self.failures[action.request_id] += 1
         elif isinstance(action, ReportIdle) and not isinstance(outcome, PlanApplied):
@@ -136,8 +142,11 @@ class MellPolicy:
                     present[req.request_id] = min(req.kv_bytes, state.capacity)
         ops: list[Allocate | Depart | Update] = []
         before = dict(state.sizes)
+        grace = max(MOVE_GRACE_INTERVALS * view.interval_s, MOVE_GRACE_S)
+        for rid in [r for r, at in self.moved_at.items() if r in present or view.now - at >= grace]:
+            del self.moved_at[rid]  # seen where it went, or gone for good
         for rid in list(state.sizes):
-            if rid not in present and not busy.request(rid):
+            if rid not in present and not busy.request(rid) and rid not in self.moved_at:
                 ops.append(Depart(rid))
                 del state.sizes[rid]
         for rid, size in sorted(present.items(), key=_by_location(view)):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from service_procs import ServiceProcess, eventually, wait_ready, write_config
+from service_procs import FAST_LIVENESS, ServiceProcess, eventually, wait_ready, write_config
 from shared.bus import Bus, BusSettings, Delivery
 from shared.events import (
     DispatchStats, ModelRecord, SamplingParams, SubmitRejected, SubmitReply, SubmitRequest, WorkerRecord,
@@ -18,14 +18,7 @@ from shared.wire import BAD_REQUEST, UNKNOWN_MESSAGE, RemoteError, encode
 
 pytestmark = pytest.mark.timeout(120)
 
-CONFIG = """
-[cluster]
-data_dir = "data"
-
-[registry]
-heartbeat_interval = "200ms"
-dead_after = "1s"
-
+CONFIG = FAST_LIVENESS + """
 [[models]]
 name = "cfg-model"
 path = "/nowhere/cfg-model"

@@ -17,16 +17,10 @@ from services.gpu_worker.group.loopback import Loopback
 from services.gpu_worker.group.member import GroupMember, Stage
 from services.gpu_worker.group.wire import StagePass, decode, encode, spec
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/engine/conftest.py
+
 LAYERS = 4
 NEW = 20
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

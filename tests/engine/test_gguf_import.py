@@ -24,6 +24,8 @@ from services.gpu_worker.engine.sampling_params import SamplingParams
 from services.gpu_worker.engine.tokenizer import EngineTokenizer
 from tidal.cli import main as tidal_main
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/engine/conftest.py
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, there was a"]
 TEXTS = ["What is the capital of France?", "Numbers 12345 and 3.14, it's  <|im_start|>user\nhi", "naïve café\n\n  spaces"]
 
@@ -31,14 +33,6 @@ TEXTS = ["What is the capital of France?", "Numbers 12345 and 3.14, it's  <|im_s
 @pytest.fixture(scope="module")
 def smollm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return smollm_checkpoint(tmp_path_factory)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # the suite shares two cores
-    yield
-    torch.set_num_threads(previous)
 
 
 def test_imported_checkpoint_is_smollm2_and_cached(smollm: Path, tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -14,15 +14,7 @@ from services.gpu_worker.engine.greedy_driver import GreedyDriver
 from services.gpu_worker.engine.memory_pool import MemoryPool
 from services.gpu_worker.engine.model_runner import ModelRunner
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    # Tiny models gain nothing from threads, and on a shared 2-core box OpenMP threads
-    # that spin-wait against other processes make these tests ~8x slower.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/engine/conftest.py
 
 
 PROMPT_LENS = [1, 5, 16, 17, 40]  # includes a one-token prompt and block boundaries

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.gpu_worker.instance import InstanceSnapshot
+from services.gpu_worker.instance_snapshot import InstanceSnapshot
 from services.gpu_worker.stats import StatsBuilder, pool_breakdown
 from shared.events import MemoryKind, WorkerState
 

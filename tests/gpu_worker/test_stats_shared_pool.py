@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.gpu_worker.instance import InstanceSnapshot
+from services.gpu_worker.instance_snapshot import InstanceSnapshot
 from services.gpu_worker.stats import StatsBuilder
 from shared.events import WorkerState
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from service_procs import ServiceProcess, eventually, wait_ready
+from service_procs import eventually, local_cluster
 from services.gpu_worker.engine.engine import LLMEngine
 from services.gpu_worker.instance import engine_params
 from services.gpu_worker.loading import engine_config
@@ -26,7 +26,6 @@ from shared.events import (
     WorkerStats,
 )
 from shared.events.ctl import CtlReply
-from shared.nats_server import NatsServer
 from shared.registry_client import RegistryClient
 from shared.subjects import request_abort, worker_assign, worker_ctl, worker_stats
 from shared.wire import RemoteError
@@ -45,25 +44,11 @@ class Cluster:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     directory = tmp_path_factory.mktemp("worker")
     config = make_assets(directory)
-    nats = NatsServer(store_dir=directory / "nats").start()
-    procs = [ServiceProcess("registry", nats.url, config, "registry-t").start(),
-             ServiceProcess("gpu_worker", nats.url, config, "worker-w0", "--worker-id", "w0", "--threads", "1").start()]
-
-    async def ready() -> None:
-        bus = await Bus.connect(BusSettings(url=nats.url), service="test")
-        try:
-            for proc in procs:
-                await wait_ready(bus, proc, timeout=60)
-        finally:
-            await bus.close()
-
-    try:
-        asyncio.run(ready())
-        yield Cluster(nats.url, load_config(config))
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        nats.stop()
+    with local_cluster(directory) as services:
+        services.start("registry", config, "registry-t")
+        services.start("gpu_worker", config, "worker-w0", "--worker-id", "w0", "--threads", "1")
+        services.wait_ready(timeout=60)
+        yield Cluster(services.url, load_config(config))
 
 
 @pytest.fixture(scope="module")

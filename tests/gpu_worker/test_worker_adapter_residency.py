@@ -2,7 +2,6 @@
 ranks of the batch in WorkerStats, and the per-adapter residency metric on /metrics."""
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,12 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service_procs import ServiceProcess, eventually, wait_ready
+from service_procs import eventually, local_cluster
 from services.gpu_worker.engine.checkpoint_gen import make_lora
 from shared.bus import Bus, BusSettings
 from shared.events import AssignAccepted, AssignReply, WorkerStats
 from shared.events.ctl import CtlDone, CtlRefused, CtlReply, LoadAdapter
-from shared.nats_server import NatsServer
 from shared.subjects import worker_assign, worker_ctl, worker_stats
 from worker_harness import ADAPTER, make_assets, assignment, watch
 
@@ -38,25 +36,11 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     config.write_text(text)
     for name in ("pin-a", "cold-b", "cold-c"):
         make_lora(directory / name, directory / "tiny", rank=4, targets=["q", "v"], seed=len(name))
-    nats = NatsServer(store_dir=directory / "nats").start()
-    procs = [ServiceProcess("registry", nats.url, config, "registry-t").start(),
-             ServiceProcess("gpu_worker", nats.url, config, "worker-w0", "--worker-id", "w0", "--threads", "1",
-                            "--metrics-port", "0").start()]
-
-    async def ready() -> int:
-        bus = await Bus.connect(BusSettings(url=nats.url), service="test")
-        try:
-            health = [await wait_ready(bus, proc, timeout=60) for proc in procs]
-            return health[1].metrics_port  # type: ignore[return-value]
-        finally:
-            await bus.close()
-
-    try:
-        yield Worker(nats.url, asyncio.run(ready()), directory)
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        nats.stop()
+    with local_cluster(directory) as services:
+        services.start("registry", config, "registry-t")
+        services.start("gpu_worker", config, "worker-w0", "--worker-id", "w0", "--threads", "1", "--metrics-port", "0")
+        health = services.wait_ready(timeout=60)
+        yield Worker(services.url, health[1].metrics_port, directory)  # type: ignore[arg-type]
 
 
 async def next_stats(bus: Bus, check) -> WorkerStats:  # type: ignore[no-untyped-def]

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from service_procs import FAST_LIVENESS
 from services.gpu_worker.engine.checkpoint_gen import make_lora, make_model
 from shared.bus import Bus, Delivery, Subscription
 from shared.events import Assignment, SamplingParams, StreamError, TokenChunk
@@ -15,14 +16,7 @@ MODEL = "tiny"
 ADAPTER = "tiny-lora"
 INSTANCE = "w0-tiny"
 
-CONFIG = """
-[cluster]
-data_dir = "data"
-
-[registry]
-heartbeat_interval = "200ms"
-dead_after = "1s"
-
+CONFIG = FAST_LIVENESS + """
 [[models]]
 name = "tiny"
 path = "{model}"

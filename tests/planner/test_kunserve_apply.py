@@ -5,7 +5,6 @@ from the real worker is a PlanFailed the policy reacts to, and a dissolve resolv
 from the registry record."""
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,28 +17,20 @@ from shared.events.plan import (
     DissolveGroup, DropInstanceLayers, FormGroup, PlanApplied, PlanFailed, RestoreInstanceLayers,
 )
 from shared.events.registry import Bucket, GroupRecord, ModelRecord
-from shared.nats_server import NatsServer
 from shared.planner import ClusterView, Decision, InstanceView, PlannerCore, WorkerView, ctl_commands, make_effect
 from shared.planner.kunserve_policy import KunServePolicy
 from shared.policy.kunserve_monitor import Phase
 from shared.profiles import load_pipeline_profile
 from shared.registry_client import RegistryClient
 
-from service_procs import ServiceProcess, wait_ready
+from service_procs import FAST_LIVENESS, local_cluster
 from services.gpu_worker.engine.checkpoint_gen import make_model
 from services.planner.apply import apply_effect
 
 pytestmark = pytest.mark.timeout(240)
 
 MODEL, INSTANCE = "tiny", "w0-tiny"
-CONFIG = """
-[cluster]
-data_dir = "data"
-
-[registry]
-heartbeat_interval = "200ms"
-dead_after = "1s"
-
+CONFIG = FAST_LIVENESS + """
 [[models]]
 name = "tiny"
 path = "{model}"
@@ -94,25 +85,11 @@ def test_effects_map_to_typed_ctl_commands() -> None:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     directory: Path = tmp_path_factory.mktemp("kunserve-apply")
     config = make_assets(directory)
-    nats = NatsServer(store_dir=directory / "nats").start()
-    procs = [ServiceProcess("registry", nats.url, config, "registry-t").start(),
-             ServiceProcess("gpu_worker", nats.url, config, "worker-w0", "--worker-id", "w0", "--threads", "1").start()]
-
-    async def ready() -> None:
-        bus = await Bus.connect(BusSettings(url=nats.url), service="test")
-        try:
-            for proc in procs:
-                await wait_ready(bus, proc, timeout=90)
-        finally:
-            await bus.close()
-
-    try:
-        asyncio.run(ready())
-        yield nats.url
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        nats.stop()
+    with local_cluster(directory) as services:
+        services.start("registry", config, "registry-t")
+        services.start("gpu_worker", config, "worker-w0", "--worker-id", "w0", "--threads", "1")
+        services.wait_ready(timeout=90)
+        yield services.url
 
 
 @pytest.fixture

@@ -125,3 +125,22 @@ def test_a_growth_that_fits_nowhere_then_a_vanishing_request_leave_mell_consiste
     assert all(state.scheduler.device_of(rid) is not None for rid in state.sizes)
     held = {rid for w in ("w0", "w1") for rid in state.scheduler.requests_on(w)}
     assert held == set(state.sizes), (held, state.sizes)
+
+
+def test_a_request_missing_from_the_view_right_after_its_move_does_not_depart() -> None:
+    """Live, a migrated request is in no worker's stats for a moment (the destination's predate the
+    commit). Departing it then re-allocates it on its return, and MELL moves it again for nothing."""
+    policy = MellPolicy()
+    core = PlannerCore([policy])
+    effects = core.step(view(0.0, worker("w0", {"a": 10}), worker("w1", {"b": 10})))
+    (move,) = migrations(effects)
+    for e in effects:
+        core.dispatched(e.plan_id)
+        core.on_outcome(PlanApplied(plan_id=e.plan_id, ts=0.5, duration_s=0.5))
+    other = "b" if move.request_id == "a" else "a"
+    gone = view(0.6, worker(move.destination, {other: 10}), worker(move.source, {}))
+    assert migrations(core.step(gone)) == []
+    assert move.request_id in policy.models["m"].sizes  # not departed while its move is young
+    back = view(1.0, worker(move.destination, {other: 10, move.request_id: 10}), worker(move.source, {}))
+    assert migrations(core.step(back)) == []
+    assert policy.models["m"].scheduler.device_of(move.request_id) == move.destination

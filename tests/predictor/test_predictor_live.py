@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from service_procs import ServiceProcess, eventually, wait_ready, write_config
+from service_procs import FAST_LIVENESS, ServiceProcess, eventually, wait_ready, write_config
 from services.predictor.windows import ModelHistory
 from shared.bus import Bus, BusSettings, Delivery
 from shared.events import Forecast, SamplingParams, SubmitReply, SubmitRequest
@@ -21,14 +21,7 @@ from shared.subjects import CATALOG, PREDICTOR_BUCKET, dispatch_stats, dispatch_
 
 pytestmark = pytest.mark.timeout(150)
 
-CONFIG = """
-[cluster]
-data_dir = "data"
-
-[registry]
-heartbeat_interval = "200ms"
-dead_after = "1s"
-
+CONFIG = FAST_LIVENESS + """
 [dispatcher]
 stats_interval = "250ms"
 

@@ -4,30 +4,21 @@ both migration test files use (an in-process reference engine, a stream collecto
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service_procs import ServiceProcess, wait_ready
+from service_procs import FAST_LIVENESS, ServiceProcess, local_cluster
 from services.gpu_worker.engine.checkpoint_gen import make_lora, make_model
 from services.gpu_worker.engine.engine import LLMEngine
 from services.gpu_worker.loading import engine_config
-from shared.bus import Bus, BusSettings, Delivery
+from shared.bus import Delivery
 from shared.config import load_config
 from shared.events import StreamError, TokenChunk
-from shared.nats_server import NatsServer
 
 PROMPT = [1, 40, 41, 42, 43, 44, 45, 46]
-CONFIG = """
-[cluster]
-data_dir = "data"
-
-[registry]
-heartbeat_interval = "200ms"
-dead_after = "1s"
-
+CONFIG = FAST_LIVENESS + """
 [[models]]
 name = "tiny"
 path = "{model}"
@@ -72,34 +63,14 @@ def migration_cluster(directory: Path, workers: tuple[str, ...], *, max_context:
     config.write_text(CONFIG.format(model=model, adapter=adapter, max_context=max_context,
                                     step_token_budget=step_token_budget,
                                     workers="".join(WORKER.format(id=w) for w in workers)))
-    nats = NatsServer(store_dir=directory / "nats").start()
-    cluster = MigrationCluster(nats.url, config)
-    try:
-        cluster.procs["registry"] = ServiceProcess("registry", nats.url, config, f"registry-{directory.name}").start()
+    with local_cluster(directory) as services:
+        cluster = MigrationCluster(services.url, config)
+        cluster.procs["registry"] = services.start("registry", config, f"registry-{directory.name}")
         for w in workers:
-            proc = ServiceProcess("gpu_worker", nats.url, config, f"worker-{w}", "--worker-id", w, "--threads", "1")
-            extra = dict((worker_env or {}).get(w, {}))
-            os.environ.update(extra)  # the environment is read at Popen
-            try:
-                cluster.procs[w] = proc.start()
-            finally:
-                for key in extra:
-                    os.environ.pop(key, None)
-
-        async def ready() -> None:
-            bus = await Bus.connect(BusSettings(url=nats.url), service="test")
-            try:
-                for proc in cluster.procs.values():
-                    await wait_ready(bus, proc, timeout=120)
-            finally:
-                await bus.close()
-
-        asyncio.run(ready())
+            cluster.procs[w] = services.start("gpu_worker", config, f"worker-{w}", "--worker-id", w, "--threads", "1",
+                                              env=(worker_env or {}).get(w))
+        services.wait_ready(timeout=120)
         yield cluster
-    finally:
-        for proc in reversed(list(cluster.procs.values())):
-            proc.stop()
-        nats.stop()
 
 
 def reference_engine(config: Path) -> LLMEngine:

@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 from shared.nats_server import NatsServer
@@ -26,18 +27,28 @@ class BenchCluster:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, *, gateway_url: str, timeout_s: float = 120.0) -> None:
+        logs = self.start_nats()
+        for name in SERVICES:
+            extra = ["--worker-id", self.worker_id, *self.worker_args] if name == "gpu_worker" else []
+            self.procs[name] = launch(f"services.{name}", self.nats_url, self.config, f"bench-{name}",
+                                      logs / f"{name}.log", *extra)
+        self.wait_serving(gateway_url, time.monotonic() + timeout_s)
+
+    def start_nats(self) -> Path:
+        """Start the nats-server; returns the folder the processes' logs go to."""
         self.nats = NatsServer(store_dir=self.root / "nats").start()
         logs = self.root / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        for name in SERVICES:
-            argv = [sys.executable, "-m", f"services.{name}", "--nats", self.nats.url, "--config", str(self.config),
-                    "--instance", f"bench-{name}", "--metrics-port", "-1", "--log-level", "warning"]
-            if name == "gpu_worker":
-                argv += ["--worker-id", self.worker_id, *self.worker_args]
-            with open(logs / f"{name}.log", "ab") as log:
-                self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                    start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + timeout_s
+        return logs
+
+    @property
+    def nats_url(self) -> str:
+        assert self.nats is not None
+        return self.nats.url
+
+    def wait_serving(self, gateway_url: str, deadline: float) -> None:
+        """Until the gateway answers /ready; RuntimeError with the logs' tails if a process exits
+        or `deadline` (time.monotonic()) passes first."""
         while not _ready(gateway_url):
             dead = [n for n, p in self.procs.items() if p.poll() is not None]
             if dead or time.monotonic() > deadline:
@@ -66,20 +77,36 @@ class BenchCluster:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for proc in self.procs.values():
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        terminate(list(self.procs.values()))
         if self.nats is not None:
             self.nats.stop()
+
+
+def launch(module: str, nats_url: str, config: Path, instance: str, log_path: Path, *extra: str,
+           env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """`python -m <module>` on the cluster in a process group of its own (a stop reaches its
+    children), its warnings and errors appended to `log_path`; `env` on top of this process's."""
+    argv = [sys.executable, "-m", module, "--nats", nats_url, "--config", str(config), "--instance", instance,
+            "--metrics-port", "-1", "--log-level", "warning", *extra]
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+def terminate(procs: list[subprocess.Popen[bytes]], timeout_s: float = 15.0) -> None:
+    """SIGTERM every process group, then wait for each; SIGKILL one still there after `timeout_s`."""
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    for proc in procs:
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def _ready(url: str) -> bool:

@@ -3,14 +3,10 @@ as the profile was measured), ready once every worker publishes READY stats."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from shared.nats_server import NatsServer
-from tidal.bench.bench_cluster import BenchCluster, _ready
+from tidal.bench.bench_cluster import BenchCluster, _ready, launch
 
 
 class MultiWorkerCluster(BenchCluster):
@@ -20,21 +16,14 @@ class MultiWorkerCluster(BenchCluster):
         self.threads = threads
 
     def start(self, *, gateway_url: str, timeout_s: float = 180.0) -> None:
-        self.nats = NatsServer(store_dir=self.root / "nats").start()
-        logs = self.root / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TIDAL_WORKER_THREADS": str(self.threads)}
+        logs = self.start_nats()
         launches = [("registry", []), ("dispatcher", [])]
         launches += [(f"gpu_worker:{w}", ["--worker-id", w]) for w in self.worker_ids]
         launches.append(("gateway", []))
         for name, extra in launches:
-            service = name.split(":")[0]
-            argv = [sys.executable, "-m", f"services.{service}", "--nats", self.nats.url, "--config", str(self.config),
-                    "--instance", f"fidelity-{name.replace(':', '-')}", "--metrics-port", "-1",
-                    "--log-level", "warning", *extra]
-            with open(logs / f"{name.replace(':', '-')}.log", "ab") as log:
-                self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                    start_new_session=True, env=env)
+            self.procs[name] = launch(f"services.{name.split(':')[0]}", self.nats_url, self.config,
+                                      f"fidelity-{name.replace(':', '-')}", logs / f"{name.replace(':', '-')}.log",
+                                      *extra, env={"TIDAL_WORKER_THREADS": str(self.threads)})
         deadline = time.monotonic() + timeout_s
         while not _ready(gateway_url):
             self._check(deadline)

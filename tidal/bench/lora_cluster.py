@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from shared.nats_server import NatsServer
-from tidal.bench.bench_cluster import _ready
+from tidal.bench.bench_cluster import BenchCluster, launch, terminate
 
 MODES = ("cached", "ondemand", "slora", "cpu_assist")
 SERVICES = ("registry", "dispatcher", "gateway")
@@ -101,56 +99,26 @@ def config_text(*, data: Path, port: int, model: Path, adapters: list[tuple[int,
     return "".join(parts)
 
 
-class LoRACluster:
+class LoRACluster(BenchCluster):
     """nats-server, registry, dispatcher, gateway and one gpu_worker per mode; real processes."""
 
     def __init__(self, root: Path, config: Path, modes: list[str], threads: int) -> None:
-        self.root, self.config, self.modes, self.threads = root, config, modes, threads
-        self.nats: NatsServer | None = None
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        super().__init__(root, config)
+        self.modes, self.threads = modes, threads
 
     def start(self, gateway_url: str, timeout_s: float = 300.0) -> None:
-        self.nats = NatsServer(store_dir=self.root / "nats").start()
-        logs = self.root / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+        logs = self.start_nats()
         units = [(s, f"services.{s}", []) for s in SERVICES]
         units += [(f"worker-{m}", "services.gpu_worker",
                    ["--worker-id", f"lora-{m.replace('_', '-')}", "--threads", str(self.threads)]) for m in self.modes]
         for name, module, extra in units:
-            argv = [sys.executable, "-m", module, "--nats", self.nats.url, "--config", str(self.config),
-                    "--instance", f"bench-{name}", "--metrics-port", "-1", "--log-level", "warning", *extra]
-            with open(logs / f"{name}.log", "ab") as log:
-                self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                    start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + timeout_s
-        while not _ready(gateway_url):
-            dead = [n for n, p in self.procs.items() if p.poll() is not None]
-            if dead or time.monotonic() > deadline:
-                raise RuntimeError(f"cluster not serving ({'exited: ' + ', '.join(dead) if dead else 'timeout'}):\n"
-                                   + "\n".join(f"--- {n}:\n{self.log_tail(n)}" for n in (dead or list(self.procs))))
-            time.sleep(0.2)
-
-    def log_tail(self, name: str, lines: int = 20) -> str:
-        path = self.root / "logs" / f"{name}.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
+            self.procs[name] = launch(module, self.nats_url, self.config, f"bench-{name}", logs / f"{name}.log", *extra)
+        self.wait_serving(gateway_url, time.monotonic() + timeout_s)
 
     def stop(self) -> None:
         """Workers first (they deregister from a live registry and close their CPU helpers), then the rest."""
-        import signal
-
         procs = list(self.procs.values())[::-1]
         for batch in (procs[:len(self.modes)], procs[len(self.modes):]):
-            for proc in batch:
-                if proc.poll() is None:
-                    try:
-                        os.killpg(proc.pid, signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
-            for proc in batch:
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            terminate(batch)
         if self.nats is not None:
             self.nats.stop()

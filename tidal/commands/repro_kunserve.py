@@ -2,7 +2,8 @@
 
 Runs KunServe and the Llumnix baselines over three datasets at rising rates on 8 simulated
 Qwen-2.5-14B/A800 instances, plus the drop-plan ablation, writes report.md, PNG figures and
-summary.json under --out, and prints the summary line last. Simulation only: there is no --live mode.
+summary.json under --out, and prints the summary line last. `--live` runs a small version on a local
+cluster instead: buddy groups on vs off on 4 CPU workers under a burst (loadgen/repro/kunserve_live.py).
 """
 from __future__ import annotations
 
@@ -25,6 +26,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="trace seed (default 0)")
     p.add_argument("--no-ablation", action="store_true", help="skip the Fig. 16 drop-plan ablation")
     p.add_argument("--no-plots", action="store_true", help="do not draw the PNG figures")
+    live = p.add_argument_group("--live: the small version on a local cluster (real processes, CPU workers)")
+    live.add_argument("--live", action="store_true", help="buddy groups vs `buddy_groups = false` under a burst, one run")
+    live.add_argument("--workers", type=int, default=4, help="CPU workers, one instance each (default 4)")
+    live.add_argument("--memory", default=None, help="each worker's pool (default 39MiB: weights are most of it)")
+
+
+def run_live(args: argparse.Namespace) -> int:
+    from loadgen.repro.kunserve_live import KunLiveConfig, run_live as live, write_summary
+    from loadgen.repro.report import default_out
+    from shared.config import ConfigError
+
+    if args.workers < 2:
+        print(f"error: --workers must be >= 2 (a buddy group pairs instances), got {args.workers}", file=sys.stderr)
+        return 2
+    cfg = KunLiveConfig(workers=args.workers)
+    if args.seed is not None:
+        cfg = dataclasses.replace(cfg, trace=dataclasses.replace(cfg.trace, seed=args.seed))
+    if args.memory is not None:
+        cfg = dataclasses.replace(cfg, memory=args.memory)
+    out = Path(args.out) if args.out else default_out("kunserve-live")
+    try:
+        result = live(cfg, out, progress=lambda line: print(line, flush=True))
+    except ConfigError as exc:  # a bad setting, named (the config check before any process starts)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    argv = sys.argv[3:] if sys.argv[1:3] == ["repro", "kunserve"] else ["--live"]
+    summary = write_summary(out, result, ("tidal repro kunserve " + shlex.join(argv)).strip())
+    print(f"summary: {summary}")
+    print(result.headline().line())
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from loadgen.repro.kunserve_report import write_kunserve_report
     from loadgen.repro.report import default_out
 
+    if args.live:
+        return run_live(args)
     started = time.perf_counter()
     cfg = SCALES[args.scale]
     if args.seed is not None:

@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", default=None, help=f"comma-separated subset of {','.join(WORKLOADS)}")
     p.add_argument("--epoch", type=float, default=None, metavar="S", help="planning interval in seconds (default 1)")
     p.add_argument("--no-plots", action="store_true", help="do not draw the PNG figures")
-    live = p.add_argument_group("--live: a small version on a local cluster (4 CPU workers), planner off and sim beside")
+    live = p.add_argument_group("--live: a small version on local clusters (4 CPU workers each; MELL and the planner "
+                                "off at the same time), the simulator beside")
     live.add_argument("--live", action="store_true", help="run MELL live on a local cluster and compare with the simulator")
     live.add_argument("--duration", type=float, default=None, metavar="S", help="seconds of live trace (default 30)")
     live.add_argument("--rate", type=float, default=None, help="live requests per second per model (default 0.8)")
@@ -92,6 +93,12 @@ def run_live_command(args: argparse.Namespace) -> int:
                          **({"interval_s": args.epoch} if args.epoch is not None else {}))
         if cfg.interval_s <= 0:
             raise ValueError(f"--epoch must be > 0, got {cfg.interval_s}")
+        from shared.config_units import ByteSize
+
+        try:
+            ByteSize.parse(cfg.memory)  # a bad size fails here, not in the workers' logs
+        except ValueError as exc:
+            raise ValueError(f"--memory: {exc}") from None
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
