@@ -7,14 +7,17 @@ block ids to be handed out — no copy of live KV, no new tensor.
 
 - CPU (`CpuReservedRegion`): a private anonymous `mmap` with MAP_NORESERVE. The kernel
   backs a page on first touch; `release()` gives pages back with MADV_DONTNEED.
-- CUDA (`CudaEagerRegion`): placeholder that allocates the whole region eagerly with
-  `torch.empty`. The real implementation maps physical chunks into a reserved virtual
-  range with the driver's VMM API (cuMemAddressReserve / cuMemCreate / cuMemMap via
-  cuda-python), implementing the same `ReservedRegion` interface — not built yet.
+- CUDA (`CudaVmmRegion`, in `gpu_ext.cuda_vmm`): a virtual range reserved with the driver's
+  VMM API (cuMemAddressReserve); physical chunks of the allocation granularity (2 MiB) are
+  created and mapped (cuMemCreate / cuMemMap / cuMemSetAccess) when blocks in them are first
+  handed out, and unmapped and freed when every block in a chunk is retired. Without the
+  `cuda-bindings` package (it comes with the dataplane extra) the region is allocated eagerly
+  (`CudaEagerRegion`), with a warning: correct, but each instance then holds its maximum.
 """
 from __future__ import annotations
 
 import ctypes
+import logging
 import mmap
 from typing import Protocol
 
@@ -26,6 +29,7 @@ PAGE = mmap.PAGESIZE
 class ReservedRegion(Protocol):
     nbytes: int
     device: torch.device
+    needs_backing: bool  # ensure_backed must run before a range is touched (else the OS does it)
 
     def as_tensor(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         """A tensor view over the whole region (`prod(shape) * itemsize <= nbytes`)."""
@@ -46,6 +50,8 @@ class ReservedRegion(Protocol):
 
 class CpuReservedRegion:
     """Lazily backed host memory: reserving costs address space, not RAM."""
+
+    needs_backing = False
 
     def __init__(self, nbytes: int) -> None:
         self.nbytes = max(PAGE, -(-nbytes // PAGE) * PAGE)
@@ -77,7 +83,9 @@ class CpuReservedRegion:
 
 
 class CudaEagerRegion:
-    """Stand-in for the CUDA VMM region: allocates everything up front (see module doc)."""
+    """The fallback without `cuda-bindings`: the whole region allocated up front (see module doc)."""
+
+    needs_backing = False
 
     def __init__(self, nbytes: int, device: torch.device) -> None:
         self.nbytes = nbytes
@@ -106,7 +114,12 @@ def reserve_region(nbytes: int, device: torch.device | str = "cpu") -> ReservedR
     if device.type == "cpu":
         return CpuReservedRegion(nbytes)
     if device.type == "cuda":
-        return CudaEagerRegion(nbytes, device)
+        try:
+            from .cuda_vmm import CudaVmmRegion
+        except ImportError as exc:  # cuda-bindings missing: correct, but not lazily backed
+            logging.getLogger(__name__).warning("KV region allocated eagerly (no CUDA VMM: %s)", exc)
+            return CudaEagerRegion(nbytes, device)
+        return CudaVmmRegion(nbytes, device)
     raise ValueError(f"no memory backend for device {device}")
 
 

@@ -2,7 +2,9 @@
 the loopback channel (the real wire format). Tokens must equal an unsplit engine's, greedy
 and seeded; micro-batches overlap; each token costs one activation hop per stage; requests
 decoding when the group forms (victims) keep decoding through remote attention while their
-KV is exchanged, and end token-exact with no KV left behind."""
+KV is exchanged, and end token-exact with no KV left behind.
+
+The checks take a `device`: tests/gpu/test_cuda_group.py runs the same ones on CUDA."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,9 +31,9 @@ def model_dir(tmp_path_factory) -> Path:
     return make_model(root / "m", arch="qwen2", layers=LAYERS, hidden=64, heads=4, kv_heads=2, seed=5)
 
 
-def engine(model_dir: Path) -> LLMEngine:
+def engine(model_dir: Path, device: str = "cpu") -> LLMEngine:
     return LLMEngine(EngineConfig(str(model_dir), pool_bytes=64 << 20, block_size=8, max_num_seqs=8,
-                                  max_num_batched_tokens=256, max_prefill_chunk=24))
+                                  max_num_batched_tokens=256, max_prefill_chunk=24, device=device))
 
 
 def requests(seeded: bool) -> dict[str, tuple[list[int], SamplingParams]]:
@@ -44,8 +46,8 @@ def requests(seeded: bool) -> dict[str, tuple[list[int], SamplingParams]]:
     return out
 
 
-def reference(model_dir: Path, reqs) -> dict[str, list[int]]:
-    e = engine(model_dir)
+def reference(model_dir: Path, reqs, device: str = "cpu") -> dict[str, list[int]]:
+    e = engine(model_dir, device)
     for rid, (prompt, params) in reqs.items():
         e.add_request(rid, prompt, params)
     tokens: dict[str, list[int]] = {rid: [] for rid in reqs}
@@ -60,10 +62,10 @@ def collect(tokens: dict[str, list[int]], outputs) -> None:
         tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
 
 
-def pair(model_dir: Path) -> tuple[Loopback, GroupMember, GroupMember]:
+def pair(model_dir: Path, device: str = "cpu") -> tuple[Loopback, GroupMember, GroupMember]:
     loop = Loopback()
-    a = loop.add(GroupMember(engine(model_dir), "a", loop.port("a")))
-    b = loop.add(GroupMember(engine(model_dir), "b", loop.port("b")))
+    a = loop.add(GroupMember(engine(model_dir, device), "a", loop.port("a")))
+    b = loop.add(GroupMember(engine(model_dir, device), "b", loop.port("b")))
     return loop, a, b
 
 
@@ -83,12 +85,11 @@ def drive(loop: Loopback, members: list[GroupMember], tokens, *, kv_every: int =
     raise AssertionError("the group did not finish")
 
 
-@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
-@pytest.mark.parametrize("split", [1, 3])
-def test_group_tokens_equal_unsplit_run(model_dir, seeded, split):
+def check_group_tokens_equal_unsplit_run(model_dir: Path, seeded: bool, split: int,
+                                         device: str = "cpu") -> tuple[GroupMember, GroupMember]:
     reqs = requests(seeded)
-    expected = reference(model_dir, reqs)
-    loop, a, b = pair(model_dir)
+    expected = reference(model_dir, reqs, device)
+    loop, a, b = pair(model_dir, device)
     stages = [Stage("a", range(0, split)), Stage("b", range(split, LAYERS))]
     assert a.join("g1", stages) > 0 and b.join("g1", stages) > 0
     assert a.engine.runner.resident_layers() == list(range(split))
@@ -106,10 +107,17 @@ def test_group_tokens_equal_unsplit_run(model_dir, seeded, split):
     assert loop.sent["AttnCall"] == 0 and loop.sent["KvExchange"] == 0  # no victims: nothing remote
     for m in (a, b):  # every sequence's KV is freed on every member
         assert m.engine.blocks.num_used_blocks == 0
+    return a, b
 
 
-def test_each_micro_batch_costs_one_hop_per_stage(model_dir):
-    loop, a, b = pair(model_dir)
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("split", [1, 3])
+def test_group_tokens_equal_unsplit_run(model_dir, seeded, split):
+    check_group_tokens_equal_unsplit_run(model_dir, seeded, split)
+
+
+def check_each_micro_batch_costs_one_hop_per_stage(model_dir: Path, device: str = "cpu") -> None:
+    loop, a, b = pair(model_dir, device)
     stages = [Stage("a", range(0, 2)), Stage("b", range(2, LAYERS))]
     a.join("g", stages), b.join("g", stages)
     a.engine.add_request("x", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=1))
@@ -121,11 +129,15 @@ def test_each_micro_batch_costs_one_hop_per_stage(model_dir):
     assert loop.sent["StagePass"] == 3 and loop.sent["StageDone"] == 1
 
 
-@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
-def test_requests_decoding_through_a_drop_are_token_exact(model_dir, seeded):
+def test_each_micro_batch_costs_one_hop_per_stage(model_dir):
+    check_each_micro_batch_costs_one_hop_per_stage(model_dir)
+
+
+def check_requests_decoding_through_a_drop_are_token_exact(model_dir: Path, seeded: bool,
+                                                          device: str = "cpu") -> tuple[GroupMember, GroupMember]:
     reqs = requests(seeded)
-    expected = reference(model_dir, reqs)
-    loop, a, b = pair(model_dir)
+    expected = reference(model_dir, reqs, device)
+    loop, a, b = pair(model_dir, device)
     for i, (rid, (prompt, params)) in enumerate(reqs.items()):
         (a if i % 2 == 0 else b).engine.add_request(rid, prompt, params)
     tokens: dict[str, list[int]] = {}
@@ -142,6 +154,12 @@ def test_requests_decoding_through_a_drop_are_token_exact(model_dir, seeded):
     assert loop.sent["KvExchange"] == 4 and loop.sent["KvLanded"] == 4  # two dropped layers each way
     for m in (a, b):
         assert m.engine.blocks.num_used_blocks == 0 and not m.exchanging
+    return a, b
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+def test_requests_decoding_through_a_drop_are_token_exact(model_dir, seeded):
+    check_requests_decoding_through_a_drop_are_token_exact(model_dir, seeded)
 
 
 def test_wire_roundtrip_and_bad_messages():
@@ -156,3 +174,34 @@ def test_wire_roundtrip_and_bad_messages():
         decode(data + b"\0")
     with pytest.raises(ValueError, match="carries"):
         spec(torch.zeros(2, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+def test_three_member_group_is_token_exact_with_requests_decoding_through_the_drop(model_dir, seeded):
+    """A group of three (stages [0,1) [1,3) [3,4), the middle one dropping two ranges): requests
+    already decoding on each member keep decoding on remote attention while KV moves three ways,
+    new requests on every owner run the three-stage pipeline, and all end token-exact."""
+    reqs = requests(seeded)
+    expected = reference(model_dir, reqs)
+    loop = Loopback()
+    members = [loop.add(GroupMember(engine(model_dir), m, loop.port(m))) for m in ("a", "b", "c")]
+    items = list(reqs.items())
+    tokens: dict[str, list[int]] = {}
+    for i, (rid, (prompt, params)) in enumerate(items[:3]):
+        members[i].engine.add_request(rid, prompt, params)
+    for _ in range(3):  # unsplit: prefill and a few tokens on each member alone
+        for m in members:
+            collect(tokens, m.engine.step())
+    stages = [Stage("a", range(0, 1)), Stage("b", range(1, 3)), Stage("c", range(3, LAYERS))]
+    for m in members:
+        assert m.join("g3", stages) > 0
+    assert [m.engine.runner.resident_layers() for m in members] == [[0], [1, 2], [3]]
+    assert [set(m.victims) for m in members] == [{"r0"}, {"r1"}, {"r2"}]
+    for i, (rid, (prompt, params)) in enumerate(items[3:]):
+        members[i].engine.add_request(rid, prompt, params)  # owners of every stage
+    drive(loop, members, tokens, kv_every=3)
+    assert tokens == expected
+    assert sum(m.holder.served for m in members) > 0, "victims' attention ran where their KV was"
+    assert loop.sent["KvExchange"] == loop.sent["KvLanded"] > 0
+    for m in members:
+        assert m.engine.blocks.num_used_blocks == 0 and not m.exchanging

@@ -136,3 +136,25 @@ def test_reservations_cut_by_give_back_are_harmless() -> None:
     assert bm.block_tables("a")[0] == list(range(10))
     assert bm.free("a") == 10 and bm.num_free_blocks == 10
     assert bm.allocate("b", 40) and bm.num_free_blocks == 0
+
+
+def test_every_block_handed_out_was_announced_to_on_grow_first() -> None:
+    """The CUDA VMM region maps memory only behind ids announced by `on_grow`; a block handed
+    out before its announcement would be a fatal device fault there."""
+    pool = MemoryPool(2000)
+    grown: list[int] = []
+    retired: list[int] = []
+    bm = BlockManager(pool, block_size=4, block_bytes=BLOCK, layers=range(2), on_grow=grown.extend,
+                      on_retire=retired.extend)
+    assert sorted(grown) == list(range(bm.num_blocks))
+    weights = pool.charge("weights", "other", 1500)  # the pool takes blocks back (retire)
+    assert retired and bm.num_blocks == 20 - len(retired)
+    pool.release(weights)
+    before = len(grown)
+    bm.sync_with_pool()
+    regrown = grown[before:]
+    assert sorted(regrown) == sorted(retired)  # retired ids come back first, and are announced again
+    live = (set(grown[:before]) - set(retired)) | set(regrown)
+    assert bm.allocate("r", 8 * 4)
+    taken = {b for table in bm.block_tables("r").values() for b in table}
+    assert taken and taken <= live

@@ -90,7 +90,7 @@ class PagedAttention:
         keys, values = self.cache.gather(table, *self._buffers(table.numel()))  # [B, S, kv_heads, d]
         qg = q.view(batch, kv_heads, heads // kv_heads, d)  # query heads of a kv head as rows
         out = F.scaled_dot_product_attention(qg, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=group.key_mask)
-        return out.view(batch, heads, d)
+        return out.reshape(batch, heads, d)  # not contiguous from the CUDA kernels
 
     def _prefill(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, start: int

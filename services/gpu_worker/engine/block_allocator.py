@@ -28,17 +28,20 @@ class BlockAllocator:
         return len(self._free)
 
     # --- capacity --------------------------------------------------------------------
-    def add(self, n: int) -> None:
-        """n more blocks: retired ids first (lowest first), then fresh ids at the end."""
-        for b in sorted(self._retired)[:n]:
+    def add(self, n: int) -> list[int]:
+        """n more blocks: retired ids first (lowest first), then fresh ids at the end; returns their ids."""
+        ids = sorted(self._retired)[:n]
+        for b in ids:
             self._retired.discard(b)
             self._free[b] = self._open[b] = 1
-            n -= 1
-            self.num_free += 1
+        self.num_free += len(ids)
+        n -= len(ids)
         if n > 0:
+            ids.extend(range(len(self._free), len(self._free) + n))
             self._free.extend(_FREE * n)
             self._open.extend(_FREE * n)
             self.num_free += n
+        return ids
 
     def retire(self, n: int) -> list[int]:
         """Stop using up to n free blocks, highest ids first; returns their ids."""

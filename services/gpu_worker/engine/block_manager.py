@@ -62,6 +62,7 @@ class BlockManager:
         claim_batch: int | None = None,
         floor_blocks: int | None = None,
         on_retire: Callable[[list[int]], None] | None = None,
+        on_grow: Callable[[list[int]], None] | None = None,
     ) -> None:
         if block_size < 1 or block_bytes < 1:
             raise ValueError(f"block_size and block_bytes must be >= 1, got {block_size}, {block_bytes}")
@@ -76,6 +77,7 @@ class BlockManager:
         self.claim_batch = claim_batch if claim_batch is not None else 4 * per_step
         self.floor = floor_blocks if floor_blocks is not None else 2 * per_step
         self.on_retire = on_retire  # e.g. give the retired blocks' physical memory back
+        self.on_grow = on_grow  # e.g. map device memory behind new block ids (CUDA VMM) before use
         self._root = pool.root  # the shared pool behind a tenant's view
         self._tenant = pool.tenant
         self._lock = self._root.lock
@@ -181,7 +183,9 @@ class BlockManager:
         if n <= 0:
             return 0
         self.pool.resize(self._charge, (self._num_blocks + n) * self.block_bytes, reclaim=False)
-        self._alloc.add(n)
+        ids = self._alloc.add(n)
+        if self.on_grow is not None:
+            self.on_grow(ids)
         self._num_blocks += n
         return n
 

@@ -5,7 +5,9 @@ threaded worker). It maps the two shared regions, reads adapters from their dire
 worker's local repository) with the same loader as the engine — so its A and B·scale are the
 engine's bit for bit — and answers COMPUTE records: rows of the input region times the
 adapter's A then B, written into its rows of the output region. One core, one thread: the
-parallelism is across helpers (§4.2). It exits when the engine's end of the pipe closes.
+parallelism is across helpers (§4.2). It exits when the engine's end of the pipe closes. A COMPUTE record may arrive before its
+input rows (the sync-free invocation): the helper waits for the shared doorbell to reach the
+record's gate before it reads them.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from .lora import LoRAAdapter, load_adapter
 from .model_config import load_model_config
 
 PROFILE_ROWS, PROFILE_RANK, PROFILE_DIM = 64, 16, 512
+GATE_TIMEOUT_S = 30.0  # the engine's rows never landed: answer ERROR (the engine falls back)
 
 
 def _attach(name: str) -> SharedMemory:
@@ -39,13 +42,37 @@ def _profile() -> float:
     return 5 * PROFILE_ROWS * PROFILE_RANK / max(time.perf_counter() - t0, 1e-9)
 
 
-def helper_main(conn: Connection, in_name: str, out_name: str, model_dir: str, dtype: str | None,
+def wait_for_gate(bell: memoryview, gate: int, timeout_s: float = GATE_TIMEOUT_S) -> bool:
+    """Spin until the doorbell reads >= `gate` (the engine's rows have landed); False on timeout."""
+    if bell[0] >= gate:
+        return True
+    deadline = time.monotonic() + timeout_s
+    spins = 0
+    while bell[0] < gate:
+        spins += 1
+        if spins > 1000:  # past ~a few µs of spinning, yield the core
+            time.sleep(0)
+            if time.monotonic() > deadline:
+                return False
+    return True
+
+
+def helper_main(conn: Connection, in_name: str, out_name: str, bell_name: str, model_dir: str, dtype: str | None,
                 layer_start: int, layer_stop: int) -> None:
     torch.set_num_threads(1)
     cfg = load_model_config(model_dir, dtype)
-    shm_in, shm_out = _attach(in_name), _attach(out_name)
+    shm_in, shm_out, shm_bell = _attach(in_name), _attach(out_name), _attach(bell_name)
+    bell = shm_bell.buf.cast("q")
     x_region = torch.frombuffer(shm_in.buf, dtype=cfg.dtype)
     y_region = torch.frombuffer(shm_out.buf, dtype=cfg.dtype)
+    try:
+        _serve(conn, cfg, bell, x_region, y_region, range(layer_start, layer_stop))
+    finally:
+        bell.release()  # no exported view may outlive the mapping at exit
+
+
+def _serve(conn: Connection, cfg, bell: memoryview, x_region: torch.Tensor, y_region: torch.Tensor,  # type: ignore[no-untyped-def]
+           layers: range) -> None:
     layouts = [group_layout(cfg, g) for g in range(len(GROUPS))]
     adapters: dict[int, LoRAAdapter | None] = {}
     conn.send_bytes(Record(Kind.READY, value=_profile()).encode())
@@ -58,12 +85,15 @@ def helper_main(conn: Connection, in_name: str, out_name: str, model_dir: str, d
             return
         if rec.kind is Kind.REGISTER:
             try:
-                adapters[rec.adapter] = load_adapter(rec.path, f"helper-{rec.adapter}", cfg, range(layer_start, layer_stop))
+                adapters[rec.adapter] = load_adapter(rec.path, f"helper-{rec.adapter}", cfg, layers)
             except Exception:  # noqa: BLE001 - reported on use: COMPUTE answers UNKNOWN_ADAPTER
                 adapters[rec.adapter] = None
         elif rec.kind is Kind.UNREGISTER:
             adapters.pop(rec.adapter, None)
         elif rec.kind is Kind.COMPUTE:
+            if not wait_for_gate(bell, rec.gate):
+                conn.send_bytes(Record(Kind.DONE, seq=rec.seq, status=Status.ERROR).encode())
+                continue
             t0 = time.perf_counter()
             status = _compute(rec, adapters.get(rec.adapter), layouts, x_region, y_region)
             conn.send_bytes(Record(Kind.DONE, seq=rec.seq, status=status, value=time.perf_counter() - t0).encode())

@@ -5,6 +5,16 @@ widest group; per layer and projection group the engine writes the cold rows' in
 (`submit`: one-to-N), each helper computes its planned share and writes its rows of the
 output, and `wait` collects the DONE records (fixed-size headers over a pipe; no pickling).
 
+Sync-free invocation (§4.2, Fig. 8): on CUDA the input rows go to the shared input region by
+an asynchronous device-to-host copy (the region is page-locked with cudaHostRegister) and the
+signal is a second asynchronous copy, queued right behind it on the same stream, that writes
+the call's gate number into a shared doorbell. The COMPUTE records go out at once and each
+helper waits for the doorbell to reach its gate: stream order guarantees the rows landed
+first, and the engine thread never waits for the GPU, so the base projection's kernels are
+launched behind the copy without a stall. `sync_free=False` is PyTorch's native way (a
+blocking copy, then the signal), kept for the comparison. On a CPU engine the copy is a
+memory copy and the doorbell a plain store.
+
 Faults: a helper that dies (EOF or a broken pipe), hangs past `hang_s`, or answers an error
 makes the call raise `CpuLoRAFailed`; it is killed and restarted at once (usable again once it
 reports READY) and the engine lets those requests wait for their adapter's load instead.
@@ -76,7 +86,7 @@ def adapter_key(name: str, path: str) -> tuple[str, str, int]:
 
 class CpuLoRAHelpers:
     def __init__(self, cfg: ModelConfig, model_dir: str, dtype: str | None, layers: range, processes: int,
-                 max_rows: int, *, hang_s: float = HANG_S) -> None:
+                 max_rows: int, *, hang_s: float = HANG_S, sync_free: bool = True) -> None:
         if processes < 1:
             raise ValueError(f"cpu_lora_processes must be >= 1, got {processes}")
         self.cfg, self.max_rows, self.hang_s = cfg, max_rows, hang_s
@@ -85,8 +95,15 @@ class CpuLoRAHelpers:
         size = cfg.dtype.itemsize
         self._shm_in = SharedMemory(create=True, size=max(1, max_rows * in_w * size))
         self._shm_out = SharedMemory(create=True, size=max(1, max_rows * out_w * size))
+        self._shm_bell = SharedMemory(create=True, size=8)
         self._x = torch.frombuffer(self._shm_in.buf, dtype=cfg.dtype)
         self._y = torch.frombuffer(self._shm_out.buf, dtype=cfg.dtype)
+        self._bell = torch.frombuffer(self._shm_bell.buf, dtype=torch.int64)
+        self._bell.zero_()
+        self._gates = itertools.count(1)
+        self.sync_free = sync_free
+        self._registered: list[torch.Tensor] = []  # host regions page-locked for async copies (CUDA)
+        self._bell_dev: dict[torch.device, torch.Tensor] = {}
         self._ctx = mp.get_context("spawn")  # never fork the worker's threads
         self._ids: dict[tuple[str, str, int], int] = {}
         self._seq = itertools.count(1)
@@ -98,7 +115,7 @@ class CpuLoRAHelpers:
     def _spawn(self, index: int) -> _Helper:
         ours, theirs = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=helper_main, name=f"cpu-lora-{index}", daemon=True,
-                                 args=(theirs, self._shm_in.name, self._shm_out.name, *self._args))
+                                 args=(theirs, self._shm_in.name, self._shm_out.name, self._shm_bell.name, *self._args))
         proc.start()
         theirs.close()
         return _Helper(index, proc, ours)
@@ -174,7 +191,7 @@ class CpuLoRAHelpers:
         helpers = self.ready()
         if not helpers:
             raise CpuLoRAFailed("no CPU LoRA helper is ready")
-        self._x[: n * in_dim].view(n, in_dim).copy_(x)
+        gate = self._publish(x, n * in_dim)
         ticket = Ticket(n, out_cols, {})
         plan = split_rows(n, [h.throughput for h in helpers], MIN_ROWS_PER_HELPER)
         for hi, start, count in plan:
@@ -187,11 +204,39 @@ class CpuLoRAHelpers:
                 try:
                     aid = self._adapter_id(h, seg)
                     self._send(h, Record(Kind.COMPUTE, seq=seq, adapter=aid, layer=layer, group=group, row=lo,
-                                         count=hi_row - lo, in_dim=in_dim, out_cols=out_cols))
+                                         count=hi_row - lo, in_dim=in_dim, out_cols=out_cols, gate=gate))
                 except OSError as exc:  # BrokenPipeError: it died
                     self._fail(ticket, h, f"helper {h.index} is gone ({exc!r})")
                 ticket.pending[seq] = (h, hi_row - lo, seg.rank)
         return ticket
+
+    def _publish(self, x: torch.Tensor, numel: int) -> int:
+        """The rows into the input region, then the doorbell; returns the gate helpers wait for."""
+        gate = next(self._gates)
+        rows = self._x[:numel].view(x.shape)
+        if x.is_cuda and self.sync_free:
+            self._pin()
+            rows.copy_(x, non_blocking=True)  # queued on the stream, behind the kernels that made x
+            bell = self._bell_dev.get(x.device)
+            if bell is None:
+                bell = self._bell_dev[x.device] = torch.zeros(1, dtype=torch.int64, device=x.device)
+            bell.fill_(gate)
+            self._bell.copy_(bell, non_blocking=True)  # the signal: lands after the rows, in stream order
+        else:
+            rows.copy_(x)  # blocking on CUDA: the native invocation
+            self._bell[0] = gate
+        return gate
+
+    def _pin(self) -> None:
+        """Page-lock the input region and the doorbell once, so device-to-host copies are async."""
+        if self._registered:
+            return
+        cudart = torch.cuda.cudart()
+        for t in (self._x, self._bell):
+            err = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+            if int(err) != 0:
+                raise RuntimeError(f"cudaHostRegister of a CPU LoRA region failed: {err}")
+            self._registered.append(t)
 
     def wait(self, ticket: Ticket) -> torch.Tensor:
         """The deltas [n, out_cols] (a view of the output region, valid until the next submit)."""
@@ -249,8 +294,13 @@ class CpuLoRAHelpers:
                 h.proc.kill()
                 h.proc.join(2)
             h.conn.close()
-        del self._x, self._y
-        for shm in (self._shm_in, self._shm_out):
+        if self._registered:
+            torch.cuda.synchronize()  # no copy in flight into the regions
+            for t in self._registered:
+                torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
+            self._registered.clear()
+        del self._x, self._y, self._bell
+        for shm in (self._shm_in, self._shm_out, self._shm_bell):
             try:
                 shm.close()
             except BufferError:  # a view still exported: the mapping goes with the process

@@ -36,8 +36,8 @@ class Status(IntEnum):
     ERROR = 2
 
 
-# kind, status, group, adapter, layer, row, count, in_dim, out_cols, seq, value
-_HEADER = struct.Struct("<BBHIIIIIIQd")
+# kind, status, group, adapter, layer, row, count, in_dim, out_cols, seq, gate, value
+_HEADER = struct.Struct("<BBHIIIIIIQQd")
 HEADER_SIZE = _HEADER.size
 
 
@@ -55,10 +55,11 @@ class Record:
     status: int = 0
     value: float = 0.0
     path: str = ""  # REGISTER only
+    gate: int = 0  # COMPUTE: wait until the doorbell reads >= gate (the input rows have landed)
 
     def encode(self) -> bytes:
         head = _HEADER.pack(self.kind, self.status, self.group, self.adapter, self.layer, self.row, self.count,
-                            self.in_dim, self.out_cols, self.seq, self.value)
+                            self.in_dim, self.out_cols, self.seq, self.gate, self.value)
         return head + self.path.encode() if self.kind is Kind.REGISTER else head
 
 
@@ -66,7 +67,7 @@ def decode(data: bytes) -> Record:
     """A record from its bytes; ValueError names what is wrong with a malformed one."""
     if len(data) < HEADER_SIZE:
         raise ValueError(f"control record of {len(data)} bytes, shorter than its {HEADER_SIZE}-byte header")
-    kind, status, group, adapter, layer, row, count, in_dim, out_cols, seq, value = _HEADER.unpack_from(data)
+    kind, status, group, adapter, layer, row, count, in_dim, out_cols, seq, gate, value = _HEADER.unpack_from(data)
     try:
         kind = Kind(kind)
     except ValueError:
@@ -76,7 +77,7 @@ def decode(data: bytes) -> Record:
         raise ValueError(f"{kind.name} record with a {len(tail)}-byte tail (only REGISTER has one)")
     if group >= len(GROUPS):
         raise ValueError(f"control record names projection group {group}, there are {len(GROUPS)}")
-    return Record(kind, seq, adapter, layer, group, row, count, in_dim, out_cols, status, value, tail.decode())
+    return Record(kind, seq, adapter, layer, group, row, count, in_dim, out_cols, status, value, tail.decode(), gate)
 
 
 def group_layout(cfg: ModelConfig, group: int) -> tuple[int, list[tuple[str, int, int]]]:

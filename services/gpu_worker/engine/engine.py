@@ -91,6 +91,7 @@ class LLMEngine(KvHandover):
             layers=self.runner.kv_layers, owner=f"{cfg.name}:kv",
             max_blocks=min(self.runner.max_kv_blocks, config.kv_blocks or self.runner.max_kv_blocks),
             on_retire=self.runner.kv_cache.release_blocks,  # blocks given to others cost this engine no memory
+            on_grow=self.runner.kv_cache.back_blocks,  # CUDA VMM: map memory behind new ids before use
         )
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len, config.max_prefill_chunk),

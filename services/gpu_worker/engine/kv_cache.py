@@ -90,21 +90,38 @@ class PagedKVCache:
         data = data.to(device=self.blocks.device, dtype=self.blocks.dtype)
         self.write(slots, data[0], data[1])
 
+    def back_blocks(self, block_ids: list[int]) -> None:
+        """Attach physical memory to blocks before they are handed out (a no-op where the OS
+        backs pages on first touch; on CUDA an unmapped address is a fatal fault)."""
+        if not self.region.needs_backing:
+            return
+        half = self.block_bytes // 2
+        for first, n in _runs(block_ids):
+            self.region.ensure_backed(first * half, n * half)
+            self.region.ensure_backed((self.max_blocks + first) * half, n * half)
+
     def release_blocks(self, block_ids: list[int]) -> None:
         """Give free blocks' physical memory back (e.g. when capacity shrinks); only whole
         pages inside a block's K and V ranges are returned."""
         half = self.block_bytes // 2
-        ids = sorted(block_ids)
-        start = 0
-        for i in range(1, len(ids) + 1):  # runs of consecutive ids: pages spanning small blocks go too
-            if i == len(ids) or ids[i] != ids[i - 1] + 1:
-                first, n = ids[start], i - start
-                self.region.release(first * half, n * half)
-                self.region.release((self.max_blocks + first) * half, n * half)
-                start = i
+        for first, n in _runs(block_ids):  # runs of consecutive ids: pages spanning small blocks go too
+            self.region.release(first * half, n * half)
+            self.region.release((self.max_blocks + first) * half, n * half)
 
     def _check_cover(self, block_ids: list[int], num_tokens: int) -> None:
         if len(block_ids) * self.block_size < num_tokens:
             raise ValueError(f"{len(block_ids)} blocks of {self.block_size} cannot hold {num_tokens} tokens")
         if block_ids and not 0 <= min(block_ids) <= max(block_ids) < self.max_blocks:
             raise ValueError(f"block id out of range [0, {self.max_blocks})")
+
+
+def _runs(block_ids: list[int]) -> list[tuple[int, int]]:
+    """Sorted runs of consecutive ids as (first, count)."""
+    ids = sorted(block_ids)
+    runs: list[tuple[int, int]] = []
+    start = 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[i - 1] + 1:
+            runs.append((ids[start], i - start))
+            start = i
+    return runs

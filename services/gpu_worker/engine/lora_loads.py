@@ -3,7 +3,7 @@
 `start` reserves the adapter's bytes in the pool on the engine thread (evicting cold adapters
 as `ensure_resident` would), then a loader thread copies it — one copy at a time, as over one
 PCIe link — and `poll`, called by the engine at each step (a chunk boundary), makes the landed
-ones resident. On CUDA the copy is the real host-to-device copy. On a CPU worker it is a
+ones resident. On CUDA the copy is the real host-to-device copy, on the loader's own stream. On a CPU worker it is a
 memory copy that takes microseconds, so `bandwidth` (the worker's `lora_load_bandwidth`)
 stretches each copy to nbytes / bandwidth: a PCIe-like cold start, for tests and demos. It is
 a simulation of the link, not a measurement of one; unset, nothing is paced.
@@ -76,7 +76,10 @@ class AdapterLoads:
             source, charge = self._inflight.pop(name)
             if isinstance(moved, BaseException):
                 self.lora.pool.release(charge)  # the next step that needs it starts over
-            elif self.lora.admit(name, source, moved, charge):
+                continue
+            if moved_on_cuda(moved):
+                _used_on_current_stream(moved)
+            if self.lora.admit(name, source, moved, charge):
                 done.append(name)
         return done
 
@@ -98,11 +101,10 @@ class AdapterLoads:
             name, source = item
             started = self._clock()
             try:
-                moved = source.to(device) if device.type != "cpu" else _copied(source)
                 if device.type == "cuda":
-                    import torch
-
-                    torch.cuda.current_stream(device).synchronize()
+                    moved = _to_cuda(source, device)
+                else:
+                    moved = source.to(device) if device.type != "cpu" else _copied(source)
                 self._sleep(pacing_wait(started, self._clock(), source.nbytes, self.bandwidth))
                 result: LoRAAdapter | BaseException = moved
             except Exception as exc:  # noqa: BLE001 - reported through poll (the load is retried)
@@ -116,3 +118,36 @@ class AdapterLoads:
 def _copied(adapter: LoRAAdapter) -> LoRAAdapter:
     """A CPU "device copy": a real memory copy, so the resident weights are not the host's."""
     return LoRAAdapter(adapter.name, adapter.rank, {k: (a.clone(), b.clone()) for k, (a, b) in adapter.weights.items()})
+
+
+def _to_cuda(adapter: LoRAAdapter, device: Any) -> LoRAAdapter:
+    """The host-to-device copy on the loader's own stream, waited for on that stream alone: the
+    engine's kernels on the compute stream run on meanwhile (a sync of the device or of the
+    default stream would stall them)."""
+    import torch
+
+    stream = _COPY_STREAMS.get(device)
+    if stream is None:
+        stream = _COPY_STREAMS[device] = torch.cuda.Stream(device)
+    with torch.cuda.stream(stream):
+        moved = adapter.to(device)
+    stream.synchronize()
+    return moved
+
+
+def moved_on_cuda(adapter: LoRAAdapter) -> bool:
+    return any(a.is_cuda for a, _ in adapter.weights.values())
+
+
+def _used_on_current_stream(adapter: LoRAAdapter) -> None:
+    """Allocated on the copy stream, used on the engine's: tell the caching allocator, so the
+    memory is not handed to the copy stream again while a compute kernel may still read it."""
+    import torch
+
+    stream = torch.cuda.current_stream()
+    for a, b in adapter.weights.values():
+        a.record_stream(stream)
+        b.record_stream(stream)
+
+
+_COPY_STREAMS: dict[Any, Any] = {}

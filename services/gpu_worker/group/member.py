@@ -303,8 +303,14 @@ class GroupMember(MemberLifecycle):
                                 [logits] if logits is not None else [])
             return []
 
+    def _local(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Tensors off the wire (host memory) on this member's device (no copy where they are already)."""
+        device = self.engine.runner.device
+        return [t.to(device) for t in tensors]
+
     def handle(self, frame: Frame, tensors: list[torch.Tensor]) -> list[RequestOutput]:
         """A frame from another member (on the engine thread)."""
+        tensors = self._local(tensors)  # hidden states, logits (sampled here: same device as unsplit), KV
         if isinstance(frame, StagePass):
             return self._route(frame, tensors[0] if frame.hidden is not None else None)
         if isinstance(frame, StageFree):
@@ -343,11 +349,11 @@ class GroupMember(MemberLifecycle):
         raise ValueError(f"{self.member_id}: unexpected {type(frame).__name__} on the group channel")
 
     def serve_attention(self, call: AttnCall, tensors: list[torch.Tensor]) -> torch.Tensor:
-        return self.holder.serve(call, *tensors)
+        return self.holder.serve(call, *self._local(tensors))
 
     def _remote_attention(self, owner: str, layer: int, chunks: list[StageChunk], q: torch.Tensor,
                           k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         call = AttnCall(group_id=self.group_id or "", caller=self.member_id, call_id=next(self._calls), layer=layer,
                         chunks=[msgspec.structs.replace(c, token_ids=[]) for c in chunks],
                         num_tokens=[len(c.token_ids) for c in chunks], q=spec(q), k=spec(k), v=spec(v))
-        return self.transport.call_attention(owner, call, [q, k, v])
+        return self.transport.call_attention(owner, call, [q, k, v]).to(q.device)  # the reply is off the wire

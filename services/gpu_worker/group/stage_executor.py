@@ -61,7 +61,8 @@ class SplitAttention:
         idx = self.remote.get(layer)
         if not idx:
             return out
-        rows = torch.cat([torch.arange(self._starts[i], self._starts[i] + len(self.chunks[i].token_ids)) for i in idx])
+        rows = torch.cat([torch.arange(self._starts[i], self._starts[i] + len(self.chunks[i].token_ids), device=q.device)
+                          for i in idx])
         try:
             out[rows] = self.call(self.owner, layer, [self.chunks[i] for i in idx], q[rows], k[rows], v[rows])
         except RuntimeError as exc:  # the owner no longer holds that KV: those requests are recomputed

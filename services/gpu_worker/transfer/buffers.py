@@ -5,7 +5,14 @@ view of the same memory (no copy); UCX sends from it and receives into it. A CUD
 kept as a flat uint8 *torch* view: ucxx takes it through `__cuda_array_interface__` and UCX
 moves device memory directly (CUDA IPC / GPUDirect) — the same code path above this module.
 Checksums of device memory are not computed on the host (that would be a device->host copy
-per chunk); `checksum_of` returns 0 for them and the sender announces `checksum="none"`.
+per chunk): a sender with device memory announces `checksum="none"`. Only a host sender's
+checksum over a chunk that landed in device memory is checked on a host copy of it.
+
+UCX reads and writes device memory on CUDA streams of its own, outside torch's stream order,
+so device memory is handed to UCX only once the kernels queued before are done
+(`synchronize`): the sender's data written (`Link.submit`), a staging copy made (`gather`) or
+scattered (`scatter`), a destination or staging buffer no longer in use by a kernel (`Sink`,
+`empty_like_device`: the caching allocator may hand out memory a queued kernel still uses).
 """
 from __future__ import annotations
 
@@ -52,9 +59,12 @@ def is_host(view: ByteView) -> bool:
 
 
 def checksum_of(view: ByteView, algorithm: str) -> int:
-    """Checksum of one contiguous view (0 for device memory or `none`)."""
-    if algorithm == "none" or not is_host(view):
+    """Checksum of one contiguous view (0 for `none`, which a sender of device memory announces).
+    A host sender's chunk that landed in device memory is checked on a host copy."""
+    if algorithm == "none":
         return 0
+    if not is_host(view):
+        view = view.cpu().numpy()
     if algorithm == "xxh3_64":
         return _xxh3(view)
     if algorithm == "crc32":
@@ -64,6 +74,17 @@ def checksum_of(view: ByteView, algorithm: str) -> int:
 
 def checksum_algorithm(views: Sequence[ByteView]) -> str:
     return DEFAULT_CHECKSUM if all(is_host(v) for v in views) else "none"
+
+
+def synchronize(views: Sequence[ByteView]) -> None:
+    """Wait until the kernels queued on the devices of `views` are done (nothing for host memory):
+    UCX moves device memory on its own streams, which torch's stream order does not cover."""
+    devices = {v.device for v in views if not is_host(v) and v.device.type == "cuda"}
+    if devices:
+        torch = _torch()
+        assert torch is not None
+        for device in devices:
+            torch.cuda.synchronize(device)
 
 
 class Segments:
@@ -107,15 +128,31 @@ class Segments:
             return parts[0]
         if not parts:
             return np.empty(0, dtype=np.uint8)
-        return _concat(parts)
+        staged = _concat(parts)
+        synchronize([staged])  # the copy is made before UCX reads it
+        return staged
 
     def scatter(self, offset: int, staged: ByteView) -> None:
         """Copy a staged chunk back into the segments it covers."""
         pos = 0
-        for part in self.pieces(offset, int(staged.shape[0])):
+        parts = self.pieces(offset, int(staged.shape[0]))
+        for part in parts:
             n = int(part.shape[0])
-            part[:] = staged[pos:pos + n]
+            _copy(part, staged[pos:pos + n])
             pos += n
+        synchronize([*parts, staged])  # the staging buffer is free for UCX's next write once this returns
+
+
+def _copy(dest: ByteView, src: ByteView) -> None:
+    """dest[:] = src, host or device on either side."""
+    if is_host(dest) and is_host(src):
+        dest[:] = src
+    elif is_host(dest):
+        dest[:] = src.cpu().numpy()
+    else:
+        torch = _torch()
+        assert torch is not None
+        dest.copy_(torch.from_numpy(src) if is_host(src) else src)
 
 
 def _concat(parts: list[ByteView]) -> ByteView:
@@ -123,7 +160,8 @@ def _concat(parts: list[ByteView]) -> ByteView:
         return np.concatenate(parts)
     torch = _torch()
     assert torch is not None
-    return torch.cat([p if not is_host(p) else torch.from_numpy(p).to(parts[0].device) for p in parts])
+    device = next(p.device for p in parts if not is_host(p))
+    return torch.cat([p if not is_host(p) else torch.from_numpy(p).to(device) for p in parts])
 
 
 def empty_like_device(template: ByteView, nbytes: int) -> ByteView:
@@ -132,7 +170,9 @@ def empty_like_device(template: ByteView, nbytes: int) -> ByteView:
         return np.empty(nbytes, dtype=np.uint8)
     torch = _torch()
     assert torch is not None
-    return torch.empty(nbytes, dtype=torch.uint8, device=template.device)
+    staged = torch.empty(nbytes, dtype=torch.uint8, device=template.device)
+    synchronize([staged])  # the allocator may reuse memory a queued kernel still reads: UCX writes it now
+    return staged
 
 
 def _torch() -> Any:

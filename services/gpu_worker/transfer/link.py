@@ -26,7 +26,7 @@ from shared.events.common import LayerRange
 from shared.logging import get_logger
 
 from . import metrics, timeline
-from .buffers import Segments, checksum_algorithm, checksum_of, is_host
+from .buffers import Segments, checksum_algorithm, checksum_of, is_host, synchronize
 from .channel import Channel
 from .errors import FailureReason, TransferFailed
 from .frames import (
@@ -158,6 +158,7 @@ class Link:
         Waits while the class's queued bytes are over the bound (backpressure). The buffers
         must stay untouched until the handle completes: chunks are sent from their memory."""
         segments = Segments.of(buffers)
+        synchronize(segments.views)  # device memory: the kernels that wrote it are done before UCX reads it
         while self._dead is None and not self.schedule.can_admit(kind, segments.total):
             self.backpressure_waits += 1
             metrics.BACKPRESSURE_WAITS.labels(self.peer, kind.name.lower()).inc()

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .buffers import Segments
+from .buffers import Segments, synchronize
 from .errors import TransferFailed
 from .frames import TransferStart
 from .policy import TrafficClass
@@ -41,6 +41,7 @@ class Sink:
         self.key = key
         self.buffers = buffers
         self.segments = Segments.of(buffers)
+        synchronize(self.segments.views)  # device memory: no queued kernel touches it while UCX writes
         self._done: asyncio.Future[Received] = asyncio.get_running_loop().create_future()
         self._done.add_done_callback(_consume_exception)
 
