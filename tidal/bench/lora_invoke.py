@@ -27,7 +27,7 @@ def _engine(model: Path, adapter: Path, args: argparse.Namespace):  # type: igno
     from services.gpu_worker.engine.engine import EngineConfig, LLMEngine
 
     eng = LLMEngine(EngineConfig(str(model), device=args.device, pool_bytes=args.pool_mib << 20,
-                                 max_prefill_chunk=args.tokens, max_num_batched_tokens=args.tokens,
+                                 max_prefill_chunk=args.tokens, max_num_batched_tokens=args.tokens, max_num_seqs=4,
                                  cpu_lora_assist=True, cpu_lora_processes=args.processes, lora_load_bandwidth=1e9))
     eng.add_lora("cold", adapter)
     eng.cold.start_helpers()
