@@ -5,9 +5,12 @@ their rank (share of model i proportional to i^-alpha; alpha = 2 gives Llama2-7B
 the requests, as §7.3 reports), scaled so the mean total rate is RPS. The paper samples each
 model's requests from a different day of the Azure trace; here each model follows the
 Azure-like daily curve (loadgen/traces/azure.py: 1 + A cos(2 pi (h - peak_i) / 24)) with its
-own seeded peak hour, so popularity shifts over the run. One simulated day is compressed into
-`day_s` seconds (an hour at paper scale: 24x, cf. §2.2's "8x speed"), with gamma inter-arrival
-gaps (cv > 1: Azure's short-term bursts) and AzureConv / AzureCode lengths.
+own seeded peak hour (uniform in 14 +- 6 h: our assumption), so popularity shifts over the run.
+One simulated day is compressed into `day_s` seconds (an hour at paper scale: 24x), with gamma
+inter-arrival gaps (cv > 1: Azure's short-term bursts) and AzureConv / AzureCode lengths. The
+paper publishes neither its replay length nor any time compression (§7.1); §2.2's "8x Speed" is
+an inference speed (each request's running time), not a trace compression. The 24x is ours; the
+proactive-prewarming gap here does not depend on it (docs/benchmarks.md "## repro warmserve").
 
 Forecasts. CSP (Eqs. 2-4, shared/policy/warmserve_predictor.py) per window of `window_s`
 over `history_days` earlier days drawn from the same curves with other seeds, plus the run's
