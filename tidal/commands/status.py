@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import time
 from pathlib import Path
@@ -144,14 +145,24 @@ async def watch(nats_url: str, timeout: float, stats_window: float, interval: fl
         source = await StatusSource.open(nats_url, timeout)
     except TidalError as exc:
         raise SystemExit(f"tidal status: NATS unreachable: {exc}") from None
+    # Ctrl-C sets an event the loop checks, rather than cancelling the task: on Python 3.11 a
+    # cancellation that lands as an inner `wait_for` completes can be lost, and the watch would
+    # then run on after Ctrl-C.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
     try:
         with Live(console=Console(), auto_refresh=False, screen=False) as live:
             window = stats_window
-            while True:
+            while not stop.is_set():
                 live.update(status_view(await source.report(window)), refresh=True)
                 window = 0.0  # the subscription keeps the latest stats from now on
-                await asyncio.sleep(interval)
+                try:
+                    await asyncio.wait_for(stop.wait(), interval)
+                except asyncio.TimeoutError:
+                    pass
     finally:
+        loop.remove_signal_handler(signal.SIGINT)
         await source.close()
 
 
