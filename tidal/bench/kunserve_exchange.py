@@ -33,8 +33,8 @@ def _members(model: Path, args: argparse.Namespace):  # type: ignore[no-untyped-
     loop = Loopback()
 
     def engine() -> LLMEngine:
-        return LLMEngine(EngineConfig(str(model), pool_bytes=args.pool_mib << 20, block_size=16, max_num_seqs=64,
-                                      max_num_batched_tokens=4096))
+        return LLMEngine(EngineConfig(str(model), device=args.device, pool_bytes=args.pool_mib << 20, block_size=16,
+                                      max_num_seqs=64, max_num_batched_tokens=4096))
 
     return loop, loop.add(GroupMember(engine(), "a", loop.port("a"))), loop.add(GroupMember(engine(), "b", loop.port("b")))
 
@@ -44,14 +44,23 @@ def _requests(args: argparse.Namespace) -> list[tuple[str, list[int]]]:
     return [(f"r{i}", torch.randint(0, 500, (args.prompt,), generator=g).tolist()) for i in range(2 * args.requests)]
 
 
+def _sync(members) -> None:  # type: ignore[no-untyped-def]
+    """On CUDA, wait for the queued kernels, so a step's time includes its device work."""
+    for m in members:
+        if m.engine.runner.device.type == "cuda":
+            torch.cuda.synchronize(m.engine.runner.device)
+
+
 def _round(loop, members) -> list[float]:  # type: ignore[no-untyped-def]
     """One step of each member (its own machine in a real group): deliver, launch, exchange."""
     took = []
     for m in members:
+        _sync([m])
         t0 = time.perf_counter()
         loop.deliver(m.member_id, kv_per_round=1)
         m.step()
         m.pump_exchange(1)
+        _sync([m])
         took.append(time.perf_counter() - t0)
     return took
 
@@ -94,9 +103,11 @@ def _chunk_time(model: Path, args: argparse.Namespace) -> float:
     half = args.layers // 2
     stages = [Stage("a", range(0, half)), Stage("b", range(half, args.layers))]
     a.join("g", stages), b.join("g", stages)
+    _sync([a, b])
     t0 = time.perf_counter()
     a.pump_exchange(1)
     loop.deliver("b", kv_per_round=1)
+    _sync([a, b])
     return time.perf_counter() - t0
 
 
@@ -119,7 +130,7 @@ def run_bench(args: argparse.Namespace) -> int:
         during, info = _run(model, args, exchange=True)
         chunk = _chunk_time(model, args)
     normal = statistics.median(baseline)
-    print(f"# kunserve-exchange: {args.layers} layers, hidden {args.hidden}, {2 * args.requests} victims of "
+    print(f"# kunserve-exchange on {args.device}: {args.layers} layers, hidden {args.hidden}, {2 * args.requests} victims of "
           f"{args.prompt} tokens, {args.steps} decode rounds; KV moved {info['kv_bytes'] / 2**20:.1f} MiB in "
           f"{args.layers} layer chunks, {int(info['remote_attention'])} remote attention calls")
     print(f"# normal step (no exchange, p50) {normal * 1e3:.2f} ms; one chunk alone {chunk * 1e3:.2f} ms")
@@ -145,6 +156,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("kunserve-exchange", help="decode steps during a buddy group's live KV exchange vs none")
+    parser.add_argument("--device", default="cpu", help="the members' device (cpu or cuda:N)")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--heads", type=int, default=8)
@@ -156,3 +168,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=int, default=1)
     add_out_argument(parser, "bench-kunserve-exchange")
     parser.set_defaults(func=run_bench)
+
+
+if __name__ == "__main__":  # `python -m tidal.bench.kunserve_exchange ...`: this bench alone (the GPU machine)
+    import sys
+
+    _parser = argparse.ArgumentParser(prog="kunserve-exchange")
+    register(_parser.add_subparsers())
+    _args = _parser.parse_args(["kunserve-exchange", *sys.argv[1:]])
+    sys.exit(_args.func(_args))
