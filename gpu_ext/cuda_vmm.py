@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from cuda.bindings import driver as cu
 
+from .memory import typed_view
+
 
 class CudaVmmError(RuntimeError):
     pass
@@ -88,13 +90,7 @@ class CudaVmmRegion:
         self._bytes = torch.as_tensor(self._mapping, device=self.device)
 
     def as_tensor(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        count = 1
-        for n in shape:
-            count *= n
-        if count * itemsize > self.nbytes:
-            raise ValueError(f"view of {count * itemsize} bytes exceeds the region ({self.nbytes})")
-        return self._bytes[: count * itemsize].view(dtype).view(shape)
+        return typed_view(self._bytes, dtype, shape)
 
     def _chunks(self, offset: int, nbytes: int, whole: bool) -> range:
         g = self.granularity

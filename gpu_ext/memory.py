@@ -61,13 +61,7 @@ class CpuReservedRegion:
         self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
 
     def as_tensor(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        count = 1
-        for n in shape:
-            count *= n
-        if count * itemsize > self.nbytes:
-            raise ValueError(f"view of {count * itemsize} bytes exceeds the region ({self.nbytes})")
-        return self._bytes[: count * itemsize].view(dtype).view(shape)
+        return typed_view(self._bytes, dtype, shape)
 
     def ensure_backed(self, offset: int, nbytes: int) -> None:
         return None  # the OS backs pages on first write
@@ -93,11 +87,7 @@ class CudaEagerRegion:
         self._bytes = torch.empty(nbytes, dtype=torch.uint8, device=device)
 
     def as_tensor(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        count = 1
-        for n in shape:
-            count *= n
-        return self._bytes[: count * itemsize].view(dtype).view(shape)
+        return typed_view(self._bytes, dtype, shape)
 
     def ensure_backed(self, offset: int, nbytes: int) -> None:
         return None
@@ -107,6 +97,17 @@ class CudaEagerRegion:
 
     def resident_bytes(self) -> int:
         return self.nbytes
+
+
+def typed_view(region_bytes: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A `dtype` tensor of `shape` over the start of a region's flat uint8 tensor (no copy)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    count = 1
+    for n in shape:
+        count *= n
+    if count * itemsize > region_bytes.numel():
+        raise ValueError(f"view of {count * itemsize} bytes exceeds the region ({region_bytes.numel()})")
+    return region_bytes[: count * itemsize].view(dtype).view(shape)
 
 
 def reserve_region(nbytes: int, device: torch.device | str = "cpu") -> ReservedRegion:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from tidal.bench.output import add_out_argument, out_dir
+from tidal.bench.output import add_out_argument, out_dir, run_alone
 
 BINS = (1.25, 1.5, 2.0, 3.0)  # step / baseline median
 
@@ -170,10 +170,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_bench)
 
 
+
 if __name__ == "__main__":  # `python -m tidal.bench.kunserve_exchange ...`: this bench alone (the GPU machine)
     import sys
 
-    _parser = argparse.ArgumentParser(prog="kunserve-exchange")
-    register(_parser.add_subparsers())
-    _args = _parser.parse_args(["kunserve-exchange", *sys.argv[1:]])
-    sys.exit(_args.func(_args))
+    sys.exit(run_alone(register, "kunserve-exchange", sys.argv[1:]))

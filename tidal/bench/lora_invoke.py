@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from tidal.bench.output import add_out_argument, out_dir
+from tidal.bench.output import add_out_argument, out_dir, run_alone
 
 
 def _engine(model: Path, adapter: Path, args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -110,10 +110,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_bench)
 
 
+
 if __name__ == "__main__":  # `python -m tidal.bench.lora_invoke ...`: this bench alone (the GPU machine)
     import sys
 
-    _parser = argparse.ArgumentParser(prog="lora-invoke")
-    register(_parser.add_subparsers())
-    _args = _parser.parse_args(["lora-invoke", *sys.argv[1:]])
-    sys.exit(_args.func(_args))
+    sys.exit(run_alone(register, "lora-invoke", sys.argv[1:]))

@@ -7,6 +7,7 @@ replaced only when asked, with `--update-docs`, which copies the run's PNG there
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import shutil
 import time
 from pathlib import Path
@@ -45,3 +46,12 @@ def publish_plot(args: argparse.Namespace, png: Path, images: Path = DOC_IMAGES)
 
 
 __all__ = ["DOC_IMAGES", "RUNS", "add_out_argument", "default_out", "out_dir", "publish_plot"]
+
+
+def run_alone(register: Callable[[argparse._SubParsersAction], None], name: str, argv: list[str]) -> int:
+    """Run one bench without `tidal bench`, which imports every bench (the gateway's needs litestar):
+    `python -m tidal.bench.<module> ARGS` on a machine with only that bench's dependencies."""
+    parser = argparse.ArgumentParser(prog=name)
+    register(parser.add_subparsers())
+    args = parser.parse_args([name, *argv])
+    return int(args.func(args))
