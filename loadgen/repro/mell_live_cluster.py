@@ -9,18 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.nats_server import NatsServer
+from loadgen.repro.live_services import LiveServices
 
 CONFIG = """\
 [cluster]
@@ -103,79 +97,28 @@ class LiveCluster:
         self.spec = spec
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
-        self.nats: NatsServer | None = None
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.config = root / "cluster.toml"
+        self.services = LiveServices(root, self.config, "mell-live")
 
     @property
     def nats_url(self) -> str:
-        assert self.nats is not None
-        return self.nats.url
+        return self.services.nats_url
 
     def start(self, phase: Phase, timeout_s: float = 180.0) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.config.write_text(self.spec.toml(phase, self.root / "data", self.port))
-        self.nats = NatsServer(store_dir=self.root / "nats").start()
-        self._launch("registry")
+        self.services.start_nats()
+        self.services.launch("registry")
         for worker in self.spec.workers:
-            self._launch(f"gpu_worker:{worker}", "--worker-id", worker)
-        self._launch("gateway")
-        self._launch("dispatcher")
-        self._launch("planner")
+            self.services.launch(f"gpu_worker:{worker}", "--worker-id", worker)
+        for name in ("gateway", "dispatcher", "planner"):
+            self.services.launch(name)
         deadline = time.monotonic() + timeout_s
         asyncio.run(self._workers_ready(deadline))
-        self._warm_up(deadline)
+        self.services.warm_up(self.url, list(self.spec.models), deadline)
 
     def stop(self) -> None:
-        for name in [n for n in self.procs if n != "registry"]:
-            self._signal(name, signal.SIGTERM)
-        for name in [n for n in self.procs if n != "registry"]:
-            self._wait(name)
-        if "registry" in self.procs:
-            self._signal("registry", signal.SIGTERM)
-            self._wait("registry")
-        if self.nats is not None:
-            self.nats.stop()
-            self.nats = None
-
-    # --- processes --------------------------------------------------------------------------
-    def _launch(self, name: str, *extra: str) -> None:
-        service = name.split(":")[0]
-        tag = name.replace(":", "-")
-        argv = [sys.executable, "-m", f"services.{service}", "--nats", self.nats_url, "--config", str(self.config),
-                "--instance", f"mell-live-{tag}", "--metrics-port", "-1", "--log-level", "warning", *extra]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TIDAL_WORKER_THREADS": "1"}
-        (self.root / "logs").mkdir(parents=True, exist_ok=True)
-        with open(self.root / "logs" / f"{tag}.log", "ab") as log:
-            self.procs[name] = subprocess.Popen(argv, cwd=Path(__file__).resolve().parents[2], stdout=log,
-                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                start_new_session=True, env=env)
-
-    def _signal(self, name: str, sig: signal.Signals) -> None:
-        proc = self.procs[name]
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def _wait(self, name: str) -> None:
-        try:
-            self.procs[name].wait(15)
-        except subprocess.TimeoutExpired:
-            self._signal(name, signal.SIGKILL)
-            self.procs[name].wait()
-
-    def log_tail(self, name: str, lines: int = 15) -> str:
-        path = self.root / "logs" / f"{name.replace(':', '-')}.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
-
-    def _check(self, deadline: float, what: str) -> None:
-        dead = [n for n, p in self.procs.items() if p.poll() is not None]
-        if dead or time.monotonic() > deadline:
-            tails = "\n".join(f"--- {n}:\n{self.log_tail(n)}" for n in dead)
-            raise RuntimeError(f"live cluster: {'exited: ' + ', '.join(dead) if dead else 'timed out'} ({what}); "
-                               f"logs in {self.root / 'logs'}\n{tails}")
+        self.services.stop()
 
     # --- readiness --------------------------------------------------------------------------
     async def _workers_ready(self, deadline: float) -> None:
@@ -194,33 +137,10 @@ class LiveCluster:
         try:
             await bus.subscribe(worker_stats(), WorkerStats, on_stats)
             while ready < set(self.spec.workers):
-                self._check(deadline, f"workers ready: {sorted(ready)}")
+                self.services.check(deadline, f"workers ready: {sorted(ready)}")
                 await asyncio.sleep(0.1)
         finally:
             await bus.close()
-
-    def _warm_up(self, deadline: float) -> None:
-        """Until the gateway is ready and each model completes one token through it."""
-        for name in ["/ready", *self.spec.models]:
-            while (status := self._try(name)) != 200:
-                self._check(deadline, f"warm-up {name}: HTTP {status}")
-                time.sleep(0.3)
-
-    def _try(self, name: str) -> int:
-        if name == "/ready":
-            request = urllib.request.Request(self.url + "/ready")
-        else:
-            body = json.dumps({"model": name, "prompt": [20, 21, 22], "max_tokens": 1}).encode()
-            request = urllib.request.Request(self.url + "/v1/completions", data=body,
-                                             headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=10) as resp:
-                resp.read()
-                return resp.status
-        except urllib.error.HTTPError as exc:
-            return exc.code
-        except OSError:
-            return 0
 
 
 __all__ = ["LiveCluster", "LiveClusterSpec", "PHASES", "Phase", "free_port"]

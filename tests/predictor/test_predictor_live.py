@@ -71,7 +71,9 @@ async def test_forecasts_from_dispatcher_admissions_and_history_survives_a_kill(
         def busy_seen(k: int):
             async def check():
                 seen = [f for f in forecasts if f.model == "busy" and (f.observed_rps or 0) > 0]
-                return seen if len(seen) >= k else None
+                # the first forecasts after the load starts may still come from windows closed before
+                # it (avg 0): wait for one made from a closed window that saw the traffic
+                return seen if len(seen) >= k and seen[-1].avg_rps > 0 else None
             return check
 
         seen = await eventually(busy_seen(3), timeout=40)
