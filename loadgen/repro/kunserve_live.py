@@ -25,6 +25,7 @@ from pathlib import Path
 from loadgen.repro.kunserve_live_trace import (
     BurstSpec, LiveHeadline, PhaseFigures, PlanTally, burst_trace, live_headline, phase_figures,
 )
+from loadgen.repro.live_services import LOCAL_CLUSTER_TOML
 from loadgen.repro.mell_live_cluster import LiveCluster, LiveClusterSpec, Phase, free_port
 from loadgen.report.records import RequestRecord, write_records
 from loadgen.traces.schema import TraceRecord
@@ -34,15 +35,7 @@ from shared.config import parse_config
 PHASES = {"no-groups": Phase("no-groups", planner=True, routing="least_load"),
           "groups": Phase("groups", planner=True, routing="least_load")}
 MAX_CONTEXT = 512
-CONFIG = """\
-[cluster]
-data_dir = "{data}"
-
-[gateway]
-host = "127.0.0.1"
-port = {port}
-drain_timeout = "3s"
-
+CONFIG = LOCAL_CLUSTER_TOML + """
 [dispatcher]
 queue_bound = 1024
 routing_policy = "{routing}"

@@ -9,10 +9,7 @@ asks the gateway for one token of a model (or `/ready`): the warm-up the cluster
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -20,8 +17,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shared.nats_server import NatsServer
+from tidal.bench.bench_cluster import launch, terminate
 
-ROOT = Path(__file__).resolve().parents[2]
+# the sections every live cluster's config starts with (the rest of each config is its own)
+LOCAL_CLUSTER_TOML = """\
+[cluster]
+data_dir = "{data}"
+
+[gateway]
+host = "127.0.0.1"
+port = {port}
+drain_timeout = "3s"
+"""
 
 
 class LiveServices:
@@ -42,42 +49,18 @@ class LiveServices:
     def launch(self, name: str, *extra: str) -> None:
         """`name` is a service, or `service:tag` for several of one kind (e.g. `gpu_worker:w0`)."""
         service, tag = name.split(":")[0], name.replace(":", "-")
-        argv = [sys.executable, "-m", f"services.{service}", "--nats", self.nats_url, "--config", str(self.config),
-                "--instance", f"{self.prefix}-{tag}", "--metrics-port", "-1", "--log-level", self.log_level(service),
-                *extra]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TIDAL_WORKER_THREADS": "1"}
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
-        with open(self.root / "logs" / f"{tag}.log", "ab") as log:
-            self.procs[name] = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        self.procs[name] = launch(f"services.{service}", self.nats_url, self.config, f"{self.prefix}-{tag}",
+                                  self.root / "logs" / f"{tag}.log", *extra, env={"TIDAL_WORKER_THREADS": "1"},
+                                  log_level=self.log_level(service))
 
     def stop(self) -> None:
-        for name in [n for n in self.procs if n != "registry"]:
-            self._signal(name, signal.SIGTERM)
-        for name in [n for n in self.procs if n != "registry"]:
-            self._wait(name)
-        if "registry" in self.procs:
-            self._signal("registry", signal.SIGTERM)
-            self._wait("registry")
+        terminate([p for n, p in self.procs.items() if n != "registry"])
+        terminate([p for n, p in self.procs.items() if n == "registry"])  # last: the others deregister
         self.procs.clear()
         if self.nats is not None:
             self.nats.stop()
             self.nats = None
-
-    def _signal(self, name: str, sig: signal.Signals) -> None:
-        proc = self.procs[name]
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def _wait(self, name: str) -> None:
-        try:
-            self.procs[name].wait(15)
-        except subprocess.TimeoutExpired:
-            self._signal(name, signal.SIGKILL)
-            self.procs[name].wait()
 
     def log_tail(self, name: str, lines: int = 15) -> str:
         path = self.root / "logs" / f"{name.replace(':', '-')}.log"
@@ -116,4 +99,4 @@ def completion_status(url: str, name: str, timeout_s: float = 10.0) -> int:
         return 0
 
 
-__all__ = ["LiveServices", "completion_status"]
+__all__ = ["LOCAL_CLUSTER_TOML", "LiveServices", "completion_status"]

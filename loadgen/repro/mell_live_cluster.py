@@ -9,22 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen.repro.live_services import LiveServices
+from loadgen.repro.live_services import LOCAL_CLUSTER_TOML, LiveServices
+from shared.nats_server import free_port
 
-CONFIG = """\
-[cluster]
-data_dir = "{data}"
-
-[gateway]
-host = "127.0.0.1"
-port = {port}
-drain_timeout = "3s"
-
+CONFIG = LOCAL_CLUSTER_TOML + """
 [dispatcher]
 queue_bound = 1024
 scale_from_zero = false
@@ -54,12 +46,6 @@ class Phase:
     name: str  # "mell" or "no-planner"
     planner: bool
     routing: str  # the dispatcher's routing policy
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 PHASES = {"no-planner": Phase("no-planner", planner=False, routing="least_load"),

@@ -12,17 +12,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen.repro.live_services import LiveServices
+from loadgen.repro.live_services import LOCAL_CLUSTER_TOML, LiveServices
 
-CONFIG = """\
-[cluster]
-data_dir = "{data}"
-
-[gateway]
-host = "127.0.0.1"
-port = {port}
-drain_timeout = "3s"
-
+CONFIG = LOCAL_CLUSTER_TOML + """
 [dispatcher]
 queue_bound = 1024
 scale_from_zero = true

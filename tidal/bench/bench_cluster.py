@@ -83,11 +83,11 @@ class BenchCluster:
 
 
 def launch(module: str, nats_url: str, config: Path, instance: str, log_path: Path, *extra: str,
-           env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+           env: Mapping[str, str] | None = None, log_level: str = "warning") -> subprocess.Popen[bytes]:
     """`python -m <module>` on the cluster in a process group of its own (a stop reaches its
-    children), its warnings and errors appended to `log_path`; `env` on top of this process's."""
+    children), its log (from `log_level` up) appended to `log_path`; `env` on top of this process's."""
     argv = [sys.executable, "-m", module, "--nats", nats_url, "--config", str(config), "--instance", instance,
-            "--metrics-port", "-1", "--log-level", "warning", *extra]
+            "--metrics-port", "-1", "--log-level", log_level, *extra]
     with open(log_path, "ab") as log:
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})

@@ -46,6 +46,7 @@ class AdapterLoads:
         self._work: queue.Queue[tuple[str, LoRAAdapter] | None] = queue.Queue()
         self._arrived = threading.Event()
         self._thread: threading.Thread | None = None
+        self._copy_stream: Any = None  # CUDA: the loader's own stream (made on first use)
         self.loads = 0  # copies completed (for stats and tests)
 
     def loading(self, name: str) -> bool:
@@ -95,6 +96,19 @@ class AdapterLoads:
             self._thread.join(5)
             self._thread = None
 
+    def _to_cuda(self, adapter: LoRAAdapter, device: Any) -> LoRAAdapter:
+        """The host-to-device copy on the loader's own stream, waited for on that stream alone: the
+        engine's kernels on the compute stream run on meanwhile (a sync of the device or of the
+        default stream would stall them)."""
+        import torch
+
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(self._copy_stream):
+            moved = adapter.to(device)
+        self._copy_stream.synchronize()
+        return moved
+
     def _run(self) -> None:
         device = self.lora.device
         while (item := self._work.get()) is not None:
@@ -102,7 +116,7 @@ class AdapterLoads:
             started = self._clock()
             try:
                 if device.type == "cuda":
-                    moved = _to_cuda(source, device)
+                    moved = self._to_cuda(source, device)
                 else:
                     moved = source.to(device) if device.type != "cpu" else _copied(source)
                 self._sleep(pacing_wait(started, self._clock(), source.nbytes, self.bandwidth))
@@ -120,21 +134,6 @@ def _copied(adapter: LoRAAdapter) -> LoRAAdapter:
     return LoRAAdapter(adapter.name, adapter.rank, {k: (a.clone(), b.clone()) for k, (a, b) in adapter.weights.items()})
 
 
-def _to_cuda(adapter: LoRAAdapter, device: Any) -> LoRAAdapter:
-    """The host-to-device copy on the loader's own stream, waited for on that stream alone: the
-    engine's kernels on the compute stream run on meanwhile (a sync of the device or of the
-    default stream would stall them)."""
-    import torch
-
-    stream = _COPY_STREAMS.get(device)
-    if stream is None:
-        stream = _COPY_STREAMS[device] = torch.cuda.Stream(device)
-    with torch.cuda.stream(stream):
-        moved = adapter.to(device)
-    stream.synchronize()
-    return moved
-
-
 def moved_on_cuda(adapter: LoRAAdapter) -> bool:
     return any(a.is_cuda for a, _ in adapter.weights.values())
 
@@ -148,6 +147,3 @@ def _used_on_current_stream(adapter: LoRAAdapter) -> None:
     for a, b in adapter.weights.values():
         a.record_stream(stream)
         b.record_stream(stream)
-
-
-_COPY_STREAMS: dict[Any, Any] = {}
