@@ -77,22 +77,24 @@ def usage_banner(cfg: ClusterConfig, url: str) -> str:
     adapters = [a.name for a in cfg.adapters if a.base == model or a.base in others]
     demo = [m.name for m in cfg.models if m.demo is not None and (m.name == model or m.name in others)]
     names = ", ".join([model, *others, *adapters])
+    # the commands start at column 0: pasted as printed, the heredoc's closing EOF must be alone on its line
+    # and Python refuses indented top-level code
     return (
         ("  (API keys are on: export TIDAL_API_KEY=<one of gateway.api_keys> first)\n" if keyed else "")
-        + f"  try it (models: {names}):\n"
-        f"    curl -sN {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
-        f"      -d '{body}'\n"
-        f"  or with the openai client (pip install openai):\n"
-        f"    python - <<'EOF'\n"
-        f"    from openai import OpenAI\n"
-        f"    import os\n"
-        f"    client = OpenAI(base_url=\"{url}/v1\", api_key=os.environ.get(\"TIDAL_API_KEY\", \"unused\"))\n"
-        f"    stream = client.chat.completions.create(model=\"{model}\", max_tokens=32, temperature=0, stream=True,\n"
-        f"        messages=[{{\"role\": \"user\", \"content\": \"{PROMPT}\"}}])\n"
-        f"    for chunk in stream:\n"
-        f"        print(chunk.choices[0].delta.content or \"\", end=\"\", flush=True)\n"
-        f"    print()\n"
-        f"    EOF"
+        + f"  try it (models: {names}):\n\n"
+        f"curl -sN {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
+        f"  -d '{body}'\n\n"
+        f"  or with the openai client (pip install openai):\n\n"
+        f"python - <<'EOF'\n"
+        f"from openai import OpenAI\n"
+        f"import os\n"
+        f"client = OpenAI(base_url=\"{url}/v1\", api_key=os.environ.get(\"TIDAL_API_KEY\", \"unused\"))\n"
+        f"stream = client.chat.completions.create(model=\"{model}\", max_tokens=32, temperature=0, stream=True,\n"
+        f"    messages=[{{\"role\": \"user\", \"content\": \"{PROMPT}\"}}])\n"
+        f"for chunk in stream:\n"
+        f"    print(chunk.choices[0].delta.content or \"\", end=\"\", flush=True)\n"
+        f"print()\n"
+        f"EOF\n"
         + (f"\n  ({', '.join(demo)}: random weights and a real tokenizer: fluent-looking gibberish, by design)"
            if demo else "")
     )

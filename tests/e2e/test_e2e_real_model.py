@@ -3,6 +3,9 @@ real cluster: a chat completion through the gateway answers a factual question c
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -12,6 +15,8 @@ import pytest
 
 from e2e.cluster import ClusterSpec, E2ECluster
 from gguf_assets import SMOLLM, smollm_checkpoint
+from shared.config import load_config
+from tidal.demo import usage_banner
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,3 +57,24 @@ def test_chat_answers_the_capital_of_france(smol_cluster: E2ECluster) -> None:
     assert choice["finish_reason"] == "stop" and reply["usage"]["completion_tokens"] < 32
     # the prompt is the GGUF's ChatML template with its default system turn
     assert reply["usage"]["prompt_tokens"] > 20
+
+
+def banner_snippets(text: str) -> tuple[str, str]:
+    """The curl command and the openai heredoc, line for line as the banner prints them (no re-indenting)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if "curl -sN" in line)
+    end = next(i for i in range(start, len(lines)) if not lines[i].rstrip().endswith("\\"))
+    first = next(i for i, line in enumerate(lines) if "<<'EOF'" in line)
+    last = next(i for i in range(first + 1, len(lines)) if lines[i].strip() == "EOF")
+    return "\n".join(lines[start:end + 1]) + "\n", "\n".join(lines[first:last + 1]) + "\n"
+
+
+def test_the_banners_snippets_run_as_printed(smol_cluster: E2ECluster) -> None:
+    """What `tidal up` prints once the gateway serves, pasted into a shell as it is."""
+    curl, heredoc = banner_snippets(usage_banner(load_config(smol_cluster.config), smol_cluster.base_url))
+    # `python` in the snippet is the user's: here the interpreter running the tests (it has openai)
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for snippet in (curl, heredoc):
+        done = subprocess.run(["bash", "-c", snippet], capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 0 and not done.stderr.strip(), f"{snippet}\n---\n{done.stdout}{done.stderr}"
+        assert "Paris" in done.stdout, f"{snippet}\n---\n{done.stdout}"
