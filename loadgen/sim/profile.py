@@ -20,6 +20,9 @@ from pathlib import Path
 import msgspec
 
 
+ENGINE_MODES = ("chunked", "vllm-0.6")
+
+
 class StepCost(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     overhead_s: float = 0.02
     decode_per_seq_s: float = 0.002
@@ -45,6 +48,11 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_model_len: int = 8192  # prompt + output
     max_resident_adapters: int = 16  # LoRA adapters held at once (LRU beyond that)
     adapter_load_s: float = 0.02  # loading a cold adapter delays the step that admits it
+    # How the engine builds a step (loadgen/sim/engine_modes.py): "chunked" is our engine's
+    # scheduler (decodes first, then prefill chunks within the token budget); "vllm-0.6" is what
+    # the papers' baselines ran (prefill-first, whole prompts, recompute preemption).
+    engine_mode: str = "chunked"
+    watermark: float = 0.0  # vLLM's admission watermark: free blocks kept back (0.01 in vllm-0.6)
 
 
 class LinkSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -117,6 +125,10 @@ def _validate(p: CostProfile, path: Path) -> None:
     if w.kv_blocks < 1 or w.block_size < 1 or w.max_batch < 1 or w.max_batched_tokens < w.max_batch:
         raise ValueError(f"profile {path}: need kv_blocks, block_size, max_batch >= 1 and "
                          f"max_batched_tokens >= max_batch")
+    if w.engine_mode not in ENGINE_MODES:
+        raise ValueError(f"profile {path}: worker.engine_mode {w.engine_mode!r} is not one of {', '.join(ENGINE_MODES)}")
+    if not 0 <= w.watermark < 1:
+        raise ValueError(f"profile {path}: worker.watermark must be in [0, 1), got {w.watermark}")
     for name, cost in [("step", p.step), *p.models.items()]:
         if min(msgspec.structs.astuple(cost)) < 0 or cost.step_s(1, 1) <= 0:
             raise ValueError(f"profile {path}: step cost {name!r} needs non-negative coefficients and a step > 0")

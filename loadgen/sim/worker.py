@@ -1,7 +1,8 @@
-"""One simulated worker: continuous batching with chunked prefill, a per-step token
-budget, a batch cap and a KV block budget, mirroring the engine's scheduler
-(services/gpu_worker/engine/scheduler.py): decodes first, then prefill chunks of admitted
-requests, then FCFS admission of waiting ones; when a step needs a KV block and none is
+"""One simulated worker: continuous batching, a per-step token budget, a batch cap and a KV
+block budget. Two engine modes (`WorkerSpec.engine_mode`): "chunked" mirrors our engine's
+scheduler (services/gpu_worker/engine/scheduler.py): decodes first, then prefill chunks of
+admitted requests, then FCFS admission of waiting ones; "vllm-0.6" is the engine the papers'
+baselines ran (loadgen/sim/engine_modes.py). In both, when a step needs a KV block and none is
 free, the latest-arrived running request is preempted and later recomputed.
 
 Speed: between two changes of the batch (an admission, a finish, a preemption) the batch
@@ -19,8 +20,10 @@ from bisect import insort
 from collections import OrderedDict, deque
 from heapq import heappop, heappush
 
+from loadgen.sim.engine_modes import plan_prefill_first
 from loadgen.sim.profile import StepCost, WorkerSpec
 from loadgen.sim.request import SimRequest
+from loadgen.sim.timeline import WorkerTimeline
 
 
 class SimWorker:
@@ -58,6 +61,10 @@ class SimWorker:
         self.run_blocks = 0
         self.run_chunks: list[tuple[SimRequest, int]] | None = None
         self.finished: list[SimRequest] = []  # drained by the simulator after each event
+        self.prefill_first = spec.engine_mode == "vllm-0.6"
+        self.run_prefill_only = False
+        self.blocked_on = "compute"  # why the head of `waiting` was not admitted at the last plan
+        self.timeline: WorkerTimeline | None = None  # set by a caller that wants occupancy over time
 
     # --- arrivals ----------------------------------------------------------------------
     def enqueue(self, req: SimRequest, now: float) -> float | None:
@@ -132,18 +139,38 @@ class SimWorker:
     # --- planning a step -----------------------------------------------------------------
     def plan(self, now: float) -> float | None:
         """At a step boundary: choose the next step (or run of decode steps); returns its end."""
-        spec, bs = self.spec, self.bs
+        if self.prefill_first:
+            end = plan_prefill_first(self, now)
+        else:
+            end = self._plan_chunked(now)
+        if self.timeline is not None:
+            self.timeline.observe(now, self)
+        return end
+
+    def _decode_need(self) -> int:
+        """Blocks the decoding requests need for the next step."""
+        return self.phase_count[-self.step % self.bs] if self.decoding else 0
+
+    def _preempt_for_decode(self, now: float) -> bool:
+        """Preempt the latest arrivals until the next decode step's blocks fit; True if any was."""
         preempted = False
-        need = self.phase_count[-self.step % bs] if self.decoding else 0
-        while need > self.total - self.used:
+        while self._decode_need() > self.total - self.used:
             self._preempt_latest(now)
             preempted = True
-            need = self.phase_count[-self.step % bs] if self.decoding else 0
+        return preempted
+
+    def _plan_chunked(self, now: float) -> float | None:
+        """Our engine's step (services/gpu_worker/engine/scheduler.py): decodes first, then
+        prefill chunks of admitted requests, then FCFS admission within the token budget."""
+        spec, bs = self.spec, self.bs
+        preempted = self._preempt_for_decode(now)
+        need = self._decode_need()
         free = self.total - self.used - need
         budget = spec.max_batched_tokens - self.decoding
         max_chunk = spec.max_prefill_chunk or budget
         chunks: list[tuple[SimRequest, int, int]] = []  # (request, tokens, blocks reserved)
         extra_s = 0.0
+        self.blocked_on = "memory" if preempted else "compute"
         for req in list(self.prefilling) if self.prefilling else ():
             if budget <= 0:
                 break
@@ -160,7 +187,7 @@ class SimWorker:
                         self.used -= nb_o
                         budget += n_o
                         break
-                need = self.phase_count[-self.step % bs] if self.decoding else 0
+                need = self._decode_need()
                 free = self.total - self.used - need
             if req not in self.prefilling:
                 continue
@@ -172,14 +199,12 @@ class SimWorker:
             while self.waiting and budget > 0 and self.decoding + len(self.prefilling) < spec.max_batch:
                 req = self.waiting[0]
                 if self._blocks(req.to_prefill + 1) > self.total:  # could never fit, even alone
-                    self.waiting.popleft()
-                    self.queued_tokens -= req.to_prefill
-                    self._fail(req, now, f"needs {self._blocks(req.to_prefill + 1)} KV blocks; "
-                                         f"the worker holds {self.total}")
+                    self._fail_waiting_head(now)
                     continue
                 n = min(req.to_prefill, budget, max_chunk)
                 nb = self._blocks(n)
                 if nb > free:
+                    self.blocked_on = "memory"
                     break  # FCFS: later arrivals do not overtake
                 self.waiting.popleft()
                 self.prefilling.append(req)
@@ -189,17 +214,37 @@ class SimWorker:
                 free -= nb
                 chunks.append((req, n, nb))
                 budget -= n
+        else:
+            self.blocked_on = "memory"
         if chunks:
-            ptok = attn = 0
-            for req, n, _ in chunks:
-                ptok += n
-                attn += n * (req.computed + n)
             self.used += need
             self.run_blocks = need
-            self.run_k = 1
-            self.run_chunks = [(req, n) for req, n, _ in chunks]
-            dt = self.cost.step_s(self.decoding, self.ctx_sum, ptok, attn) + extra_s + self.extra_step_s(chunks)
-        elif self.decoding:
+            return self._start_chunks(now, chunks, self.decoding, self.ctx_sum, extra_s)
+        return self._plan_decode_run(now, preempted)
+
+    def _fail_waiting_head(self, now: float) -> None:
+        req = self.waiting.popleft()
+        self.queued_tokens -= req.to_prefill
+        self._fail(req, now, f"needs {self._blocks(req.to_prefill + 1)} KV blocks; the worker holds {self.total}")
+
+    def _start_chunks(self, now: float, chunks: list[tuple[SimRequest, int, int]], decode_seqs: int, decode_ctx: int,
+                      extra_s: float) -> float:
+        """Start one step that prefills `chunks` and decodes `decode_seqs` sequences."""
+        ptok = attn = 0
+        for req, n, _ in chunks:
+            ptok += n
+            attn += n * (req.computed + n)
+        self.run_k = 1
+        self.run_chunks = [(req, n) for req, n, _ in chunks]
+        dt = self.cost.step_s(decode_seqs, decode_ctx, ptok, attn) + extra_s + self.extra_step_s(chunks)
+        self.busy = True
+        self.run_start = now
+        self.gen += 1
+        return now + dt
+
+    def _plan_decode_run(self, now: float, preempted: bool) -> float | None:
+        """A run of identical decode steps up to the next finish (or `max_run_s`); None if idle."""
+        if self.decoding:
             heap = self.heap
             while heap[0][2] != heap[0][3].epoch:
                 heappop(heap)
@@ -238,6 +283,9 @@ class SimWorker:
         """The planned step (or run) ended at `now`: advance counters, emit tokens, finish."""
         k, bs = self.run_k, self.bs
         self.steps_run += k
+        if self.run_prefill_only:  # vllm-0.6: a prefill step runs no decode token
+            self.run_prefill_only = False
+            k = 0
         self.ctx_sum += self.decoding * k
         self.step += k
         step = self.step

@@ -1,0 +1,52 @@
+"""What a simulated worker's engine looked like over time: KV occupancy, preemptions, and the
+waiting queue split by what it waits for.
+
+"Waiting for memory": the head of the queue was not admitted because its KV blocks did not fit
+(or the step had to preempt); "waiting for compute": the step's token budget or the batch cap
+was full. The whole queue is counted under its head's reason (FCFS: nobody overtakes the head).
+Samples are taken at step boundaries, at most one per `interval_s` of simulated time, plus every
+change of the preemption count, so a recompute storm is never smoothed away.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+
+if TYPE_CHECKING:
+    from loadgen.sim.worker import SimWorker
+
+
+class OccupancySample(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    t_s: float
+    kv_used: float  # fraction of the worker's KV blocks in use
+    running: int  # requests decoding or prefilling
+    waiting_memory: int
+    waiting_compute: int
+    preemptions: int  # cumulative
+
+
+class WorkerTimeline:
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.interval_s = interval_s
+        self.samples: list[OccupancySample] = []
+        self._next = 0.0
+        self._preemptions = 0
+        self.kv_peak = 0.0
+
+    def observe(self, now: float, w: SimWorker) -> None:
+        used = w.used / w.total if w.total else 0.0
+        if used > self.kv_peak:
+            self.kv_peak = used
+        if now < self._next and w.preemptions == self._preemptions:
+            return
+        self._next = now + self.interval_s
+        self._preemptions = w.preemptions
+        waiting = len(w.waiting)
+        memory = waiting if w.blocked_on == "memory" else 0
+        self.samples.append(OccupancySample(t_s=now, kv_used=used, running=w.decoding + len(w.prefilling),
+                                            waiting_memory=memory, waiting_compute=waiting - memory,
+                                            preemptions=w.preemptions))
+
+
+__all__ = ["OccupancySample", "WorkerTimeline"]
