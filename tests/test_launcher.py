@@ -14,7 +14,7 @@ import pytest
 
 from service_procs import ROOT, write_config
 from shared.config import load_config
-from tidal.run_state import RunState, read_state
+from shared.run_state import RunState, read_state
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -35,7 +35,7 @@ from tidal.health_probe import gather_health
 from tidal.launch_plan import ChildSpec, plan_children
 from tidal.process_control import create_time, pid_alive, recorded_alive, stop_recorded
 from tidal.restart_policy import RestartPolicy
-from tidal.run_state import ProcessInfo, RunState, read_state, remove_state, write_state
+from shared.run_state import ProcessInfo, RunState, read_state, remove_state, write_state
 
 STOP_GRACE_S = 5.0  # beyond a service's drain deadline, before SIGKILL
 

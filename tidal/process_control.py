@@ -14,7 +14,7 @@ from typing import Iterable
 
 import psutil
 
-from tidal.run_state import ProcessInfo
+from shared.run_state import ProcessInfo
 
 
 def create_time(pid: int) -> float:

@@ -1,6 +1,6 @@
 """`tidal repro caraserve --live`: the scheduler study (§7.5) small, on a local cluster, beside the simulator.
 
-Real processes (`tidal.bench.bench_cluster`): nats-server, registry, gateway, a dispatcher and
+Real processes (`loadgen.runner.bench_cluster`): nats-server, registry, gateway, a dispatcher and
 `workers` CPU gpu_workers, each serving one small generated model with every adapter resident
 (the Cached backend, as the paper's testbed run, Fig. 20: the study isolates routing). The
 same Poisson trace (`caraserve_live_trace.live_trace`) is sent through the gateway once per
@@ -43,7 +43,7 @@ from shared.lora_profile_file import load_lora_profile
 from shared.policy.lora_perf_model import LoraPerfProfile, encode_profile
 from shared.policy.lora_routing import RoutingOptions
 from shared.policy.routing import make_policy
-from tidal.bench.bench_cluster import BenchCluster
+from loadgen.runner.bench_cluster import BenchCluster
 
 STEP_TOKEN_BUDGET = 512
 MAX_CONTEXT = 512

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shared.nats_server import NatsServer
-from tidal.bench.bench_cluster import launch, terminate
+from loadgen.runner.bench_cluster import launch, terminate
 
 # the sections every live cluster's config starts with (the rest of each config is its own)
 LOCAL_CLUSTER_TOML = """\

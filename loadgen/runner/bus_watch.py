@@ -18,7 +18,7 @@ _KINDS = ("weights", "prewarm", "adapter", "kv", "workspace")
 
 def local_nats_url(data_dir: str | os.PathLike[str] = ".tidal") -> str | None:
     """The NATS url of a cluster `tidal up` runs from `data_dir`, if its state file says one runs."""
-    from tidal.run_state import read_state
+    from shared.run_state import read_state
 
     try:
         state = read_state(Path(data_dir))

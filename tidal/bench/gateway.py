@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tidal.bench.bench_cluster import BenchCluster
+from loadgen.runner.bench_cluster import BenchCluster
 from tidal.bench.sse_client import BenchHTTPError, SSEConnection
 
 T = TypeVar("T")

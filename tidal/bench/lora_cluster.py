@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tidal.bench.bench_cluster import BenchCluster, launch, terminate
+from loadgen.runner.bench_cluster import BenchCluster, launch, terminate
 
 MODES = ("cached", "ondemand", "slora", "cpu_assist")
 SERVICES = ("registry", "dispatcher", "gateway")

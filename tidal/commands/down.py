@@ -15,7 +15,7 @@ import time
 from tidal.commands.status import resolve_data_dir
 from tidal.launch_plan import DEFAULT_DRAIN_S
 from tidal.process_control import pid_alive, recorded_alive, stop_recorded
-from tidal.run_state import read_state, remove_state, state_path
+from shared.run_state import read_state, remove_state, state_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -26,7 +26,7 @@ from shared.events.worker import WorkerState, WorkerStats
 from shared.health import HealthReply
 from shared.subjects import SERVICES, worker_stats
 from shared.wire import TidalError
-from tidal.run_state import read_state
+from shared.run_state import read_state
 
 
 class ServiceRow(msgspec.Struct, kw_only=True):
