@@ -19,6 +19,8 @@ from pathlib import Path
 
 import msgspec
 
+from shared.policy.movement import MovementCosts, MovementSpec, movement_costs
+
 
 ENGINE_MODES = ("chunked", "vllm-0.6")
 
@@ -66,7 +68,8 @@ class LinkSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 def _default_links() -> list[LinkSpec]:
     return [LinkSpec(name="tcp", latency_s=1e-4, bandwidth_bytes_per_s=1.25e9),
-            LinkSpec(name="shm", latency_s=1e-5, bandwidth_bytes_per_s=8e9)]
+            LinkSpec(name="shm", latency_s=1e-5, bandwidth_bytes_per_s=8e9),
+            LinkSpec(name="disk", latency_s=1e-4, bandwidth_bytes_per_s=1e9)]
 
 
 class CostProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -77,6 +80,11 @@ class CostProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     worker: WorkerSpec = WorkerSpec()
     links: list[LinkSpec] = msgspec.field(default_factory=_default_links)
     models: dict[str, StepCost] = {}  # per-model step costs; others use `step`
+    movement: MovementSpec = MovementSpec()  # which link moves what (shared/policy/movement.py)
+
+    def movement_costs(self) -> MovementCosts:
+        """The one movement cost model (migrations, restores, loads) over this profile's links."""
+        return movement_costs(self.movement, {link.name: link for link in self.links})
 
     def step_cost(self, model: str) -> StepCost:
         return self.models.get(model, self.step)
@@ -129,6 +137,10 @@ def _validate(p: CostProfile, path: Path) -> None:
         raise ValueError(f"profile {path}: worker.engine_mode {w.engine_mode!r} is not one of {', '.join(ENGINE_MODES)}")
     if not 0 <= w.watermark < 1:
         raise ValueError(f"profile {path}: worker.watermark must be in [0, 1), got {w.watermark}")
+    try:
+        p.movement_costs()
+    except ValueError as exc:
+        raise ValueError(f"profile {path}: {exc}") from None
     for name, cost in [("step", p.step), *p.models.items()]:
         if min(msgspec.structs.astuple(cost)) < 0 or cost.step_s(1, 1) <= 0:
             raise ValueError(f"profile {path}: step cost {name!r} needs non-negative coefficients and a step > 0")

@@ -25,6 +25,7 @@ class InstanceSnapshot:
     kv_blocks_held: int = 0  # held now, used or free (the rest of kv_blocks_total is the pool's or others')
     tokens_emitted: int = 0  # cumulative
     steps: int = 0  # cumulative
+    preemptions: int = 0  # cumulative: the scheduler's recompute preemptions
     pool_capacity: int = 0
     pool_id: int | None = None  # which pool (instances of a worker share one); None: count it on its own
     pool_by_owner: dict[str, dict[str, int]] = field(default_factory=dict)  # kind -> owner -> bytes
@@ -50,7 +51,8 @@ def take_snapshot(engine: LLMEngine, *, tokens_emitted: int, steps: int) -> Inst
         ts=time.time(), running=len(sched.running), waiting=len(sched.waiting), queued_prompt_tokens=queued,
         kv_blocks_total=blocks.capacity_blocks, kv_blocks_used=blocks.num_used_blocks,
         kv_blocks_held=blocks.num_blocks, pool_id=id(engine.pool.root),
-        tokens_emitted=tokens_emitted, steps=steps, pool_capacity=engine.pool.capacity_bytes,
+        tokens_emitted=tokens_emitted, steps=steps, preemptions=sched.num_preemptions,
+        pool_capacity=engine.pool.capacity_bytes,
         pool_by_owner=engine.pool.by_owner(), resident_adapters=tuple(engine.runner.lora.resident),
         requests=_request_rows(engine), **_lora_fields(engine),
     )

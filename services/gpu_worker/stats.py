@@ -115,6 +115,7 @@ class StatsBuilder:
                 running=snap.running, waiting=snap.waiting + inst.pending, queued_prompt_tokens=snap.queued_prompt_tokens,
                 kv_blocks_total=snap.kv_blocks_total, kv_blocks_used=snap.kv_blocks_used, kv_block_bytes=inst.block_bytes,
                 kv_growth_blocks_per_s=max(-1e9, min(1e9, growth)), tokens_per_s=tokens_per_s,
+                preemptions=snap.preemptions,
                 adapters=sorted(inst.adapters),  # registered: what the dispatcher may route here
                 accepting=getattr(inst, "accepting", True),  # False: being evicted (EvictModel), routed nowhere
                 requests=request_loads(snap, inst.block_bytes), **instance_bytes(snap, inst.block_bytes),
