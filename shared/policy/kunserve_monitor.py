@@ -2,7 +2,8 @@
 
 Drop: an instance whose KV demand `horizon_s` ahead (1 s: "when the future KVCache usage is
 about to exceed the available HBM in one second") passes `drop_watermark` of its projected
-capacity. The tight horizon is the paper's: dropping is instant, so dropping early gains
+capacity while its KV is at least `min_usage` (95%, as KunServe's code checks) full: queued prompts
+count in the demand, but a compute backlog with KV to spare does not trigger a drop. The tight horizon is the paper's: dropping is instant, so dropping early gains
 little and costs pipeline overhead on a false alarm.
 
 Restore, with hysteresis (the paper says "the burst has passed"; the thresholds are ours):
@@ -46,6 +47,9 @@ class Action(StrEnum):
 class MonitorConfig:
     horizon_s: float = DEFAULT_HORIZON_S
     drop_watermark: float = 1.0  # projected demand / projected capacity that triggers a drop
+    # ... and only while the instance's KV is at least this full: KunServe's code drops at >= 95% KV
+    # usage, so a compute backlog (queued prompts with KV to spare) never triggers a drop
+    min_usage: float = 0.95
     restore_watermark: float = 0.7  # summed demand / restored capacity under which a restore may start
     restore_hold_s: float = 5.0  # ... for this long without a break
     min_dropped_s: float = 2.0  # no restore sooner than this after a drop (no flapping)
@@ -56,6 +60,8 @@ class MonitorConfig:
             raise ValueError(f"horizon_s must be >= 0, got {self.horizon_s}")
         if not 0 < self.drop_watermark <= 1.5:
             raise ValueError(f"drop_watermark must be in (0, 1.5], got {self.drop_watermark}")
+        if not 0 <= self.min_usage <= 1:
+            raise ValueError(f"min_usage must be in [0, 1], got {self.min_usage}")
         if not 0 < self.restore_watermark < self.drop_watermark:
             raise ValueError(f"restore_watermark must be in (0, drop_watermark={self.drop_watermark}), "
                              f"got {self.restore_watermark}: without the gap the monitor would flap")
@@ -83,7 +89,8 @@ class Pressure:
     @classmethod
     def of(cls, loads: Sequence[InstanceLoad], config: MonitorConfig) -> Pressure:
         h = config.horizon_s
-        throttled = [l for l in loads if l.projected_demand(h) > config.drop_watermark * l.projected_capacity(h)]
+        throttled = [l for l in loads if l.projected_demand(h) > config.drop_watermark * l.projected_capacity(h)
+                     and l.kv_used_bytes >= config.min_usage * l.kv_capacity_bytes]
         return cls(
             demand=sum(l.projected_demand(h) for l in loads),
             capacity=sum(l.projected_capacity(h) for l in loads),

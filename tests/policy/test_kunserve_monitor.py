@@ -30,23 +30,34 @@ def dropped_state(at: float = 0.0) -> MonitorState:
 
 def test_drop_when_demand_one_second_ahead_passes_capacity() -> None:
     s = MonitorState()
-    assert step(s, [load("a", used=40), load("b", used=45)], 0.0, CONFIG) == (s, Action.NONE)
-    # under capacity now, over it in one second: KV grows 6 GB/s from 45 GB of 50
-    state, action = step(s, [load("a", used=40), load("b", used=45, growth=6)], 0.0, CONFIG)
+    assert step(s, [load("a", used=40), load("b", used=48)], 0.0, CONFIG) == (s, Action.NONE)
+    # under capacity now, over it in one second: KV grows 3 GB/s from 48 GB of 50 (96% used)
+    state, action = step(s, [load("a", used=40), load("b", used=48, growth=3)], 0.0, CONFIG)
     assert action == Action.DROP and state.phase == Phase.DROPPED and state.since == 0.0
     # the same growth reaching capacity in 2 s is not a trigger yet (§4.3's tight 1 s threshold)
-    assert step(s, [load("b", used=40, growth=6)], 0.0, CONFIG)[1] == Action.NONE
-    # queued prompts count: 45 GB running + 6 GB of prompts waiting
-    assert step(s, [load("b", used=45, queued=6)], 0.0, CONFIG)[1] == Action.DROP
+    assert step(s, [load("b", used=48, growth=1)], 0.0, CONFIG)[1] == Action.NONE
+    # queued prompts count: 48 GB running + 3 GB of prompts waiting
+    assert step(s, [load("b", used=48, queued=3)], 0.0, CONFIG)[1] == Action.DROP
     # shrinking KV does not offset the queue; a longer horizon sees further
-    assert step(s, [load("b", used=45, growth=-20, queued=6)], 0.0, CONFIG)[1] == Action.DROP
+    assert step(s, [load("b", used=48, growth=-20, queued=3)], 0.0, CONFIG)[1] == Action.DROP
     far = MonitorConfig(horizon_s=3.0)
-    assert step(s, [load("b", used=40, growth=4)], 0.0, far)[1] == Action.DROP
+    assert step(s, [load("b", used=48, growth=1)], 0.0, far)[1] == Action.DROP
+
+
+def test_a_compute_backlog_with_kv_to_spare_does_not_drop() -> None:
+    # KunServe's code drops only at >= 95% KV usage: 45 of 50 GB (90%) with 20 GB of prompts queued
+    # is a prefill backlog, not memory throttling
+    s = MonitorState()
+    assert step(s, [load("b", used=45, queued=20)], 0.0, CONFIG)[1] == Action.NONE
+    assert step(s, [load("b", used=47.5, queued=20)], 0.0, CONFIG)[1] == Action.DROP
+    assert step(s, [load("b", used=45, queued=20)], 0.0, MonitorConfig(min_usage=0.0))[1] == Action.DROP
+    with pytest.raises(ValueError, match="min_usage"):
+        MonitorConfig(min_usage=1.5)
 
 
 def test_available_memory_shrinking_counts_too() -> None:
     shrinking = InstanceLoad(instance_id="a", worker_id="w", model="m", num_layers=4, layer_bytes=1,
-                             kv_capacity_bytes=50 * GB, kv_used_bytes=45 * GB, capacity_change_bytes_per_s=-6 * GB)
+                             kv_capacity_bytes=50 * GB, kv_used_bytes=48 * GB, capacity_change_bytes_per_s=-6 * GB)
     assert step(MonitorState(), [shrinking], 0.0, CONFIG)[1] == Action.DROP
 
 
