@@ -8,10 +8,12 @@ The same class serves the model's own layers and remote attention: an object hol
 only some layers' KV (its own cache and block tables) is prepared with its own view of
 the step and called with the q/k/v another worker computed.
 
-Decode (one query per sequence) on fp32 CPU uses gpu_ext's kernel that reads the blocks
-in place; otherwise the blocks are gathered into reused buffers and SDPA runs with query
-heads sharing a kv head folded into the query-length axis (GQA without repeating KV).
-Prefill chunks use SDPA's enable_gqa.
+Decode (one query per sequence) reads the blocks in place where a kernel applies: on
+CUDA gpu_ext's Triton kernel (GQA-aware, split-K for long contexts; imported only there), on
+fp32 CPU gpu_ext's C++ kernel. Otherwise the blocks are gathered into reused buffers and
+SDPA runs with query heads sharing a kv head folded into the query-length axis (GQA without
+repeating KV). Prefill chunks use SDPA's enable_gqa (flash attention on CUDA in 16 bits when
+the whole prompt is in the chunk).
 """
 from __future__ import annotations
 
@@ -39,10 +41,13 @@ class PagedAttention:
         self.layout: StepLayout | None = None
         self._kbuf: torch.Tensor | None = None
         self._vbuf: torch.Tensor | None = None
-        applies = cache.blocks.device.type == "cpu" and cache.blocks.dtype == torch.float32
+        device = cache.blocks.device
+        applies = device.type == "cpu" and cache.blocks.dtype == torch.float32
         self._kernel = paged_decode_kernel() if applies and use_kernel is not False else None
+        if device.type == "cuda" and use_kernel is not False:
+            self._kernel = _triton_decode(device, cache.cfg.num_kv_heads)
         if use_kernel and self._kernel is None:
-            raise RuntimeError("the CPU paged attention kernel is not available here (fp32 CPU only)")
+            raise RuntimeError("no paged attention kernel applies here (fp32 CPU or CUDA)")
 
     def prepare(self, chunks: Sequence[ScheduledChunk]) -> StepLayout:
         """Build this step's layout from the chunks (their block tables for our layers)."""
@@ -118,3 +123,17 @@ class PagedAttention:
             enable_gqa=True,
         )
         return out.squeeze(0).transpose(0, 1)
+
+
+def _triton_decode(device: torch.device, kv_heads: int):
+    """gpu_ext's Triton decode kernel with split-K chosen per call from the batch and the
+    table width (an upper bound of the context: no device read)."""
+    from gpu_ext.triton_attention import choose_splits, paged_decode
+
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+
+    def decode(q, keys, values, tables, ctx_lens, scale, window):
+        splits = choose_splits(q.shape[0], kv_heads, tables.shape[-1] * keys.shape[1], sms)
+        return paged_decode(q, keys, values, tables, ctx_lens, scale, window, num_splits=splits)
+
+    return decode

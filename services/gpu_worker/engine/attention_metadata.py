@@ -151,11 +151,11 @@ def build_step_layout(
                                             tables_flat, block_size, sliding_window, device))
         for p in prefills:
             lo = int(offsets[p.index])
-            prefill_tables.append(tables_flat[:, lo : lo + nbs[p.index]].to(device))
-        slots = slots.to(device)
+            prefill_tables.append(tables_flat[:, lo : lo + nbs[p.index]].to(device, non_blocking=True))
+        slots = slots.to(device, non_blocking=True)
     return StepLayout(
         num_tokens=total,
-        positions=positions.to(device),
+        positions=positions.to(device, non_blocking=True),
         layer_rows={layer: i for i, layer in enumerate(layers)},
         slots=slots,
         decode_groups=groups,
@@ -183,8 +183,9 @@ def _decode_group(
         mask &= key_pos[None, :] > ctx - 1 - sliding_window
     contiguous = all(b == idx[0] + n for n, b in enumerate(idx))  # chunk order = token order here
     return DecodeGroup(
-        rows=slice(int(row_start[idx[0]]), int(row_start[idx[-1]]) + 1) if contiguous else row_start[d_idx].to(device),
-        tables=tables_flat[:, gather].to(device),
-        key_mask=mask[:, None, None, :].to(device),
-        ctx_lens=ctx[:, 0].to(device),
+        rows=slice(int(row_start[idx[0]]), int(row_start[idx[-1]]) + 1) if contiguous else
+        row_start[d_idx].to(device, non_blocking=True),
+        tables=tables_flat[:, gather].to(device, non_blocking=True),
+        key_mask=mask[:, None, None, :].to(device, non_blocking=True),
+        ctx_lens=ctx[:, 0].to(device, non_blocking=True),
     )

@@ -34,6 +34,7 @@ from .kv_cache import PagedKVCache, kv_block_bytes
 from .loader import CheckpointReader
 from .cpu_lora_batch import step_hook
 from .cpu_lora_helpers import CpuLoRAHelpers
+from .cuda_graphs import DecodeGraphs
 from .lora import LoRAManager
 from .model_config import ModelConfig, load_model_config
 from .models.llama import LayerAttention, LayerWeights, LlamaModel
@@ -81,7 +82,9 @@ class ModelRunner:
         num_threads: int | None = None,
         preloaded: PreloadedWeights | None = None,
         background_load: bool = False,
+        cuda_graphs: bool | None = None,
     ) -> None:
+        """`cuda_graphs`: replay decode steps from CUDA graphs (engine/cuda_graphs.py; default: on CUDA)."""
         if num_threads:
             torch.set_num_threads(num_threads)
         self.cfg: ModelConfig = load_model_config(model_dir, dtype)
@@ -117,6 +120,10 @@ class ModelRunner:
         self._attention_override: dict[int, LayerAttention] = {}
         self.lora = LoRAManager(cfg, self.layers, pool, self.device, lora_mode, max_loras)
         self.cpu_lora: CpuLoRAHelpers | None = None  # set by the engine when it runs CPU LoRA helpers
+        self.use_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        if self.use_graphs and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, not {self.device}")
+        self.graphs: DecodeGraphs | None = None  # built at the first step that can replay
 
     # --- loading and residency ------------------------------------------------------
     def _charge(self, owner: str, nbytes: int) -> None:
@@ -182,6 +189,7 @@ class ModelRunner:
         held layers); other layers' attention must be routed elsewhere (`set_attention`)."""
         self.kv_layers = _as_layers(layers)
         self.attention.layers = list(self.kv_layers)
+        self.graphs = None
 
     def drop_layers(self, start: int, end: int) -> int:
         """Free the weights of layers [start, end); returns the bytes released to the pool.
@@ -195,6 +203,7 @@ class ModelRunner:
             if self.keep_host_copy:
                 self._host_layers[i] = weights.to("cpu")
             released += self._release(f"layer{i}")
+        self.graphs = None  # captured with the weights' addresses
         return released
 
     def restore_layers(self, start: int, end: int) -> None:
@@ -205,6 +214,7 @@ class ModelRunner:
                 raise ValueError(f"layer {i} is outside this runner's range {self.layers}")
             if i not in self.model.layers:
                 self._load_layer(i)
+                self.graphs = None
 
     # --- attention routing ----------------------------------------------------------
     def set_attention(self, layer: int, attention: LayerAttention | None) -> None:
@@ -226,6 +236,8 @@ class ModelRunner:
         chunks = out.chunks
         if not chunks:
             return StepOutput(None, None, [])
+        if layers is None and self.use_graphs and self._replayable(chunks):
+            return self._replay(chunks)
         layout = self.attention.prepare(chunks)
         q_lens = [len(c.token_ids) for c in chunks]
         stage = self.stage if layers is None else layers
@@ -254,6 +266,22 @@ class ModelRunner:
             return StepOutput(None, None, [])
         last = hidden if len(rows) == hidden.shape[0] else hidden[torch.tensor(rows, device=self.device)]
         return StepOutput(self.model.compute_logits(last).float(), None, seq_ids)
+
+    def _replayable(self, chunks: list) -> bool:
+        """A plain decode of the whole model with every layer's KV here (cuda_graphs.py)."""
+        n = self.cfg.num_layers
+        if self._attention_override or self.loading is not None or len(self.model.layers) != n:
+            return False
+        if self.model.embed is None or self.model.lm_head is None or list(self.kv_layers) != list(range(n)):
+            return False
+        if self.graphs is None:
+            self.graphs = DecodeGraphs(self.model, self.kv_cache, self.kv_layers, self.cfg.sliding_window,
+                                       self.cfg.max_position)
+        return self.graphs.fits(chunks)
+
+    def _replay(self, chunks: list) -> StepOutput:
+        assert self.graphs is not None
+        return StepOutput(self.graphs.run(chunks), None, [c.seq_id for c in chunks])
 
     # --- KV export / import (the data plane moves the tensors) -------------------------
     def export_kv(self, block_tables: dict[int, list[int]], num_tokens: int) -> dict[int, torch.Tensor]:
