@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import secrets
 import socket
 import os
 import time
@@ -46,6 +47,11 @@ def service_id(instance: str) -> str:
     return cleaned[:64]
 
 
+def incarnation(service: str) -> str:
+    """One process's incarnation: its service id (a restarted process keeps it) and a random part."""
+    return f"{service[:51]}-{secrets.token_hex(6)}"
+
+
 class Catalog(Protocol):
     """What the announcer needs from the catalog (RegistryClient; the registry uses its store)."""
 
@@ -64,6 +70,7 @@ class Announcer(Actor):
         self.heartbeat_interval = heartbeat_interval
         self.worker = worker
         self.service_id = service_id(service.settings.instance)
+        self.incarnation = incarnation(self.service_id)  # this process: a restart is another incarnation
         self.host = socket.gethostname()
         self.started_ts = time.time()
         self.deregister_timeout_s = deregister_timeout_s
@@ -109,7 +116,7 @@ class Announcer(Actor):
         assert self.worker is not None
         return WorkerRecord(
             worker_id=self.worker.id, device=self.worker.device, host=self.host,
-            memory_capacity_bytes=int(self.worker.memory), state=self._worker_state(), incarnation=self.service_id,
+            memory_capacity_bytes=int(self.worker.memory), state=self._worker_state(), incarnation=self.incarnation,
             ucx_address=self.ucx_address, started_ts=self.started_ts, last_heartbeat_ts=time.time(),
             lifecycle=current.lifecycle if current is not None else None,  # the planner's to write (WarmServe)
         )
@@ -134,7 +141,8 @@ class Announcer(Actor):
         now = time.time()
         if self.worker is not None:
             await self.bus.publish(worker_heartbeat(), WorkerHeartbeat(
-                worker_id=self.worker.id, incarnation=self.service_id, seq=self._seq, ts=now, state=self._worker_state(),
+                worker_id=self.worker.id, incarnation=self.incarnation, service_id=self.service_id, seq=self._seq, ts=now,
+                state=self._worker_state(),
             ))
         else:
             await self.bus.publish(service_heartbeat(), ServiceHeartbeat(

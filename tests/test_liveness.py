@@ -173,7 +173,7 @@ async def test_killed_gpu_worker_process_is_marked_dead_and_its_service_record_t
         await changes.first("w0", "ready", timeout=10)
         entry = await registry.get(Bucket.WORKERS, "w0")
         assert (entry.record.device, entry.record.memory_capacity_bytes) == ("cpu", 64 << 20)
-        assert entry.record.incarnation == "gpu_worker-w0-t1"
+        assert entry.record.incarnation.startswith("gpu_worker-w0-t1-")  # the service id and this process
         proc_entry = await registry.get(Bucket.SERVICES, "gpu_worker-w0-t1")
         assert proc_entry.record.service == "gpu_worker" and proc_entry.record.pid == worker.pid
         worker.stop(signal.SIGKILL)  # a crash: no drain, no goodbye

@@ -48,7 +48,7 @@ def main() -> None:
                        max_waiting=4 * cfg.policies.max_batch_size)
     pool = MemoryPool(int(spec.memory), spec.device)  # the device's one pool: every instance, warm weights too
     worker.model_ctl = ModelControl(worker, cfg, spec, pool, threads)  # LoadModel / EvictModel / Prewarm
-    worker.group_ctl.dead_after = float(cfg.registry.dead_after)  # a buddy-group member silent this long is lost
+    worker.group_ctl.set_dead_after(float(cfg.registry.dead_after))  # a buddy-group member silent this long is lost
     worker.announcer = boot.announce(worker=spec)  # it publishes the worker's data-plane address
     boot.service.add_actor(worker)
 

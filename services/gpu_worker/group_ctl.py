@@ -17,9 +17,16 @@
   leaving would lose KV: micro-batches in flight, an exchange, other owners' KV here, or its
   own requests not yet migrated back. The record is marked `dissolved` once the last member
   has left.
-* A member whose worker falls silent (no heartbeat for `dead_after`) collapses the group here: the engine restores every layer and runs alone, its requests
-  recomputed token-exact (`GroupMember.collapse`); the dead worker's own requests are the
-  dispatcher's to re-dispatch.
+* Before joining, every other member is checked in the registry (a live worker holding that
+  instance of the model: `group/member_check.py`); one that is not there is refused `not_found`
+  and nothing joins.
+* A member collapses the group here (the engine restores every layer and runs alone, its requests
+  recomputed token-exact: `GroupMember.collapse`; the record is marked `dissolved`) as soon as a
+  peer is lost (`group/peer_watch.py`): its worker restarted (a new `incarnation` in its heartbeat),
+  fell silent for `dead_after`, never joined within `JOIN_TIMEOUT_S`, or left while this member still
+  routes through it. The dead worker's own requests are the dispatcher's to re-dispatch. A
+  LeaveGroup answers `CtlDone` for a member that collapsed out of the group, and collapses at once
+  a member whose blocker can never clear (a lost peer).
 
 Every command runs on the instance's engine thread between two steps. Idempotent per key.
 """
@@ -28,22 +35,27 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from services.gpu_worker.group.dataplane_transport import GroupRouter
 from services.gpu_worker.group.member import GroupMember, Stage
+from services.gpu_worker.group.member_check import check_members
+from services.gpu_worker.group.peer_watch import PeerLost, PeerWatch
 from shared.events.ctl import (
     CtlDone, CtlRefused, CtlRefusedCode, CtlReply, DropLayers, JoinGroup, LeaveGroup, RestoreLayers,
 )
-from shared.events.worker import WorkerHeartbeat
+from shared.events.worker import WorkerHeartbeat, WorkerStats
 from shared.events.registry import Bucket, GroupRecord
 from shared.logging import get_logger
 from shared.registry_client import RegistryClient
-from shared.subjects import worker_heartbeat
+from shared.subjects import worker_heartbeat, worker_stats
 from shared.wire import TidalError
 
 if TYPE_CHECKING:
-    from services.gpu_worker.worker import GpuWorker
+    from services.gpu_worker.dataplane import WorkerDataPlane
+    from services.gpu_worker.instance import ModelInstance
+    from shared.bus import Bus
 
 log = get_logger("tidal.gpu_worker.group_ctl")
 GroupCommand = JoinGroup | DropLayers | LeaveGroup | RestoreLayers
@@ -52,28 +64,48 @@ MEMORY = 10_000
 RESTORE_TIMEOUT_S = 120.0  # a restore waiting this long for KV to free is refused (insufficient_memory)
 RESTORE_POLL_S = 0.05
 WATCH_S = 0.2  # how often the members' liveness is checked
+# A peer not shown in the group by its worker's stats this long after the join never joined (the
+# planner sends JoinGroup member by member, each between two engine steps).
+JOIN_TIMEOUT_S = 10.0
 
 
 class GroupControl:
-    def __init__(self, worker: "GpuWorker") -> None:
-        self.worker = worker
+    """`instances`: the worker's (live dict); `bus`: its bus once started; `spawn_task` runs a
+    coroutine beside the mailbox; `crashed(instance, exc)` stops the worker; `publish_stats`
+    sends stats now (peers learn of a join or a leave from them)."""
+
+    def __init__(self, worker_id: str, instances: "dict[str, ModelInstance]", dataplane: "WorkerDataPlane", *,
+                 bus: "Callable[[], Bus]", spawn_task: Callable[[Coroutine[Any, Any, Any]], None],
+                 crashed: Callable[[str, BaseException], None],
+                 publish_stats: "Callable[[], Coroutine[Any, Any, None]]", dead_after: float = 3.0) -> None:
+        self.worker_id, self.instances, self.dataplane = worker_id, instances, dataplane
+        self._bus, self._spawn, self._crashed, self._publish_stats = bus, spawn_task, crashed, publish_stats
         self._router: GroupRouter | None = None
         self._done: OrderedDict[str, CtlReply] = OrderedDict()
-        self.dead_after = 3.0  # the registry's `dead_after` (set from the config by __main__)
-        self._heard: dict[str, tuple[float, str]] = {}  # worker -> (last heartbeat, monotonic; incarnation)
-        self._peers: dict[str, dict[str, str]] = {}  # my member instance -> {peer instance: peer worker}
+        self.watch = PeerWatch(dead_after=dead_after, join_timeout=JOIN_TIMEOUT_S)
+        self._collapsed: dict[str, tuple[str, str]] = {}  # member instance -> (group it collapsed out of, why)
         self._watching = False
+
+    def set_dead_after(self, dead_after: float) -> None:
+        """The registry's `dead_after` (from the config): a peer silent this long is lost."""
+        self.watch.dead_after = dead_after
+
+    @property
+    def bus(self) -> "Bus":
+        return self._bus()
 
     @property
     def router(self) -> GroupRouter:
         if self._router is None:  # the worker's data plane exists once the worker has started
-            self._router = GroupRouter(self.worker.dataplane, lambda i: i in self.worker.instances)
+            self._router = GroupRouter(self.dataplane, lambda i: i in self.instances)
         return self._router
 
-    def start(self) -> None:
-        """Accept group frames on the data plane (if it is up)."""
-        if self.worker.dataplane.plane is not None:
+    async def start(self) -> None:
+        """Accept group frames on the data plane (if it is up); hear the workers' heartbeats from
+        now on, so a peer's incarnation is known before it joins a group with us."""
+        if self.dataplane.plane is not None:
             self.router.install()
+        await self.bus.subscribe(worker_heartbeat(), WorkerHeartbeat, self._on_heartbeat)
 
     async def handle(self, msg: GroupCommand) -> CtlReply:
         seen = self._done.get(msg.idempotency_key)
@@ -95,24 +127,28 @@ class GroupControl:
 
     def _refused(self, msg: GroupCommand, code: CtlRefusedCode, message: str) -> CtlRefused:
         return CtlRefused(idempotency_key=msg.idempotency_key, command=type(msg).__name__,
-                          worker_id=self.worker.worker_id, code=code, message=message[:2000])
+                          worker_id=self.worker_id, code=code, message=message[:2000])
 
     def _done_reply(self, msg: GroupCommand, detail: str) -> CtlDone:
         return CtlDone(idempotency_key=msg.idempotency_key, command=type(msg).__name__,
-                       worker_id=self.worker.worker_id, detail=detail[:2000])
+                       worker_id=self.worker_id, detail=detail[:2000])
 
     async def _join(self, msg: JoinGroup) -> CtlReply:
-        inst = self.worker.instances.get(msg.instance_id)
+        inst = self.instances.get(msg.instance_id)
         if inst is None:
-            return self._refused(msg, "not_found", f"no instance {msg.instance_id} on {self.worker.worker_id}")
+            return self._refused(msg, "not_found", f"no instance {msg.instance_id} on {self.worker_id}")
         if inst.group is not None:
             return self._refused(msg, "busy", f"{msg.instance_id} is already in group {inst.group.group_id}")
-        if self.worker.dataplane.plane is None:
-            return self._refused(msg, "unsupported", f"no data plane: {self.worker.dataplane.unavailable}")
+        if self.dataplane.plane is None:
+            return self._refused(msg, "unsupported", f"no data plane: {self.dataplane.unavailable}")
         stages = sorted((Stage(m.instance_id, range(m.layers.start, m.layers.end)) for m in msg.members),
                         key=lambda s: s.layers.start)
         if msg.instance_id not in {m.instance_id for m in msg.members}:
             return self._refused(msg, "invalid", f"{msg.instance_id} is not among the members of {msg.group_id}")
+        checked = await check_members(RegistryClient(self.bus, timeout=2.0), msg.members, me=self.worker_id,
+                                      model=inst.model, local=self._model_here)
+        if checked.problem is not None:  # nothing joined: no record is written, no frame sent
+            return self._refused(msg, "busy" if checked.unreachable else "not_found", checked.problem)
         self.router.install()
         transport = self.router.transport(inst, {m.instance_id: m.worker_id for m in msg.members})
         member = GroupMember(inst.engine, msg.instance_id, transport)
@@ -127,9 +163,12 @@ class GroupControl:
             self.router.forget(msg.instance_id)
             return self._refused(msg, "invalid", str(exc))
         self.router.activate(msg.instance_id)
-        self._peers[msg.instance_id] = {m.instance_id: m.worker_id for m in msg.members
-                                        if m.worker_id != self.worker.worker_id}
+        self._collapsed.pop(msg.instance_id, None)
+        self.watch.watch(msg.instance_id, msg.group_id, {m.instance_id: m.worker_id for m in msg.members
+                                                          if m.worker_id != self.worker_id},
+                         time.monotonic(), checked.incarnations)
         await self._watch()
+        await self._publish_stats()  # the other members see this one joined
         await self._record(msg.group_id, lambda r: r or GroupRecord(
             group_id=msg.group_id, model=inst.model, members=msg.members, state="active", plan_id=msg.plan_id,
             created_ts=time.time()))
@@ -139,7 +178,7 @@ class GroupControl:
                                      f"{len(member.victims)} running requests exchange their KV")
 
     async def _drop(self, msg: DropLayers) -> CtlReply:
-        inst = self.worker.instances.get(msg.instance_id)
+        inst = self.instances.get(msg.instance_id)
         if inst is None or inst.group is None or inst.group.group_id != msg.group_id:
             return self._refused(msg, "not_found", f"{msg.instance_id} is not a member of {msg.group_id} here")
         member = inst.group
@@ -154,9 +193,9 @@ class GroupControl:
         return self._done_reply(msg, f"released {freed} bytes of weights to the KV pool")
 
     async def _restore(self, msg: RestoreLayers) -> CtlReply:
-        inst = self.worker.instances.get(msg.instance_id)
+        inst = self.instances.get(msg.instance_id)
         if inst is None:
-            return self._refused(msg, "not_found", f"no instance {msg.instance_id} on {self.worker.worker_id}")
+            return self._refused(msg, "not_found", f"no instance {msg.instance_id} on {self.worker_id}")
         member = inst.group
         if member is not None and member.group_id is not None:
             group_id = member.group_id
@@ -186,7 +225,13 @@ class GroupControl:
         return self._done_reply(msg, f"layers [{start}, {end}) are resident again")
 
     async def _leave(self, msg: LeaveGroup) -> CtlReply:
-        inst = self.worker.instances.get(msg.instance_id)
+        inst = self.instances.get(msg.instance_id)
+        if inst is not None and inst.group is not None and inst.group.group_id == msg.group_id:
+            await self._check_peers()  # a lost peer: the member collapses now instead of refusing `busy`
+        collapsed = self._collapsed.get(msg.instance_id)
+        if inst is not None and inst.group is None and collapsed is not None and collapsed[0] == msg.group_id:
+            return self._done_reply(msg, f"left {msg.group_id}: {collapsed[1]}; it runs alone again "
+                                         "(every layer resident, its requests recomputed)")
         if inst is None or inst.group is None or inst.group.group_id != msg.group_id:
             return self._refused(msg, "not_found", f"{msg.instance_id} is not a member of {msg.group_id} here")
         member = inst.group
@@ -207,7 +252,8 @@ class GroupControl:
         except (RuntimeError, MemoryError) as exc:
             return self._refused(msg, "busy" if isinstance(exc, RuntimeError) else "insufficient_memory", str(exc))
         self.router.forget(msg.instance_id)
-        self._peers.pop(msg.instance_id, None)
+        self.watch.forget(msg.instance_id)
+        await self._publish_stats()  # the other members see this one left
         left = msg.instance_id
 
         def dissolve(r: GroupRecord | None) -> GroupRecord | None:
@@ -222,37 +268,50 @@ class GroupControl:
         return self._done_reply(msg, f"left {msg.group_id}; every layer is resident again")
 
     # --- a member's death -------------------------------------------------------------------
+    def _model_here(self, instance_id: str) -> str | None:
+        inst = self.instances.get(instance_id)
+        return inst.model if inst is not None else None
+
     async def _watch(self) -> None:
         if self._watching:
             return
         self._watching = True
-        await self.worker.bus.subscribe(worker_heartbeat(), WorkerHeartbeat, self._on_heartbeat)
-        self.worker.spawn_task(self._watchdog())
+        await self.bus.subscribe(worker_stats(), WorkerStats, self._on_stats)
+        self._spawn(self._watchdog())
 
     async def _on_heartbeat(self, msg: WorkerHeartbeat, _ctx: object) -> None:
-        self._heard[msg.worker_id] = (time.monotonic(), msg.incarnation)
+        for lost in self.watch.heartbeat(msg.worker_id, msg.incarnation, time.monotonic()):
+            await self._lost(lost)  # a restarted worker holds no group: no need to wait for silence
+
+    async def _on_stats(self, msg: WorkerStats, _ctx: object) -> None:
+        if msg.worker_id != self.worker_id:
+            self.watch.stats(msg.worker_id, {i.instance_id: i.group_id for i in msg.instances})
 
     async def _watchdog(self) -> None:
         while True:
             await asyncio.sleep(WATCH_S)
-            now = time.monotonic()
-            for instance_id, peers in list(self._peers.items()):
-                for peer, worker in peers.items():
-                    heard = self._heard.get(worker)
-                    if heard is None:
-                        continue  # not heard yet (just joined): its first heartbeat is on its way
-                    if now - heard[0] > self.dead_after:
-                        await self._collapse(instance_id, peer, worker)
-                        break
+            await self._check_peers()
 
-    async def _collapse(self, instance_id: str, peer: str, worker: str) -> None:
-        inst = self.worker.instances.get(instance_id)
-        self._peers.pop(instance_id, None)
+    async def _check_peers(self) -> None:
+        for lost in self.watch.due(time.monotonic()):
+            await self._lost(lost)
+
+    async def _lost(self, lost: PeerLost) -> None:
+        inst = self.instances.get(lost.instance_id)
+        if lost.reason == "left" and inst is not None and inst.group is not None and inst.group.solo:
+            self.watch.drop_peer(lost.instance_id, lost.peer)  # it runs every layer itself: nothing lost
+            return
+        await self._collapse(lost)
+
+    async def _collapse(self, lost: PeerLost) -> None:
+        instance_id, peer = lost.instance_id, lost.peer
+        inst = self.instances.get(instance_id)
+        self.watch.forget(instance_id)
         if inst is None or inst.group is None:
             return
         group_id = inst.group.group_id or ""
         log.warning("buddy group member lost: running alone again", group=group_id, instance=instance_id,
-                    lost=peer, worker=worker)
+                    lost=peer, worker=lost.worker, reason=lost.reason, detail=lost.detail)
         transport = self.router.members.get(instance_id)
         if transport is not None:
             transport[1].fail_peer(peer)  # a remote-attention call waiting on it ends now
@@ -265,14 +324,16 @@ class GroupControl:
         try:
             await inst.run_on_engine(collapse)
         except (RuntimeError, MemoryError) as exc:  # the engine's state is unknown: the worker must go
-            self.worker._crashed(instance_id, exc)
+            self._crashed(instance_id, exc)
             return
         self.router.forget(instance_id)
+        self._collapsed[instance_id] = (group_id, f"member {peer} lost ({lost.reason}: {lost.detail})")
+        await self._publish_stats()
         await self._record(group_id, lambda r: _with_state(r, "dissolved") if r and r.state != "dissolved" else None)
 
     async def _record(self, group_id: str, change) -> None:  # type: ignore[no-untyped-def]
         try:
-            await RegistryClient(self.worker.bus, timeout=2.0).modify(Bucket.GROUPS, group_id, change)
+            await RegistryClient(self.bus, timeout=2.0).modify(Bucket.GROUPS, group_id, change)
         except (TidalError, OSError) as exc:  # the member runs; the planner's view catches up
             log.warning("group record not written", group=group_id, error=repr(exc))
 

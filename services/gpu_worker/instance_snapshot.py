@@ -39,6 +39,7 @@ class InstanceSnapshot:
     waiting_ranks: tuple[int, ...] = ()
     adapter_residency: tuple[tuple[str, str, bool, int, int], ...] = ()
     adapter_room_bytes: int = 0
+    resident_layers: tuple[int, int] | None = None  # [first, last + 1) of the layers held (None: not known yet)
 
 
 def take_snapshot(engine: LLMEngine, *, tokens_emitted: int, steps: int) -> InstanceSnapshot:
@@ -54,8 +55,13 @@ def take_snapshot(engine: LLMEngine, *, tokens_emitted: int, steps: int) -> Inst
         tokens_emitted=tokens_emitted, steps=steps, preemptions=sched.num_preemptions,
         pool_capacity=engine.pool.capacity_bytes,
         pool_by_owner=engine.pool.by_owner(), resident_adapters=tuple(engine.runner.lora.resident),
-        requests=_request_rows(engine), **_lora_fields(engine),
+        requests=_request_rows(engine), resident_layers=_resident(engine), **_lora_fields(engine),
     )
+
+
+def _resident(engine: LLMEngine) -> tuple[int, int] | None:
+    held = engine.runner.resident_layers()  # a buddy-group member holds fewer than all
+    return (held[0], held[-1] + 1) if held else None
 
 
 def _lora_fields(engine: LLMEngine) -> dict[str, object]:

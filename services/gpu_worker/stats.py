@@ -85,6 +85,17 @@ def adapter_residency(snaps: list[InstanceSnapshot]) -> list[AdapterResidency]:
     return [rows[key] for key in sorted(rows)][:MAX_LIST]
 
 
+def _layers(inst: ModelInstance, snap: InstanceSnapshot) -> LayerRange:
+    """The layers whose weights the instance holds: fewer than all once it dropped some (a group)."""
+    held = snap.resident_layers or (0, inst.num_layers)
+    return LayerRange(start=held[0], end=held[1])
+
+
+def _group(inst: ModelInstance) -> str | None:
+    member = getattr(inst, "group", None)  # set on the engine thread by JoinGroup, read here as it stands
+    return member.group_id if member is not None else None
+
+
 class StatsBuilder:
     def __init__(self, worker_id: str, device: str, instances: list[ModelInstance],
                  pool_extra: Callable[[], list[tuple[str, InstanceSnapshot]]] | None = None) -> None:
@@ -111,7 +122,8 @@ class StatsBuilder:
                 self._previous[inst.instance_id] = snap
             adapters.update(snap.resident_adapters)
             stats.append(InstanceStats(
-                instance_id=inst.instance_id, model=inst.model, layers=LayerRange(start=0, end=inst.num_layers),
+                instance_id=inst.instance_id, model=inst.model, layers=_layers(inst, snap),
+                group_id=_group(inst),
                 running=snap.running, waiting=snap.waiting + inst.pending, queued_prompt_tokens=snap.queued_prompt_tokens,
                 kv_blocks_total=snap.kv_blocks_total, kv_blocks_used=snap.kv_blocks_used, kv_block_bytes=inst.block_bytes,
                 kv_growth_blocks_per_s=max(-1e9, min(1e9, growth)), tokens_per_s=tokens_per_s,

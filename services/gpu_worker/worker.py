@@ -90,9 +90,12 @@ class GpuWorker(Actor):
         self.chunks = ChunkPublisher(finished=lambda request_id: self.active.pop(request_id, None))
         self._loop: asyncio.AbstractEventLoop | None = None
         self.adapter_ctl = AdapterControl(self)  # LoadAdapter / EvictAdapter (services/gpu_worker/adapter_ctl.py)
-        self.group_ctl = GroupControl(self)  # JoinGroup / DropLayers / LeaveGroup (services/gpu_worker/group_ctl.py)
         self.announcer: Announcer | None = None  # publishes the data-plane address (set by __main__)
         self.dataplane = WorkerDataPlane(worker_id)
+        # JoinGroup / DropLayers / LeaveGroup (services/gpu_worker/group_ctl.py)
+        self.group_ctl = GroupControl(worker_id, self.instances, self.dataplane, bus=lambda: self.bus,
+                                      spawn_task=self.spawn_task, crashed=self._crashed,
+                                      publish_stats=self.publish_stats)
         self.kv_inbound = KvInbound(self)  # KV migrations into this worker
         self.migrating: set[str] = set()  # requests a MigrateOut is moving away from here
         self._tasks: set[asyncio.Task[Any]] = set()  # migrations under way (answered when done)
@@ -110,7 +113,7 @@ class GpuWorker(Actor):
         self.spawn("publisher", lambda: self.chunks.run(self.bus.nc))
         self.spawn("stats", self._stats_loop)
         await self.dataplane.start(RegistryClient(self.bus, timeout=2.0))
-        self.group_ctl.start()  # buddy-group frames may come before this worker's JoinGroup
+        await self.group_ctl.start()  # buddy-group frames may come before this worker's JoinGroup
         if self.announcer is not None:
             self.announcer.set_ucx_address(self.dataplane.address)
 

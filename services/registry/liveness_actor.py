@@ -4,8 +4,8 @@ Heartbeats (`tidal.v1.evt.worker.heartbeat`, `tidal.v1.evt.service.heartbeat`) f
 `LivenessTracker`s (workers; service processes). A timer wakes at the next moment a peer
 could die; a peer silent for `dead_after` is marked dead in its record (WorkerRecord.state
 DEAD, ServiceRecord.state "dead") and the change is published; a heartbeat brings it back.
-A gpu_worker's heartbeat also keeps its process's ServiceRecord alive: by convention its
-`incarnation` is its service id. Dead service records are deleted after `forget_after`
+A gpu_worker's heartbeat also keeps its process's ServiceRecord alive (its `service_id`; older
+workers sent none, their `incarnation` was the service id). Dead service records are deleted after `forget_after`
 (worker records stay: a worker is a device, it may come back).
 
 Every record write is a compare-and-set on the revision this actor last saw; on a conflict
@@ -91,9 +91,10 @@ class LivenessActor(Actor):
         key = (str(Bucket.WORKERS), hb.worker_id)
         change = self.workers.heard(key, now, hb.incarnation)
         await self._heard(key, change, str(hb.state), wall)
-        # the worker process's own ServiceRecord (service id == incarnation, by convention)
-        if _SERVICE_ID.fullmatch(hb.incarnation):
-            proc = (str(Bucket.SERVICES), hb.incarnation)
+        # the worker process's own ServiceRecord (older workers: service id == incarnation)
+        service = hb.service_id or hb.incarnation
+        if _SERVICE_ID.fullmatch(service):
+            proc = (str(Bucket.SERVICES), service)
             proc_change = self.services.heard(proc, now, hb.incarnation)
             await self._heard(proc, proc_change, str(hb.state), wall)
 

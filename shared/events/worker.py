@@ -194,11 +194,14 @@ class WorkerHeartbeat(Message, kw_only=True):
     """Liveness. The registry marks a worker dead `registry.dead_after` after its last heartbeat.
 
     `incarnation` changes every time the worker process starts, so a restarted worker with
-    the same id is told apart from the old one (whose in-flight requests were lost).
+    the same id is told apart from the old one (whose in-flight requests were lost, and which
+    held no buddy group). `service_id` is the process's ServiceRecord key, which the heartbeat
+    keeps alive too ("": the incarnation is the service id, as older workers sent).
     """
 
     worker_id: WorkerId
     incarnation: Annotated[str, Meta(min_length=1, max_length=64)]
+    service_id: Annotated[str, Meta(max_length=64)] = ""
     seq: Seq
     ts: Timestamp
     state: WorkerState

@@ -56,15 +56,16 @@ class MigrationCluster:
 @contextmanager
 def migration_cluster(directory: Path, workers: tuple[str, ...], *, max_context: int, step_token_budget: int,
                       worker_env: Mapping[str, Mapping[str, str]] | None = None,
-                      device: str = "cpu") -> Iterator[MigrationCluster]:
+                      device: str = "cpu", dead_after: str = "1s") -> Iterator[MigrationCluster]:
     """`worker_env`: extra environment for some workers (fault injection), by worker id; `device`:
-    every worker's (tests/gpu run these workers on CUDA)."""
+    every worker's (tests/gpu run these workers on CUDA); `dead_after`: the registry's."""
     model = make_model(directory / "tiny", arch="llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3)
     adapter = make_lora(directory / "tiny-lora", model, rank=4, targets=["q", "v"], seed=9)
     config = directory / "cluster.toml"
-    config.write_text(CONFIG.format(model=model, adapter=adapter, max_context=max_context,
-                                    step_token_budget=step_token_budget,
-                                    workers="".join(WORKER.format(id=w, device=device) for w in workers)))
+    text = CONFIG.replace('dead_after = "1s"', f'dead_after = "{dead_after}"')
+    config.write_text(text.format(model=model, adapter=adapter, max_context=max_context,
+                                  step_token_budget=step_token_budget,
+                                  workers="".join(WORKER.format(id=w, device=device) for w in workers)))
     with local_cluster(directory) as services:
         cluster = MigrationCluster(services.url, config)
         cluster.procs["registry"] = services.start("registry", config, f"registry-{directory.name}")

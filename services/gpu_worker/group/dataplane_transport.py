@@ -93,6 +93,7 @@ class GroupRouter:
 
     def forget(self, instance_id: str) -> None:
         entry = self.members.pop(instance_id, None)
+        self._early.pop(instance_id, None)
         if entry is not None:
             entry[1].close()
 
@@ -124,6 +125,12 @@ class GroupRouter:
 
     def _dispatch(self, instance_id: str, frame: Frame, tensors: list[torch.Tensor]) -> None:
         instance, transport = self.members[instance_id]
+        group = getattr(frame, "group_id", None)  # (a remote attention's reply names none)
+        if group is not None and instance.group is not None and group != instance.group.group_id:
+            # a group this member is no longer (or never was) in: its micro-batch ids would collide
+            log.warning("frame of another group dropped", instance=instance_id, group=group,
+                        frame=type(frame).__name__)
+            return
         if isinstance(frame, AttnReply):
             transport.resolve(frame, tensors)
         elif isinstance(frame, AttnCall):
