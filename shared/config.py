@@ -266,6 +266,10 @@ class WorkerSpec(Section, kw_only=True):
 class PoliciesSection(Section, kw_only=True):
     max_batch_size: Annotated[int, Meta(ge=1, le=4096)] = 64
     step_token_budget: Annotated[int, Meta(ge=16, le=1 << 20)] = 2048  # chunked prefill
+    # How the engine builds a step (docs/engine-scheduling.md): "chunked" (decodes first, then prefill
+    # chunks within the budget) or "vllm-0.6" (what the papers' baselines ran: prefill-first, whole
+    # prompts, so step_token_budget must cover a model's max_context; watermark; recompute preemption)
+    scheduling: Literal["chunked", "vllm-0.6"] = "chunked"
     kv_block_tokens: Annotated[int, Meta(ge=1, le=1024)] = 16
     lora_kernel: Literal["padded", "segmented"] = "segmented"
     max_lora_rank: Annotated[int, Meta(ge=1, le=1024)] = 64  # adapters of a higher rank are refused at load

@@ -27,6 +27,16 @@ class ProfileSettings:
     links: bool = True
 
 
+def kv_token_blocks(layer_blocks: int, layers: int) -> int:
+    """The engine's KV blocks in the simulator's unit. The engine's block is ONE layer's K and V
+    for `block_size` tokens and a sequence takes one per held layer at once (all or nothing), so
+    `layer_blocks` hold `layer_blocks // layers` blocks of every layer (WorkerSpec.kv_blocks,
+    whose bytes per token are all layers'); the remainder is never usable."""
+    if layers < 1:
+        raise ValueError(f"a model with {layers} KV layers")
+    return layer_blocks // layers
+
+
 def profile_engine(model_dir: Path, s: ProfileSettings) -> tuple[CostProfile, list[str]]:
     """The fitted profile and lines describing the fit."""
     import torch
@@ -56,7 +66,7 @@ def profile_engine(model_dir: Path, s: ProfileSettings) -> tuple[CostProfile, li
     assert isinstance(memory, dict)
     layers = len(list(engine.runner.kv_layers))
     worker = WorkerSpec(
-        kv_blocks=engine.blocks.num_blocks if hasattr(engine.blocks, "num_blocks") else engine.runner.max_kv_blocks,
+        kv_blocks=kv_token_blocks(engine.blocks.capacity_blocks, layers),
         block_size=s.block_size, kv_bytes_per_token=engine.runner.kv_block_bytes * layers // s.block_size,
         weights_bytes=int(memory.get("weights", 0)), max_batch=s.max_batch,
         max_batched_tokens=max(s.max_batched_tokens, s.max_batch), max_model_len=engine.max_model_len,
@@ -80,4 +90,4 @@ def profile_engine(model_dir: Path, s: ProfileSettings) -> tuple[CostProfile, li
     return profile, lines
 
 
-__all__ = ["ProfileSettings", "profile_engine"]
+__all__ = ["ProfileSettings", "kv_token_blocks", "profile_engine"]

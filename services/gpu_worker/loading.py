@@ -60,6 +60,7 @@ def engine_config(cfg: ClusterConfig, worker: WorkerSpec, model: ModelSpec, pool
         model_dir=str(model.path), pool_bytes=pool_bytes, block_size=pol.kv_block_tokens,
         max_num_seqs=pol.max_batch_size, max_num_batched_tokens=max(pol.step_token_budget, pol.max_batch_size),
         max_model_len=model.max_context, dtype=model.dtype, device=worker.device, lora_mode=pol.lora_kernel,
+        scheduling_policy=pol.scheduling,
         num_threads=threads, cpu_lora_assist=pol.cpu_lora_assist, cpu_lora_processes=worker.cpu_lora_processes,
         lora_load_bandwidth=worker.lora_load_bandwidth,
     )

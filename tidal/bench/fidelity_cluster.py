@@ -1,12 +1,18 @@
 """The fidelity check's live side: `BenchCluster` with N gpu_workers (one torch thread each,
-as the profile was measured), ready once every worker publishes READY stats."""
+as the profile was measured), ready once every worker publishes READY stats; `StatsWatch`
+follows the workers' stats during a run (preemptions, KV blocks) as the planner would."""
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from tidal.bench.bench_cluster import BenchCluster, _ready, launch
+
+T = TypeVar("T")
 
 
 class MultiWorkerCluster(BenchCluster):
@@ -58,4 +64,65 @@ class MultiWorkerCluster(BenchCluster):
             await bus.close()
 
 
-__all__ = ["MultiWorkerCluster"]
+@dataclass
+class WorkerKv:
+    """One worker's engine as its stats told it: the latest counters and the KV peak seen."""
+
+    preemptions: int = 0  # cumulative, from the latest stats
+    preemptions_at_start: int = 0  # from the first stats seen (the run's own are the difference)
+    kv_blocks_total: int = 0  # in the engine's unit: one layer's blocks (InstanceStats)
+    kv_blocks_used: int = 0
+    kv_peak: float = 0.0  # highest used/total seen
+
+
+@dataclass
+class StatsWatch:
+    """Latest stats per worker, read from the bus while `run` is awaited (the live engine's
+    recompute preemptions reach the outside only through `InstanceStats.preemptions`)."""
+
+    workers: dict[str, WorkerKv] = field(default_factory=dict)
+    messages: int = 0
+
+    def observe(self, worker_id: str, preemptions: int, total: int, used: int) -> None:
+        w = self.workers.get(worker_id)
+        if w is None:
+            w = self.workers[worker_id] = WorkerKv(preemptions_at_start=preemptions)
+        w.preemptions, w.kv_blocks_total, w.kv_blocks_used = preemptions, total, used
+        if total:
+            w.kv_peak = max(w.kv_peak, used / total)
+        self.messages += 1
+
+    @property
+    def preemptions(self) -> int:
+        """Preemptions since the watch began (one instance per worker)."""
+        return sum(w.preemptions - w.preemptions_at_start for w in self.workers.values())
+
+    async def run(self, nats_url: str, workers: int, start: "Callable[[], Awaitable[T]]",
+                  settle_s: float = 0.8, timeout_s: float = 10.0) -> T:
+        """Subscribe, wait for stats from `workers` workers (the counters at the start), await
+        `start()`, then watch `settle_s` more (a few stats intervals) so that the last stats count
+        every preemption of the run; returns what `start()` returned."""
+        from shared.bus import Bus, BusSettings, Delivery
+        from shared.events import WorkerStats
+        from shared.subjects import worker_stats
+
+        async def on_stats(msg: WorkerStats, _ctx: Delivery) -> None:
+            for inst in msg.instances:
+                self.observe(msg.worker_id, inst.preemptions, inst.kv_blocks_total, inst.kv_blocks_used)
+
+        bus = await Bus.connect(BusSettings(url=nats_url), service="cli")
+        try:
+            await bus.subscribe(worker_stats(), WorkerStats, on_stats)
+            deadline = time.monotonic() + timeout_s
+            while len(self.workers) < workers:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"stats from {len(self.workers)} of {workers} workers in {timeout_s:.0f} s")
+                await asyncio.sleep(0.05)
+            result = await start()
+            await asyncio.sleep(settle_s)
+            return result
+        finally:
+            await bus.close()
+
+
+__all__ = ["MultiWorkerCluster", "StatsWatch", "WorkerKv"]

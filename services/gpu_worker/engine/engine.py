@@ -46,6 +46,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     max_prefill_chunk: int = 0
+    scheduling_policy: str = "chunked"  # or "vllm-0.6" (scheduler.py, docs/engine-scheduling.md)
     dtype: str | None = None  # default: the checkpoint's
     device: str = "cpu"
     lora_mode: str = "segmented"  # or "padded"
@@ -94,7 +95,8 @@ class LLMEngine(KvHandover):
             on_grow=self.runner.kv_cache.back_blocks,  # CUDA VMM: map memory behind new ids before use
         )
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len, config.max_prefill_chunk),
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len, config.max_prefill_chunk,
+                            policy=config.scheduling_policy),
             self.blocks,
         )
         self.sampler = Sampler()

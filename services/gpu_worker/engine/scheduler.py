@@ -7,6 +7,10 @@ KV blocks allow. When a running sequence needs a block and none is free, the
 lowest-priority, latest-arrived running sequence is preempted (its KV is freed and it is
 recomputed later). The runner's contract is `batch.SchedulerOutput`.
 
+That is the "chunked" policy, the default. `SchedulerConfig.policy = "vllm-0.6"` builds each step
+as vLLM 0.6 did for the papers' baselines instead (scheduler_prefill_first.py: prefill-first,
+whole prompts, an admission watermark, recompute preemption of the newest); docs/engine-scheduling.md.
+
 When the worker's instances share one pool, "no block is free" means none is free here
 nor claimable from the pool (free bytes, other instances' free blocks): the rules above
 then apply unchanged — another instance's live KV is never taken. A waiting sequence
@@ -22,7 +26,11 @@ from dataclasses import dataclass
 
 from services.gpu_worker.engine.batch import ScheduledChunk, SchedulerOutput
 from services.gpu_worker.engine.block_manager import BlockManager
+from services.gpu_worker.engine.scheduler_prefill_first import schedule_prefill_first
 from services.gpu_worker.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+POLICIES = ("chunked", "vllm-0.6")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +39,19 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 1024  # per-step token budget (decode tokens + prefill chunks)
     max_model_len: int = 2048  # context length: prompt + outputs
     max_prefill_chunk: int = 0  # cap on one sequence's prefill chunk; 0 = the remaining budget
+    policy: str = "chunked"  # how a step is built: one of POLICIES
+    watermark: float = 0.01  # vllm-0.6: fraction of the KV blocks an admission leaves free (vLLM's default)
 
     def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"scheduling policy {self.policy!r} is not one of {', '.join(POLICIES)}")
+        if not 0 <= self.watermark < 1:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.policy == "vllm-0.6" and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(  # vLLM 0.6's own check (SchedulerConfig._verify_args): no chunked prefill
+                f"the vllm-0.6 policy prefills whole prompts, so max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
+            )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -149,6 +168,16 @@ class Scheduler:
         out = SchedulerOutput(preempted=self._between_steps.preempted, finished=self._finished_ids)
         self._finished_ids = []
         self._between_steps = SchedulerOutput()
+        if self.config.policy == "vllm-0.6":
+            scheduled = schedule_prefill_first(self, out)
+        else:
+            scheduled = self._schedule_chunked(out)
+        out.chunks = list(scheduled.values())
+        out.finished.extend(s.seq_id for s in self._errored)
+        self.blocks.settle()  # what this step lacked becomes a want on the shared pool
+        return out
+
+    def _schedule_chunked(self, out: SchedulerOutput) -> dict[str, ScheduledChunk]:
         budget = self.config.max_num_batched_tokens
         scheduled: dict[str, ScheduledChunk] = {}
 
@@ -189,11 +218,7 @@ class Scheduler:
             self.running.append(seq)
             scheduled[seq.seq_id] = self._chunk(seq, n)
             budget -= n
-
-        out.chunks = list(scheduled.values())
-        out.finished.extend(s.seq_id for s in self._errored)
-        self.blocks.settle()  # what this step lacked becomes a want on the shared pool
-        return out
+        return scheduled
 
     def _expected(self, seq: Sequence) -> int:
         """Tokens the sequence may reach: lets the block allocator keep its chains contiguous."""
