@@ -9,11 +9,16 @@ batching. Then the decode step time vs batch size curve of our engine, saved as 
 the run's --out directory (default runs/engine-<time>/; `--update-docs` also copies it to
 docs/images/engine_decode_step.png).
 The last line is the ratio of output tokens/s (goal on CPU: >= 5x).
+
+`--device cuda:N` runs the GPU bench instead (engine_cuda.py): generated 1B/8B/Qwen2 shapes,
+decode and prefill rows against the HBM and FLOP rooflines, ending in the line
+`bench engine (cuda): decode_roofline_b64=NN% prefill_mfu_2k=NN% step_overhead=NN%`.
 """
 from __future__ import annotations
 
 import argparse
 import random
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -48,6 +53,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-plot", action="store_true", help="do not draw the curve PNG")
     add_out_argument(p, "engine", doc_image=PLOT)
     p.add_argument("--skip-baseline", action="store_true", help="ours only (no ratio)")
+    p.add_argument("--device", default="cpu", help="cpu (the throughput bench above) or cuda:N (the roofline bench)")
+    g = p.add_argument_group("cuda:N only")
+    g.add_argument("--shapes", default="llama-8b,llama-1b,qwen2-7b", help="generated bf16 shapes, in order")
+    g.add_argument("--batches", default="1,8,64,256", help="decode batch sizes")
+    g.add_argument("--contexts", default="512,4096", help="decode context per sequence")
+    g.add_argument("--prefill-tokens", default="512,2048,8192", help="prompt lengths (one chunk each)")
+    g.add_argument("--steps", type=int, default=16, help="timed decode steps per row (median kept)")
+    g.add_argument("--no-eager", action="store_true", help="skip the decode rows' eager (no graph) baseline")
     p.set_defaults(func=run)
 
 
@@ -185,6 +198,12 @@ def save_plot(points: list[tuple[int, float]], path: str, title: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.device.startswith("cuda"):
+        from tidal.bench.engine_cuda import run_cuda
+
+        return run_cuda(args)
+    if args.device != "cpu":
+        raise SystemExit(f"--device {args.device!r}: use cpu or cuda:N")
     import torch
 
     from services.gpu_worker.engine.checkpoint_gen import make_model
@@ -233,3 +252,9 @@ def run(args: argparse.Namespace) -> int:
     if tmp is not None:
         tmp.cleanup()
     return 0
+
+
+if __name__ == "__main__":  # `python -m tidal.bench.engine ...` without the other benches' imports
+    from tidal.bench.output import run_alone
+
+    sys.exit(run_alone(register, "engine", sys.argv[1:]))

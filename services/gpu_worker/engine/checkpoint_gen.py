@@ -93,6 +93,23 @@ def _save_sharded(tensors: dict[str, torch.Tensor], out: Path, shard_size: int |
     (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
 
 
+def write_config(out_dir: str | Path, *, arch: str = "llama", layers: int, hidden: int, heads: int, kv_heads: int,
+                 intermediate: int, vocab: int, dtype: str = "bfloat16", max_position: int = 8192,
+                 tie_embeddings: bool = False, rope_theta: float = 500000.0) -> Path:
+    """config.json alone, no weights and no tokenizer: for a runner handed its weights already in
+    device memory (`PreloadedWeights`), as the CUDA engine bench generates them on the device."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choose from {sorted(ARCHS)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = _config_json(arch, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                          intermediate=intermediate, vocab=vocab, dtype=dtype, max_position=max_position,
+                          tie=tie_embeddings, special={"bos_token_id": 1, "eos_token_id": [2]},
+                          rope_theta=rope_theta, rope_scaling=None, sliding_window=None)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
 def make_model(out_dir: str | Path, *, arch: str = "llama", layers: int = 2, hidden: int = 64, heads: int = 4,
                kv_heads: int = 2, intermediate: int | None = None, vocab: int = 1024, seed: int = 0,
                dtype: str = "float32", max_position: int = 2048, tie_embeddings: bool | None = None,

@@ -90,6 +90,12 @@ class DecodeGraphs:
         self._rows.clear()
         self._free = list(range(self.num_rows - 1, -1, -1))
 
+    def graph_for(self, batch: int) -> torch.cuda.CUDAGraph | None:
+        """The captured graph a step of `batch` sequences replays (None: not captured yet)."""
+        i = bisect_left(self.buckets, batch)
+        entry = self._graphs.get(self.buckets[i]) if i < len(self.buckets) else None
+        return entry[0] if entry is not None else None
+
     def fits(self, chunks: Sequence[ScheduledChunk]) -> bool:
         """Whether the decode step fits a bucket and the tables (caller checks the rest)."""
         if not chunks or len(chunks) > self.buckets[-1]:
