@@ -10,6 +10,10 @@ ablation: both direct, so the cut is MELL's own, not the routing's. MELL without
 its ops one by one, which also measures the most migrations a single operation caused
 (Theorem 3 bounds it by 10).
 
+Every policy's moves pay the same costs (loadgen/sim/kv_packing_moves.py, the one movement cost
+model over the testbed profile's links): a KV migration is Llumnix's pre-copy over the kv link
+with the source held until the hand-over, a stall, and failures (retried); a restart re-prefills.
+
 BF and WF do not migrate, so they reserve each request's final KV footprint at admission
 (mell_footprint.py); BF-restart and WF-restart, an ablation outside the paper, admit at the
 current size and restart the newest requests of an overflowing GPU elsewhere (free repacking).
@@ -25,6 +29,7 @@ from loadgen.repro.mell_footprint import final_sizes, reserved_bytes
 from loadgen.repro.mell_setup import TESTBEDS, WORKLOADS, Testbed, Workload, arrivals, lmsys_lengths
 from loadgen.sim.kv_packing import PackingResult, Schedule, build_schedule, run_policy, utilisation
 from loadgen.sim.kv_packing_core import run_core
+from loadgen.sim.kv_packing_moves import MoveModel
 from shared.policy.binpack_baselines import BASELINES, BestFit, WorstFit
 
 POLICIES = ("BF", "WF", "LB", "MELL", "MELL-direct", "MELL-nobatch", "BF-restart", "WF-restart")
@@ -56,6 +61,7 @@ class Scenario:
     workload: Workload
     schedule: Schedule
     decode_step_s: float
+    moves: MoveModel  # what every policy's moves cost on this testbed
     results: dict[str, PackingResult] = field(default_factory=dict)
     final_size: dict[str, int] = field(default_factory=dict)  # request -> final KV footprint (BF/WF reserve it)
     reserved_bytes: np.ndarray | None = None  # per epoch, what the reserving policies hold
@@ -95,10 +101,12 @@ def build_scenario(testbed: Testbed, workload: Workload, cfg: ReproConfig) -> Sc
     capacity = testbed.capacity()
     bpt = testbed.model.kv_bytes_per_token()
     step = testbed.decode_step_s(cfg.occupancy)
+    profile = testbed.profile()
+    moves = MoveModel(profile.movement_costs(), bpt, profile.worker.block_size, step, profile.step)
     schedule = build_schedule(times, prompt, output, capacity=capacity, bytes_per_token=bpt,
                               granule_tokens=max(1, capacity // bpt // cfg.granule_fraction), epoch_s=cfg.epoch_s,
                               prefill_s_per_token=testbed.prefill_s_per_token(), decode_step_s=step)
-    return Scenario(testbed, workload, schedule, step)
+    return Scenario(testbed, workload, schedule, step, moves)
 
 
 def run_scenario(scenario: Scenario, cfg: ReproConfig, policies: tuple[str, ...] = POLICIES) -> Scenario:
@@ -108,10 +116,12 @@ def run_scenario(scenario: Scenario, cfg: ReproConfig, policies: tuple[str, ...]
         scenario.reserved_bytes = reserved_bytes(scenario.schedule, scenario.final_size)
     for name in policies:
         if name == "MELL":  # through the planner core, as live (kv_packing_core)
-            scenario.results[name] = run_core(scenario.schedule, name, max_migrations_per_op=cfg.max_migrations_per_op)
+            scenario.results[name] = run_core(scenario.schedule, name, max_migrations_per_op=cfg.max_migrations_per_op,
+                                              moves=scenario.moves)
             continue
         policy = make_policy(name, capacity, cfg, scenario.final_size)
-        scenario.results[name] = run_policy(scenario.schedule, policy, name, per_op=name == "MELL-nobatch")
+        scenario.results[name] = run_policy(scenario.schedule, policy, name, per_op=name == "MELL-nobatch",
+                                            moves=scenario.moves)
     return scenario
 
 

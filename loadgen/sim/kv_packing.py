@@ -8,6 +8,11 @@ shows per-token latency flat over batch sizes 2-16, and the paper itself replays
 speeds in a simulator (§VIII-B). The KV a request holds is reported in granules (vLLM-style
 blocks, coarser to keep the op count low): `reserve(tokens) = ceil(tokens / g) * g`.
 
+Moves are not free: `run_policy(..., moves=MoveModel)` charges every policy's moves alike through
+the one movement cost model (kv_packing_moves.py: Llumnix's pre-copy, a stall, failures and
+retries; token-mode re-prefill), and counts a GPU as active while a copy still holds its memory.
+Without a MoveModel, moves are instant: placement-only unit tests use that.
+
 Time runs in planning intervals (epochs). At each epoch boundary the policy gets one batch:
 Depart for requests that finished, Update for requests whose reserved KV grew, Allocate for
 arrivals (sized at the boundary). The op stream is built once (`build_schedule`) and every
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from loadgen.sim.kv_packing_moves import MoveLedger, MoveModel, MoveStats, request_end_times
 from shared.policy.mell_ops import Allocate, Depart, Update
 
 
@@ -32,6 +38,7 @@ class Schedule:
     used_bytes: np.ndarray  # per epoch: KV reserved by all live requests after the batch (policy-independent)
     requests: int
     truncated: int  # requests whose prompt + output was clipped to one device's KV capacity
+    end_s: np.ndarray | None = None  # per request: when its last token is out (a move cannot hand over after)
 
     @property
     def duration_s(self) -> float:
@@ -45,8 +52,9 @@ class PackingResult:
     moves: int  # moves executed (after batching's dedup where the policy batches)
     moves_before_dedup: int
     max_moves_per_op: int  # only measured when ops run one by one (`per_op=True`), else -1
-    overcommitted_epochs: int  # epochs where some device held more than its capacity (must be 0)
+    overcommitted_epochs: int  # epochs where some device's books held more than its capacity (must be 0)
     wall_s: float
+    move_costs: MoveStats | None = None  # what the moves cost (None: moves were instant)
 
     def peak_devices(self) -> int:
         return int(self.active.max(initial=0))
@@ -99,19 +107,36 @@ def build_schedule(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray
     for k in starts.tolist():
         epochs[int(e[k])].append(Allocate(request_id=ids[int(idx[k])], size=int(reserved[k]) * bytes_per_token))
     return Schedule(epoch_s=epoch_s, capacity=capacity, bytes_per_token=bytes_per_token, epochs=epochs,
-                    used_bytes=used.astype(np.int64), requests=n, truncated=truncated)
+                    used_bytes=used.astype(np.int64), requests=n, truncated=truncated, end_s=t_end)
 
 
-def run_policy(schedule: Schedule, policy, name: str, *, per_op: bool = False, check: bool = True) -> PackingResult:
+def run_policy(schedule: Schedule, policy, name: str, *, per_op: bool = False, check: bool = True,
+               moves: MoveModel | None = None) -> PackingResult:
     """Replay the schedule on `policy` (MellScheduler or a baseline). per_op: ops one by one
-    (departs, updates, allocates, as batching orders them) to measure moves per operation."""
+    (departs, updates, allocates, as batching orders them) to measure moves per operation.
+    `moves`: what each move costs (kv_packing_moves.py); the active GPUs then include those a copy
+    still occupies."""
     started = time.perf_counter()
     active = np.zeros(len(schedule.epochs), np.int64)
-    moves = before = 0
+    n_moves = before = 0
     max_per_op = 0 if per_op else -1
     overcommitted = 0
     count = 0
+    ledger = None
+    if moves is not None:
+        if schedule.end_s is None:
+            raise ValueError(f"{name}: charging moves needs the schedule's request end times")
+        ledger = MoveLedger(moves, schedule.capacity, request_end_times(schedule.end_s))
+    kv = getattr(policy, "migrates", True)  # MellScheduler and LB migrate KV; the restart ablations re-prefill
+    size: dict[str, int] = {}
     for e, ops in enumerate(schedule.epochs):
+        now = e * schedule.epoch_s
+        if ledger is not None:
+            ledger.advance(now)
+            for op in ops:
+                if type(op) is not Depart:
+                    size[op.request_id] = op.size
+                    ledger.update(op.request_id, op.size)
         if ops:
             if per_op:
                 for op in ops:
@@ -121,13 +146,15 @@ def run_policy(schedule: Schedule, policy, name: str, *, per_op: bool = False, c
                         res = policy.update(op.request_id, op.size)
                     else:
                         res = policy.allocate(op.request_id, op.size)
-                    moves += len(res.moves)
+                    n_moves += len(res.moves)
                     max_per_op = max(max_per_op, len(res.moves))
-                before = moves
+                    _charge(ledger, res.moves, size, now, kv, policy)
+                before = n_moves
             else:
                 res = policy.run_batch(ops)
-                moves += len(res.moves)
+                n_moves += len(res.moves)
                 before += res.moves_before_dedup
+                _charge(ledger, res.moves, size, now, kv, policy)
             devices = policy.active_devices()
             count = len(devices)
             if check:
@@ -137,10 +164,23 @@ def run_policy(schedule: Schedule, policy, name: str, *, per_op: bool = False, c
                 if sum(used) != schedule.used_bytes[e]:
                     raise AssertionError(f"{name}: epoch {e}: devices hold {sum(used)} B of KV, requests "
                                          f"{int(schedule.used_bytes[e])} B (a request was lost or duplicated)")
+        if ledger is not None:
+            for op in ops:  # after the moves: one op run alone may move a request departing later in the batch
+                if type(op) is Depart:
+                    ledger.depart(op.request_id)
+                    del size[op.request_id]
+            ledger.retry(now, policy.device_of, policy.used)
+            count, _ = ledger.occupancy(policy.active_devices(), policy.used)
         active[e] = count
-    return PackingResult(policy=name, active=active, moves=moves, moves_before_dedup=before,
+    return PackingResult(policy=name, active=active, moves=n_moves, moves_before_dedup=before,
                          max_moves_per_op=max_per_op, overcommitted_epochs=overcommitted,
-                         wall_s=time.perf_counter() - started)
+                         wall_s=time.perf_counter() - started, move_costs=ledger.stats if ledger else None)
+
+
+def _charge(ledger: MoveLedger | None, moves, size: dict[str, int], now: float, kv: bool, policy) -> None:
+    if ledger is not None:
+        for m in moves:
+            ledger.move(m.request_id, size[m.request_id], m.source, m.destination, now, kv=kv, used=policy.used)
 
 
 def utilisation(schedule: Schedule, result: PackingResult) -> float:

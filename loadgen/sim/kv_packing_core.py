@@ -10,8 +10,9 @@ them afterwards, in its next view. `run_core` replays the same op stream that wa
   dispatcher's `mell` routing (shared/policy/routing_mell.py) from the latest placement hints,
   falling back to least load;
 * the simulator builds a ClusterView of its devices and calls `core.step(view)`; each Migrate is
-  applied at once (the paper's simulator counts GPUs after the interval's moves; transfer time is
-  not modelled here) and reported back with PlanApplied; ReportIdle needs nothing;
+  booked at once and reported back with PlanApplied; ReportIdle needs nothing. With a MoveModel,
+  each move pays what kv_packing_moves.py charges every policy (pre-copy over the kv link, the
+  source held until the hand-over, a stall, failures retried; tokens mode: a re-prefill);
 * `core.placement_hints(view)` gives the hints for the next epoch's arrivals.
 
 The GPU count of an epoch is the devices holding a request after its effects. No clock reads in the
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from loadgen.sim.kv_packing import PackingResult, Schedule
+from loadgen.sim.kv_packing_moves import MoveLedger, MoveModel, request_end_times
 from shared.events.plan import Migrate, PlanApplied
 from shared.planner import ClusterView, InstanceView, PlannerCore, RequestView, WorkerView
 from shared.planner.mell_policy import MellPolicy
@@ -111,26 +113,39 @@ class SimCluster:
 
 
 def run_core(schedule: Schedule, name: str = "MELL", *, max_migrations_per_op: int = 10, batching: bool = True,
-             devices: int | None = None, hints: bool = True, check: bool = True) -> CorePackingResult:
+             devices: int | None = None, hints: bool = True, check: bool = True,
+             moves: MoveModel | None = None) -> CorePackingResult:
     """Replay `schedule` with MELL in PlannerCore and arrivals routed by its placement hints
-    (`hints=False`: by least load only, as a dispatcher without `mell` routing)."""
+    (`hints=False`: by least load only, as a dispatcher without `mell` routing). `moves`: what each
+    move costs (None: instant)."""
     started = time.perf_counter()
+    ledger = None
+    if moves is not None:
+        if schedule.end_s is None:
+            raise ValueError(f"{name}: charging moves needs the schedule's request end times")
+        ledger = MoveLedger(moves, schedule.capacity, request_end_times(schedule.end_s))
     sim = SimCluster(devices or device_count(schedule), schedule.capacity, schedule.bytes_per_token)
     core = PlannerCore([MellPolicy(migration="kv", kv_high_watermark=1.0, max_migrations_per_op=max_migrations_per_op,
                                    batching=batching)], id_prefix="sim")
     router = MellRouting()
     active = np.zeros(len(schedule.epochs), np.int64)
-    moves = misroutes = overcommitted = 0
+    n_moves = misroutes = overcommitted = 0
     epoch_s = schedule.epoch_s
     for e, ops in enumerate(schedule.epochs):
         now = e * epoch_s
         arrived: set[str] = set()
+        if ledger is not None:
+            ledger.advance(now)
         for op in ops:
             if type(op) is Depart:
                 sim.take(op.request_id)
+                if ledger is not None:
+                    ledger.depart(op.request_id)
             elif type(op) is Update:
                 device, _ = sim.take(op.request_id)
                 sim.put(op.request_id, device, op.size)  # KV grows where the request runs
+                if ledger is not None:
+                    ledger.update(op.request_id, op.size)
             else:
                 _route(sim, router, op, now)
                 arrived.add(op.request_id)
@@ -142,20 +157,27 @@ def run_core(schedule: Schedule, name: str = "MELL", *, max_migrations_per_op: i
                     device, size = sim.take(action.request_id)
                     assert device == action.source, f"{action.request_id} is on {device}, not {action.source}"
                     sim.put(action.request_id, action.destination, size)
-                    moves += 1
+                    if ledger is not None:
+                        ledger.move(action.request_id, size, device, action.destination, now,
+                                    kv=action.mode == "kv", used=sim.used.__getitem__)
+                    n_moves += 1
                     misroutes += action.request_id in arrived
             core.on_outcome(PlanApplied(plan_id=effect.plan_id, ts=now, duration_s=0.0))
         for placement in core.placement_hints(view) if hints else ():
             router.take_hints(placement)
         active[e] = sim.active()
+        if ledger is not None:
+            ledger.retry(now, sim.where.get, sim.used.__getitem__)
+            active[e], _ = ledger.occupancy((d for d in sim.ids if sim.held[d]), sim.used.__getitem__)
         if check and ops:
             if max(sim.used.values()) > schedule.capacity:
                 overcommitted += 1
             if sum(sim.used.values()) != schedule.used_bytes[e]:
                 raise AssertionError(f"{name}: epoch {e}: devices hold {sum(sim.used.values())} B of KV, requests "
                                      f"{int(schedule.used_bytes[e])} B (a request was lost or duplicated)")
-    return CorePackingResult(policy=name, active=active, moves=moves, moves_before_dedup=moves, max_moves_per_op=-1,
+    return CorePackingResult(policy=name, active=active, moves=n_moves, moves_before_dedup=n_moves, max_moves_per_op=-1,
                              overcommitted_epochs=overcommitted, wall_s=time.perf_counter() - started,
+                             move_costs=ledger.stats if ledger else None,
                              routes=dict(Counter(router.counts)), misroutes=misroutes, devices=len(sim.ids))
 
 
