@@ -7,6 +7,10 @@ fixed lengths; start nats + registry + dispatcher + N gpu_workers + gateway and 
 trace open loop (`loadgen/runner`); simulate the same trace on N workers with the profile.
 The last line is the ratio simulated / live of P50 TTFT and TPOT (goal: each within 15%).
 Both runs' reports are written under --out.
+
+`--pressure` runs the check where KV runs out and the engine preempts (fidelity_pressure.py):
+one worker with a KV budget of --kv-tokens, the live engine in scheduling policy --mode and the
+simulator in the same engine mode; its own defaults (PRESSURE_DEFAULTS) for what is not given.
 """
 from __future__ import annotations
 
@@ -45,16 +49,28 @@ log_level = "warning"
 """
 
 
+# the light check's defaults; a --pressure run has its own (fidelity_pressure.PRESSURE_DEFAULTS)
+LIGHT_DEFAULTS = {"workers": 2, "rate": 3.0, "duration": 60.0, "prompt_tokens": 128, "output_tokens": 32,
+                  "batch": 32, "budget": 512}
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("fidelity", help="a small trace live and simulated: P50 TTFT/TPOT side by side")
+    p = sub.add_parser("fidelity", help="a small trace live and simulated: P50 TTFT/TPOT side by side "
+                                        "(--pressure: where KV runs out, P99 TTFT and preemptions too)")
     p.add_argument("--model", help="checkpoint directory (default: generate a 4-layer llama, hidden 256)")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--rate", type=float, default=3.0, help="requests per second")
-    p.add_argument("--duration", type=float, default=60.0, help="seconds of trace")
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--output-tokens", type=int, default=32)
-    p.add_argument("--batch", type=int, default=32, help="max batch per worker (both sides)")
-    p.add_argument("--budget", type=int, default=512, help="step token budget (both sides)")
+    p.add_argument("--pressure", action="store_true",
+                   help="a KV budget small enough that the engine preempts: live vs simulated P50/P99 TTFT, "
+                        "TPOT and preemption counts")
+    p.add_argument("--mode", choices=("chunked", "vllm-0.6"), default="chunked",
+                   help="--pressure: the live scheduling policy and the simulator's engine mode")
+    p.add_argument("--kv-tokens", type=int, default=1024, help="--pressure: KV per worker, in tokens (both sides)")
+    p.add_argument("--workers", type=int, default=None, help="default 2 (--pressure: 1)")
+    p.add_argument("--rate", type=float, default=None, help="requests per second (default 3; --pressure: 2.5)")
+    p.add_argument("--duration", type=float, default=None, help="seconds of trace (default 60)")
+    p.add_argument("--prompt-tokens", type=int, default=None, help="default 128")
+    p.add_argument("--output-tokens", type=int, default=None, help="default 32 (--pressure: 128)")
+    p.add_argument("--batch", type=int, default=None, help="max batch per worker, both sides (default 32; --pressure: 16)")
+    p.add_argument("--budget", type=int, default=None, help="step token budget, both sides (default 512)")
     p.add_argument("--memory", default="512MiB", help="each worker's pool")
     p.add_argument("--request-overhead", type=float, default=None, metavar="S",
                    help="the profile's per-request overhead (gateway, dispatch, delivery; default 2 ms)")
@@ -67,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _model(args: argparse.Namespace, root: Path) -> str:
+def model_dir(args: argparse.Namespace, root: Path) -> str:
     if args.model:
         return args.model
     from services.gpu_worker.engine.checkpoint_gen import make_model
@@ -97,11 +113,18 @@ def run(args: argparse.Namespace) -> int:
     from tidal.bench.fidelity_cluster import MultiWorkerCluster
     from tidal.bench.gateway import _free_port
 
+    if args.pressure:
+        from tidal.bench.fidelity_pressure import run_pressure
+
+        return run_pressure(args)
+    for name, value in LIGHT_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     out = out_dir(args, time.time())
     out.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.TemporaryDirectory(prefix="tidal-bench-fidelity-")
     root = Path(tmp.name)
-    model = _model(args, root)
+    model = model_dir(args, root)
     context = args.prompt_tokens + args.output_tokens + 64
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     settings = ProfileSettings(

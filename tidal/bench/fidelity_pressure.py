@@ -1,0 +1,170 @@
+"""`tidal bench fidelity --pressure`: the simulator against the live engine when KV runs out.
+
+Steps: generate (or take --model) the small llama; fit its profile on this machine (one torch
+thread, as the worker runs); size the worker's pool so that its engine has exactly --kv-tokens
+of KV (loadgen/profiler/kv_budget.py: the pool less weights, workspace and adapters); start nats
++ registry + dispatcher + gpu_worker(s) + gateway with that pool, --batch, --budget and
+`[policies] scheduling = --mode`; calibrate the live path's overheads (as the light check does);
+run a Poisson trace open loop while following the workers' stats (their cumulative recompute
+preemptions, `InstanceStats.preemptions`); then simulate the same trace with the profile, the
+same KV blocks, batch cap and token budget, in the same engine mode. The table compares P50/P99
+TTFT, TPOT and E2E, preemptions and the KV peak; the last line is the summary
+`bench fidelity: pressure_ttft_p99_err=NN% pressure_tpot_p50_err=NN% preemptions_live=N preemptions_sim=N`.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from tidal.bench.output import out_dir
+
+CONFIG = """
+[cluster]
+data_dir = "{data}"
+
+[gateway]
+port = {port}
+
+[dispatcher]
+queue_bound = 4096
+
+[[models]]
+name = "fidelity"
+path = "{model}"
+max_context = {context}
+
+{workers}
+[policies]
+max_batch_size = {batch}
+step_token_budget = {budget}
+kv_block_tokens = {block}
+scheduling = "{mode}"
+
+[observability]
+log_level = "warning"
+"""
+BLOCK = 16
+# the defaults of a pressure run (the light check's are in fidelity.py's register())
+PRESSURE_DEFAULTS = {"workers": 1, "rate": 2.5, "duration": 60.0, "prompt_tokens": 128, "output_tokens": 128,
+                     "batch": 16, "budget": 512}
+
+
+def run_pressure(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from loadgen.profiler.calibrate import calibrate
+    from loadgen.profiler.kv_budget import kv_budget
+    from loadgen.profiler.profile_engine import ProfileSettings, profile_engine
+    from loadgen.report.write import write_report
+    from loadgen.runner.baseline import live_unloaded_baseline
+    from loadgen.runner.runner import LoadRunner, RunnerConfig, served_context
+    from loadgen.sim.profile import save_profile
+    from loadgen.traces.generate import generate
+    from loadgen.traces.schema import PoissonParams
+    from tidal.bench.fidelity import model_dir
+    from tidal.bench.fidelity_cluster import MultiWorkerCluster, StatsWatch
+    from tidal.bench.fidelity_compare import Side, summary_line, table
+    from tidal.bench.gateway import _free_port
+
+    for name, value in PRESSURE_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    out = out_dir(args, time.time())
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.TemporaryDirectory(prefix="tidal-bench-fidelity-")
+    root = Path(tmp.name)
+    model = model_dir(args, root)
+    context = args.prompt_tokens + args.output_tokens + 64
+    budget_tokens = max(args.budget, args.batch)
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    kv = kv_budget(Path(model), kv_tokens=args.kv_tokens, block_size=BLOCK, max_batch=args.batch,
+                   max_batched_tokens=budget_tokens, max_model_len=context)
+    settings = ProfileSettings(
+        name="fidelity-pressure", threads=1, pool_bytes=int(kv.fixed_bytes + (64 << 20)), block_size=BLOCK,
+        max_batch=args.batch, max_batched_tokens=budget_tokens, max_model_len=context,
+        contexts=[32, args.prompt_tokens, context - 16], batches=[b for b in (1, 2, 4, 8, 16, 32) if b <= args.batch],
+        links=False, prefill=[p for p in (8, 32, 64, 128, 256, 512) if p <= budget_tokens and p < context],
+    )
+    profile, lines = profile_engine(Path(model), settings)
+    worker = msgspec.structs.replace(profile.worker, kv_blocks=kv.token_blocks, engine_mode=args.mode,
+                                     watermark=0.01 if args.mode == "vllm-0.6" else 0.0)
+    profile = msgspec.structs.replace(profile, worker=worker)
+    if args.request_overhead is not None:
+        profile = msgspec.structs.replace(profile, request_overhead_s=args.request_overhead)
+    print("\n".join(lines))
+    print(f"KV budget: {kv.token_blocks} blocks of {BLOCK} tokens ({kv.token_blocks * BLOCK} tokens) per worker: "
+          f"pool {kv.pool_bytes} B = {kv.fixed_bytes} B weights/workspace + {kv.layer_blocks} layer blocks of "
+          f"{kv.block_bytes} B; engine mode {args.mode}, batch {args.batch}, token budget {budget_tokens}")
+    trace = generate(PoissonParams(seed=args.seed, duration_s=args.duration, rate=args.rate, model="fidelity",
+                                   prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens))
+    print(f"trace: {len(trace.records)} requests over {args.duration:.0f} s (Poisson {args.rate}/s), "
+          f"prompt {args.prompt_tokens}, output {args.output_tokens}; {args.workers} worker(s)")
+
+    port = _free_port()
+    ids = [f"fid-{i}" for i in range(args.workers)]
+    workers = "".join(f'[[workers]]\nid = "{w}"\ndevice = "cpu"\nmemory = {kv.pool_bytes}\nmodels = ["fidelity"]\n\n'
+                      for w in ids)
+    config = root / "cluster.toml"
+    config.write_text(CONFIG.format(data=root / "data", port=port, model=model, context=context, workers=workers,
+                                    batch=args.batch, budget=budget_tokens, block=BLOCK, mode=args.mode))
+    url = f"http://127.0.0.1:{port}"
+    cluster = MultiWorkerCluster(root, config, ids, threads=1)
+    watch = StatsWatch()
+    try:
+        cluster.start(gateway_url=url)
+        ctx = served_context(url)
+        runner_config = RunnerConfig(url=url, seed=args.seed)
+        if not args.no_calibrate:
+            n = args.calibration_requests
+            alone = asyncio.run(live_unloaded_baseline(trace.records, runner_config, ctx, n))
+            together = (asyncio.run(live_unloaded_baseline(trace.records, runner_config, ctx, n, parallel=args.workers))
+                        if args.workers > 1 else None)
+            profile, cal_lines = calibrate(profile, trace, alone, together)
+            print("\n".join(cal_lines))
+        save_profile(out / "profile.json", profile)
+        outcome = asyncio.run(watch.run(cluster.nats_url, args.workers,
+                                        lambda: LoadRunner(trace.records, runner_config, context=ctx).run()))
+    finally:
+        cluster.stop()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    live_kv = {w.kv_blocks_total for w in watch.workers.values()}
+    if live_kv != {kv.layer_blocks}:
+        print(f"WARNING: the live workers report {sorted(live_kv)} KV blocks, not the {kv.layer_blocks} sized for")
+    live = write_report(out / "live", outcome.records, title="fidelity under KV pressure: live",
+                        extra={"load average": load, **outcome.overhead.as_extra()})
+    sim_result, sim_peak = _simulate(trace, profile, args.workers)
+    sim = write_report(out / "sim", sim_result.records, title="fidelity under KV pressure: simulated",
+                       extra={"profile": str(out / "profile.json"), "engine mode": args.mode})
+    failed = live.requests - live.completed
+    print(f"load average after: {load}; live: {live.completed}/{live.requests} ok; "
+          f"stats messages {watch.messages}")
+    print("\n".join(outcome.overhead.lines()))
+    live_side = Side(summary=live, preemptions=watch.preemptions,
+                     kv_peak=max((w.kv_peak for w in watch.workers.values()), default=0.0))
+    sim_side = Side(summary=sim, preemptions=sim_result.stats.preemptions, kv_peak=sim_peak)
+    print("\n".join(table(live_side, sim_side)))
+    print(summary_line(live_side, sim_side) + (f"; {failed} live requests failed" if failed else ""))
+    tmp.cleanup()
+    return 0 if failed == 0 else 1
+
+
+def _simulate(trace, profile, workers: int):  # type: ignore[no-untyped-def]
+    """The simulated run and its KV peak (the fraction of blocks in use, over every worker)."""
+    from loadgen.sim.simulator import Simulator
+    from loadgen.sim.timeline import WorkerTimeline
+    from shared.policy.routing import make_policy
+
+    sim = Simulator(trace, profile, workers, make_policy("least-load"))
+    timelines = []
+    for w in sim.workers:
+        w.timeline = WorkerTimeline()
+        timelines.append(w.timeline)
+    result = sim.run()
+    return result, max(t.kv_peak for t in timelines)
+
+
+__all__ = ["PRESSURE_DEFAULTS", "run_pressure"]
