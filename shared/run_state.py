@@ -2,7 +2,8 @@
 
 It tells `tidal down` and `tidal status` where the cluster is (NATS url) and which processes
 belong to it (pid, process group, start time — the start time guards against a recycled pid).
-Written atomically (temp file + rename) on every change; removed when `tidal up` exits.
+Written atomically (temp file + rename) on every change; removed when `tidal up` exits. A per-user
+pointer to it is kept alongside (run_locate.py), so a client finds the cluster from any folder.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Literal
 
 import msgspec
 
-STATE_FILE = "run.json"
+from shared.run_locate import STATE_FILE, remove_pointer, state_path, write_pointer
 
 
 class ProcessInfo(msgspec.Struct, kw_only=True):
@@ -46,10 +47,6 @@ class RunState(msgspec.Struct, kw_only=True):
         return next((p for p in self.processes if p.kind == "nats"), None)
 
 
-def state_path(data_dir: str | os.PathLike[str]) -> Path:
-    return Path(data_dir) / STATE_FILE
-
-
 def read_state(data_dir: str | os.PathLike[str]) -> RunState | None:
     """The recorded run, or None when there is none. A corrupt file raises ValueError."""
     path = state_path(data_dir)
@@ -69,6 +66,7 @@ def write_state(state: RunState) -> Path:
     tmp = path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
     tmp.write_bytes(msgspec.json.format(msgspec.json.encode(state), indent=2) + b"\n")
     os.replace(tmp, path)
+    write_pointer(state.data_dir, state.launcher_pid, state.launcher_create_time)
     return path
 
 
@@ -83,3 +81,4 @@ def remove_state(data_dir: str | os.PathLike[str], *, launcher_pid: int | None =
         if current is not None and current.launcher_pid != launcher_pid:
             return
     path.unlink(missing_ok=True)
+    remove_pointer(data_dir)

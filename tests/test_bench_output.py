@@ -30,8 +30,9 @@ def docs_images_digest() -> dict[str, str]:
 @pytest.mark.parametrize("bench", sorted(WRITERS))
 def test_a_bench_writes_under_runs_by_default_and_under_out_when_given(bench: str, tmp_path: Path) -> None:
     args = parse(bench)
-    assert out_dir(args, NOW) == RUNS / f"{bench}-20250304-050607" == default_out(bench, NOW)
-    assert RUNS == Path("runs") and not out_dir(args, NOW).is_absolute()  # relative: the directory it runs in
+    assert out_dir(args, NOW) == Path.cwd() / RUNS / f"{bench}-20250304-050607" == default_out(bench, NOW)
+    # under the directory it runs in, and absolute: a config written there must not resolve it again
+    assert RUNS == Path("runs") and out_dir(args, NOW).is_absolute()
     assert out_dir(parse(bench, "--out", str(tmp_path / "x")), NOW) == tmp_path / "x"
 
 

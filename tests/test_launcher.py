@@ -19,15 +19,22 @@ from shared.run_state import RunState, read_state
 pytestmark = pytest.mark.timeout(240)
 
 
-def tidal(*args: str, cwd: Path, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+def user_env(cwd: Path, **extra: str) -> dict[str, str]:
+    """The environment of a user whose per-user state (XDG_STATE_HOME) is private to the test."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_STATE_HOME": str(cwd / "user-state")}
+    env.pop("TIDAL_STATE", None)
+    return {**env, **extra}
+
+
+def tidal(*args: str, cwd: Path, timeout: float = 90, home: Path | None = None,
+          **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tidal", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          timeout=timeout, env=user_env(home or cwd, **env))
 
 
 def start_up(config: Path, cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "tidal", "up", "--config", str(config)], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=user_env(cwd))
 
 
 def wait_ready(up: subprocess.Popen[str], data_dir: Path, timeout: float = 120) -> RunState:
@@ -100,7 +107,19 @@ def test_up_status_down_leaves_no_process(tmp_path):
         table = tidal("status", "--config", str(config), cwd=tmp_path)
         assert table.returncode == 0 and "gpu_worker" in table.stdout and "alive" in table.stdout
 
-        down = tidal("down", "--config", str(config), cwd=tmp_path)
+        # from another folder, with no flag: this user's running cluster; or named by --state / TIDAL_STATE
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        for extra, env in (((), {}), (("--state", str(data_dir)), {}), ((), {"TIDAL_STATE": str(data_dir)})):
+            found = tidal("status", "--json", *extra, cwd=elsewhere, home=tmp_path, **env)
+            assert found.returncode == 0, (extra, env, found.stderr)
+            assert json.loads(found.stdout)["nats_url"] == state.nats_url
+        other_user = tidal("status", cwd=elsewhere)  # another user's state: nothing running, and says where it looked
+        assert other_user.returncode == 1 and "no Tidal cluster is running: looked in" in other_user.stderr
+        assert str(elsewhere / ".tidal" / "run.json") in other_user.stderr
+        assert str(elsewhere / "user-state" / "tidal" / "clusters") in other_user.stderr
+
+        down = tidal("down", cwd=elsewhere, home=tmp_path)
         assert down.returncode == 0, down.stdout + down.stderr
         assert "no process left" in down.stdout
         assert up.wait(30) == 0
@@ -108,6 +127,7 @@ def test_up_status_down_leaves_no_process(tmp_path):
         assert f"http://127.0.0.1:{load_config(config).gateway.port}" in out and "stopped; no process left" in out
         assert_nothing_left(state, config)
         assert read_state(data_dir) is None
+        assert list((tmp_path / "user-state" / "tidal" / "clusters").glob("*.json")) == []  # its pointer too
         assert (data_dir / "logs" / "registry.log").exists() and (data_dir / "logs" / "gpu_worker-w0.log").exists()
     finally:
         if up.poll() is None:

@@ -1,13 +1,15 @@
 """`tidal status`'s rendering from constructed WorkerStats: proportional bars, labelled kinds, 80 columns."""
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 from rich.console import Console
 
 from shared.events import InstanceStats, LayerRange, PoolBreakdown, WorkerState, WorkerStats
-from tidal.commands.status import ServiceRow, StatusReport, WorkerRow
+from tidal.commands.status import ServiceRow, StatusReport, StatusSource, WorkerRow
 from tidal.commands.status_view import (
-    BAR, STYLE, bar_cells, pool_bar_text, pool_segments, render_to_string, status_view,
+    BAR, STYLE, bar_cells, dash_wrap, pool_bar_text, pool_segments, render_to_string, status_view,
 )
 
 MiB = 1 << 20
@@ -78,7 +80,8 @@ def test_report_reads_at_80_columns_with_every_kind_instance_and_adapter():
     for worker in ("w0", "w1"):
         assert f"{worker}-demo-llama-0" in text and f"{worker}-demo-qwen-0" in text
     llama_row = next(line for line in lines if "w0-demo-llama-0" in line)
-    assert "16/64 25%" in llama_row and "41.5" in llama_row and "sql-lora" in llama_row
+    assert "16/64 25%" in llama_row and "41.5" in llama_row
+    assert "adapters of w0-demo-llama-0: sql-lora" in text
     assert text.count("resident adapters: sql-lora") == 2
     assert "w2" in text and "dead" in text
     assert sum(line.count(BAR) >= 60 for line in lines) == 2  # one full-width bar per live worker
@@ -104,3 +107,65 @@ def test_narrow_terminal_does_not_crash():
     with out.capture() as captured:
         out.print(status_view(report(stats())))
     assert max(len(line) for line in captured.get().splitlines()) <= 40
+
+
+LONG_WORKER = "gpu-worker-w0-a-long-name"
+LONG_MODEL = "smollm2-135m-instruct-with-a-suffix"
+
+
+def first_cells(text: str) -> list[str]:
+    """The first cell of every line (inside a panel too)."""
+    cells = []
+    for line in text.splitlines():
+        inner = line.strip("│ ")
+        cells.append(inner.split()[0] if inner.split() else "")
+    return cells
+
+
+def joined_at_dashes(cells: list[str], name: str) -> bool:
+    """`name` is printed whole, or over consecutive lines each ending in '-' or '_' but the last."""
+    for start in range(len(cells)):
+        acc = ""
+        for cell in cells[start:]:
+            acc += cell
+            if acc == name:
+                return True
+            if not name.startswith(acc) or not cell.endswith(("-", "_")):
+                break
+    return False
+
+
+def test_at_80_columns_ids_wrap_only_at_dashes_and_every_column_has_its_unit():
+    s = stats(LONG_WORKER)
+    long_inst = msgspec.structs.replace(s.instances[0], instance_id=f"{LONG_WORKER}-{LONG_MODEL}-0", model=LONG_MODEL)
+    s = msgspec.structs.replace(s, instances=[long_inst, s.instances[1]])
+    r = report(s)
+    r.services.append(ServiceRow(service="dispatcher", instance="dispatcher-a-rather-long-hostname-3fa2b1-r12",
+                                 pid=4194303, health="unreachable", registry_state="draining", uptime_s=5000.0,
+                                 metrics_port=9411))
+    text = render_to_string(r, width=80)
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    cells = first_cells(text)
+    for name in ("gpu_worker-w0-a-rather-long-instance-name", "dispatcher-a-rather-long-hostname-3fa2b1-r12",
+                 f"{LONG_WORKER}-{LONG_MODEL}-0", f"{LONG_WORKER}-demo-qwen-0"):
+        assert joined_at_dashes(cells, name), f"{name} broken mid-word:\n{text}"
+    assert "4194303" in text and "unreachable" in text and ":9411" in text and "83m" in text
+    header = next(line for line in text.splitlines() if "tok/s" in line)
+    assert all(unit in header for unit in ("running", "queued", "KV blocks", "tok/s"))
+
+
+def test_dash_wrap_breaks_after_dashes_and_cuts_only_a_piece_longer_than_a_line():
+    assert dash_wrap("gpu_worker-w0-3f9a1c-r1", 12).plain == "gpu_worker-\nw0-3f9a1c-r1"
+    assert dash_wrap("gpu_worker-w0-3f9a1c-r1", 10).plain == "gpu_\nworker-w0-\n3f9a1c-r1"
+    assert dash_wrap("short", 12).plain == "short"
+    assert dash_wrap("abcdefghij-k", 4).plain == "abcd\nefgh\nij-k"
+
+
+def test_tokens_per_s_is_the_mean_over_the_window_of_stats_reports():
+    source = StatusSource(bus=None, nats_url="nats://x", timeout=1.0)
+    base = stats("w0")
+    for ts, rate in ((100.0, 80.0), (100.25, 0.0), (100.5, 40.0), (106.0, 0.0)):
+        insts = [msgspec.structs.replace(base.instances[0], tokens_per_s=rate)]
+        asyncio.run(source._on_stats(msgspec.structs.replace(base, ts=ts, instances=insts), None))
+    assert source.rates(5.0)["w0"] == {"w0-demo-llama-0": 0.0}  # only the last report is within 5 s
+    assert source.rates(10.0)["w0"] == {"w0-demo-llama-0": 30.0}  # (80 + 0 + 40 + 0) / 4

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # module names under tidal.commands, in help order
@@ -42,9 +43,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# arguments that name a path on the user's machine, whatever the subcommand
+PATH_ARGUMENTS = ("out", "dir", "data_dir", "state")
+
+
+def resolve_paths(args: argparse.Namespace) -> None:
+    """Every path argument made absolute against the cwd the user gave it in, once, here: code further on
+    may write it into a config file that resolves relative paths against the file's own folder."""
+    for name in PATH_ARGUMENTS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value:
+            setattr(args, name, os.path.abspath(os.path.expanduser(value)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    resolve_paths(args)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -11,7 +11,8 @@ import numpy as np
 
 
 def default_out(paper: str) -> Path:
-    return Path("runs") / f"repro-{paper}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """runs/repro-<paper>-<time> under the cwd, absolute (a config written inside it must not re-resolve it)."""
+    return (Path("runs") / f"repro-{paper}-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
 
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

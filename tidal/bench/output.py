@@ -17,8 +17,9 @@ DOC_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 
 
 def default_out(bench: str, now: float) -> Path:
-    """runs/<bench>-YYYYmmdd-HHMMSS for a run started at `now` (Unix seconds, local time)."""
-    return RUNS / f"{bench}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
+    """runs/<bench>-YYYYmmdd-HHMMSS under the cwd for a run started at `now` (Unix seconds, local time);
+    absolute, so a config file written inside it never resolves it a second time against itself."""
+    return (RUNS / f"{bench}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}").absolute()
 
 
 def add_out_argument(parser: argparse.ArgumentParser, bench: str, *, doc_image: str | None = None) -> None:
@@ -32,7 +33,7 @@ def add_out_argument(parser: argparse.ArgumentParser, bench: str, *, doc_image: 
 
 def out_dir(args: argparse.Namespace, now: float) -> Path:
     """The run's directory: --out, else the default under runs/ (not created here)."""
-    return Path(args.out) if args.out else default_out(args.bench_name, now)
+    return Path(args.out).absolute() if args.out else default_out(args.bench_name, now)
 
 
 def publish_plot(args: argparse.Namespace, png: Path, images: Path = DOC_IMAGES) -> Path | None:

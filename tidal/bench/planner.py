@@ -197,7 +197,7 @@ def run_baseline(events, devices: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = Path(args.out or f"runs/bench-planner-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(args.out or f"runs/bench-planner-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
     out.mkdir(parents=True, exist_ok=True)
     if 64 not in args.devices:
         args.devices = [64, *args.devices]

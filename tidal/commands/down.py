@@ -1,4 +1,4 @@
-"""`tidal down [--config FILE | --data-dir DIR]`: stop the cluster `tidal up` started here.
+"""`tidal down [--config FILE | --state DIR]`: stop a cluster `tidal up` started (found as cluster_lookup.py says).
 
 Asks the launcher to stop (SIGTERM: services drain, then NATS), waits for it, then makes sure
 every recorded process group is gone — stopping any left over itself (when the launcher had
@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 
-from tidal.commands.status import resolve_data_dir
+from tidal.commands.cluster_lookup import add_lookup_arguments, find_cluster
 from tidal.launch_plan import DEFAULT_DRAIN_S
 from tidal.process_control import pid_alive, recorded_alive, stop_recorded
 from shared.run_state import read_state, remove_state, state_path
@@ -20,25 +20,24 @@ from shared.run_state import read_state, remove_state, state_path
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("down", help="stop the cluster started by `tidal up` (no process is left behind)")
-    parser.add_argument("--config", help="the cluster TOML file it was started with (to find its data_dir)")
-    parser.add_argument("--data-dir", help="the cluster's data directory (default: from the config, .tidal)")
+    add_lookup_arguments(parser)
     parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                         help="how long to wait for the launcher to stop everything (default: %(default)s)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    data_dir = resolve_data_dir(args)
-    if data_dir is None:
-        return 2
+    data_dir = find_cluster(args, "down")
+    if isinstance(data_dir, int):
+        return data_dir
     try:
         state = read_state(data_dir)
     except ValueError as exc:
         print(f"tidal down: {exc}", file=sys.stderr)
         return 1
     if state is None:
-        print(f"tidal down: no Tidal cluster is running from {data_dir} (no {state_path(data_dir).name}); "
-              "pass the --config or --data-dir it was started with", file=sys.stderr)
+        print(f"tidal down: no Tidal cluster is running from {data_dir} (no {state_path(data_dir).name})",
+              file=sys.stderr)
         return 1
     if pid_alive(state.launcher_pid, state.launcher_create_time):
         print(f"tidal down: stopping the cluster (launcher pid {state.launcher_pid})", flush=True)

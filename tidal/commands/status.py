@@ -20,13 +20,16 @@ from typing import Any
 
 import msgspec
 
-from shared.config import ConfigError, load_config
 from shared.events.registry import Bucket, CatalogEntry
 from shared.events.worker import WorkerState, WorkerStats
 from shared.health import HealthReply
+from shared.run_state import read_state
 from shared.subjects import SERVICES, worker_stats
 from shared.wire import TidalError
-from shared.run_state import read_state
+from tidal.commands.cluster_lookup import add_lookup_arguments, find_cluster
+
+RATE_WINDOW_S = 5.0  # --watch: tokens/s over this many seconds of stats reports
+FIRST_RATE_S = 0.5  # a single `tidal status` listens this long at least: tokens/s over two or three reports
 
 
 class ServiceRow(msgspec.Struct, kw_only=True):
@@ -52,6 +55,9 @@ class WorkerRow(msgspec.Struct, kw_only=True):
     stats: WorkerStats | None = None  # the latest it published; None when dead or not heard
     stats_age_s: float | None = None
     lifecycle: str | None = None  # WarmServe: idle | universal | dedicated | grace (the planner writes it)
+    # per instance: tokens/s averaged over every stats report heard in the status window (a report's own
+    # figure covers its last 250 ms, often 0 between bursts)
+    tokens_per_s: dict[str, float] = {}
 
 
 class StatusReport(msgspec.Struct, kw_only=True):
@@ -62,21 +68,9 @@ class StatusReport(msgspec.Struct, kw_only=True):
     error: str | None = None
 
 
-def resolve_data_dir(args: argparse.Namespace) -> Path | None:
-    """--data-dir, else the config's data_dir (default .tidal); None (after printing why) on a bad config."""
-    if getattr(args, "data_dir", None):
-        return Path(args.data_dir).resolve()
-    try:
-        return Path(load_config(args.config).cluster.data_dir)
-    except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
-        return None
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("status", help="services, workers and their memory pools, with liveness")
-    parser.add_argument("--config", help="the cluster TOML file it was started with (to find its data_dir)")
-    parser.add_argument("--data-dir", help="the cluster's data directory (default: from the config, .tidal)")
+    add_lookup_arguments(parser)
     parser.add_argument("--nats", metavar="URL", help="ask this NATS (default: the one `tidal up` recorded)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS", help="per request (default: %(default)s)")
@@ -90,17 +84,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     nats_url = args.nats
     if not nats_url:
-        data_dir = resolve_data_dir(args)
-        if data_dir is None:
-            return 2
+        data_dir = find_cluster(args, "status")
+        if isinstance(data_dir, int):
+            return data_dir
         try:
             state = read_state(data_dir)
         except ValueError as exc:
             print(f"tidal status: {exc}", file=sys.stderr)
             return 1
-        if state is None:
-            print(f"tidal status: no Tidal cluster is running from {data_dir}; start one with `tidal up`, "
-                  "or pass --nats URL", file=sys.stderr)
+        if state is None:  # stopped since it was found
+            print(f"tidal status: no Tidal cluster is running from {data_dir}", file=sys.stderr)
             return 1
         nats_url = state.nats_url
     if args.watch is not None:
@@ -174,8 +167,10 @@ class StatusSource:
         self.nats_url = nats_url
         self.timeout = timeout
         self.latest: dict[str, WorkerStats] = {}
+        self.samples: dict[str, list[tuple[float, dict[str, float]]]] = {}  # worker -> [(ts, instance -> tok/s)]
         self.heard = asyncio.Event()
         self.sub: Any = None
+        self.opened = 0.0
 
     @classmethod
     async def open(cls, nats_url: str, timeout: float) -> "StatusSource":
@@ -185,6 +180,7 @@ class StatusSource:
         configure_logging("cli", level="warning")  # stdout is for the report
         bus = await Bus.connect(BusSettings(url=nats_url, initial_connect_s=timeout), service="cli")
         source = cls(bus, nats_url, timeout)
+        source.opened = asyncio.get_running_loop().time()
         source.sub = await bus.subscribe(worker_stats(), WorkerStats, source._on_stats)
         return source
 
@@ -192,7 +188,21 @@ class StatusSource:
         prev = self.latest.get(msg.worker_id)
         if prev is None or msg.ts >= prev.ts:
             self.latest[msg.worker_id] = msg
+        kept = self.samples.setdefault(msg.worker_id, [])
+        kept.append((msg.ts, {i.instance_id: i.tokens_per_s for i in msg.instances}))
+        del kept[:-64]
         self.heard.set()
+
+    def rates(self, window_s: float) -> dict[str, dict[str, float]]:
+        """worker -> instance -> tokens/s, the mean of the reports of its last `window_s` seconds (each report's
+        figure covers one stats interval, so the mean of consecutive ones is tokens over their span)."""
+        out: dict[str, dict[str, float]] = {}
+        for worker, kept in self.samples.items():
+            newest = max(ts for ts, _ in kept)
+            recent = [rates for ts, rates in kept if ts >= newest - window_s]
+            out[worker] = {inst: sum(r.get(inst, 0.0) for r in recent) / len(recent)
+                           for inst in recent[-1]}
+        return out
 
     async def close(self) -> None:
         await self.bus.close()
@@ -209,18 +219,26 @@ class StatusSource:
             services, workers, error = [], [], f"registry unreachable: {exc}"
         alive = {e.key for e in workers if e.record.state != WorkerState.DEAD}  # type: ignore[union-attr]
         heard = asyncio.ensure_future(self._await_stats(alive, stats_window))
-        healths = await asyncio.gather(*(gather_health(self.bus, n, timeout=min(self.timeout, 0.5)) for n in SERVICES))
+        registered = {name: {e.key for e in services if e.record.service == name} or None  # type: ignore[union-attr]
+                      for name in SERVICES}  # answered by all of them: no need to wait out the timeout
+        healths = await asyncio.gather(*(gather_health(self.bus, n, timeout=min(self.timeout, 0.5),
+                                                       expect=registered[n]) for n in SERVICES))
         await heard
         replies = {inst: reply for found in healths for inst, reply in found.items()}
-        return StatusReport(
-            nats_url=self.nats_url, registry_reachable=error is None, error=error,
-            services=service_rows(services, replies), workers=worker_rows(workers, self.latest, time.time()),
-        )
+        rows = worker_rows(workers, self.latest, time.time())
+        rates = self.rates(RATE_WINDOW_S)
+        for row in rows:
+            row.tokens_per_s = rates.get(row.worker_id, {}) if row.stats is not None else {}
+        return StatusReport(nats_url=self.nats_url, registry_reachable=error is None, error=error,
+                            services=service_rows(services, replies), workers=rows)
 
     async def _await_stats(self, alive: set[str], window: float) -> None:
-        """Until every live worker has published stats once, or `window` seconds."""
+        """Until every live worker has published stats once, or `window` seconds; and (the first time)
+        FIRST_RATE_S after the subscription at least, for more than one report's tokens/s."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + window
+        if window > 0 and alive:
+            await asyncio.sleep(max(0.0, self.opened + min(FIRST_RATE_S, window) - loop.time()))
         while not alive <= self.latest.keys() and loop.time() < deadline:
             self.heard.clear()
             try:

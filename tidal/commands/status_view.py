@@ -8,6 +8,7 @@ resident adapters. Everything fits an 80-column terminal. Only fields of today's
 from __future__ import annotations
 
 import io
+import re
 from typing import TYPE_CHECKING, Any
 
 from rich.columns import Columns
@@ -99,17 +100,56 @@ def legend(stats: WorkerStats) -> Columns:
     return Columns(entries, padding=(0, 2))
 
 
-def instances_table(stats: WorkerStats) -> Table:
-    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
-    for column, justify in (("instance", "left"), ("model", "left"), ("batch", "right"), ("queue", "right"),
-                            ("KV used", "right"), ("tok/s", "right"), ("adapters", "left")):
-        table.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
-    for inst in stats.instances:
-        share = f" {100 * inst.kv_blocks_used / inst.kv_blocks_total:.0f}%" if inst.kv_blocks_total else ""
-        table.add_row(inst.instance_id, inst.model, str(inst.running), str(inst.waiting),
-                      f"{inst.kv_blocks_used}/{inst.kv_blocks_total}{share}", f"{inst.tokens_per_s:.1f}",
-                      ", ".join(inst.adapters) or "-")
-    return table
+def dash_wrap(name: str, width: int) -> Text:
+    """`name` broken only after a '-' or '_' (ids like gpu_worker-w0-3f9a1c-r1) into lines of at most `width`;
+    a piece longer than a line is cut, as there is no better place."""
+    lines: list[str] = []
+    line = ""
+    for piece in re.findall(r"[^-_]*[-_]|[^-_]+$", name):
+        if line and len(line) + len(piece) > width:
+            lines.append(line)
+            line = ""
+        while len(piece) > width > 0:
+            lines.append(piece[:width])
+            piece = piece[width:]
+        line += piece
+    lines.append(line)
+    return Text("\n".join(lines))
+
+
+def _plain_table() -> Table:
+    return Table(box=None, pad_edge=False, show_edge=False, header_style="bold", padding=(0, 1))
+
+
+# numbers' columns of the instances table: (header, width); every header names its unit
+INSTANCE_NUMBERS = (("running", 7), ("queued", 6), ("KV blocks", 13), ("tok/s", 7))
+
+
+class InstancesTable:
+    """Per instance: batch, queue, KV blocks, tokens/s over the status window; ids wrap only at dashes."""
+
+    def __init__(self, stats: WorkerStats, rates: dict[str, float]) -> None:
+        self.stats, self.rates = stats, rates
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        # padding (0, 1) without edges: two cells between neighbouring columns
+        names = options.max_width - sum(w for _h, w in INSTANCE_NUMBERS) - 2 * (len(INSTANCE_NUMBERS) + 1)
+        inst_w = max(8, names * 11 // 20)
+        model_w = max(6, names - inst_w)
+        table = _plain_table()
+        table.add_column("instance", width=inst_w)
+        table.add_column("model", width=model_w)
+        for header, width in INSTANCE_NUMBERS:
+            table.add_column(header, justify="right", width=width, no_wrap=True)
+        for inst in self.stats.instances:
+            share = f" {100 * inst.kv_blocks_used / inst.kv_blocks_total:.0f}%" if inst.kv_blocks_total else ""
+            rate = self.rates.get(inst.instance_id, inst.tokens_per_s)
+            table.add_row(dash_wrap(inst.instance_id, inst_w), dash_wrap(inst.model, model_w), str(inst.running),
+                          str(inst.waiting), f"{inst.kv_blocks_used}/{inst.kv_blocks_total}{share}", f"{rate:.1f}")
+        yield table
+        for inst in self.stats.instances:
+            if inst.adapters:
+                yield Text(f"adapters of {inst.instance_id}: " + ", ".join(inst.adapters))
 
 
 def worker_panel(row: "WorkerRow") -> Panel:
@@ -128,21 +168,34 @@ def worker_panel(row: "WorkerRow") -> Panel:
             PoolBar(stats), legend(stats),
         ]
         if stats.instances:
-            parts.append(instances_table(stats))
+            parts.append(InstancesTable(stats, row.tokens_per_s))
         parts.append(Text("resident adapters: " + (", ".join(stats.resident_adapters) or "none")))
         body = Group(*parts)
     return Panel(body, title=title, title_align="left")
 
 
-def services_table(report: "StatusReport") -> Table:
-    table = Table(title="services")
-    for column in ("service", "instance", "pid", "health", "registry", "uptime", "metrics"):
-        table.add_column(column, overflow="fold")
-    for row in report.services:
-        c = COLOUR.get(row.health, "white")
-        table.add_row(row.service, row.instance, str(row.pid or "-"), f"[{c}]{row.health}[/{c}]",
-                      row.registry_state or "-", age(row.uptime_s), str(row.metrics_port or "-"))
-    return table
+# the services table's fixed columns: (header, width); the instance id takes the rest
+SERVICE_COLUMNS = (("pid", 7), ("health", 11), ("registry", 8), ("uptime", 6), ("metrics", 7))
+
+
+class ServicesTable:
+    def __init__(self, report: "StatusReport") -> None:
+        self.report = report
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        inst_w = max(8, options.max_width - sum(w for _h, w in SERVICE_COLUMNS) - 2 * len(SERVICE_COLUMNS))
+        table = _plain_table()
+        table.add_column("instance (service)", width=inst_w)
+        for header, width in SERVICE_COLUMNS:
+            table.add_column(header, width=width, no_wrap=True)
+        for row in self.report.services:
+            c = COLOUR.get(row.health, "white")
+            name = row.instance if row.instance.startswith(row.service) else f"{row.instance} ({row.service})"
+            table.add_row(dash_wrap(name, inst_w), str(row.pid or "-"), f"[{c}]{row.health}[/{c}]",
+                          row.registry_state or "-", age(row.uptime_s),
+                          f":{row.metrics_port}" if row.metrics_port else "-")
+        yield Text("services", style="italic")
+        yield table
 
 
 def status_view(report: "StatusReport") -> Group:
@@ -150,7 +203,7 @@ def status_view(report: "StatusReport") -> Group:
     head = Text(f"NATS {report.nats_url}")
     if report.error:
         head.append(f"  {report.error}", style="red")
-    return Group(head, services_table(report), Text("workers", style="italic"),
+    return Group(head, ServicesTable(report), Text("workers", style="italic"),
                  *(worker_panel(w) for w in report.workers))
 
 
