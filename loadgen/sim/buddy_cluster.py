@@ -10,9 +10,9 @@ free KV (Llumnix's load balancing). Every `tick_s` a controller looks at the ins
   instant; the victims' KV is exchanged over the link while they keep decoding with remote
   attention. A restore reloads the dropped layers over PCIe and migrates the KV back over the
   link, then splits the group (cancelled if the burst returns meanwhile).
-- migration: from the fullest instance with a queue to the emptiest, one running request at a
-  time: its KV is reserved on the target, copied over the link (the request keeps decoding on the
-  source, Llumnix's pre-copy), then moved.
+- migration: Llumnix's live migration with Llumnix's costs (loadgen/sim/llumnix_migration.py).
+Regroups and migrations apply between steps (`at_boundary`): nothing completes a step early.
+Every `sample_s` the cluster's KV occupancy, demand, waiting split and preemptions are sampled.
 Pure of wall clock: time is the simulation's.
 """
 from __future__ import annotations
@@ -25,10 +25,12 @@ import msgspec
 from heapq import heappop, heappush
 
 from loadgen.sim.pipeline import (
-    PipelineCost, group_cost, put_all, put_decoding, set_cost, settle, take_all, take_one,
+    PipelineCost, group_cost, put_all, put_decoding, set_cost, settle, take_all,
 )
 from loadgen.sim.profile import CostProfile
+from loadgen.sim.llumnix_migration import LlumnixMigration
 from loadgen.sim.request import SimRequest
+from loadgen.sim.timeline import ClusterSample, sample_workers
 from loadgen.sim.worker import SimWorker
 from loadgen.traces.schema import Trace
 from shared.policy import kunserve_monitor as mon
@@ -58,11 +60,12 @@ class Engine:
     members: list[int]  # instance indices, in stage order
     exchanging_until: float = 0.0
     restoring: bool = False
+    draining: bool = False  # waiting for its step in progress to end before a merge: starts no new step
 
 
 class BuddyCluster:
     def __init__(self, trace: Trace, profile: CostProfile, pipeline: PipelineProfile, pipe: PipelineCost,
-                 cfg: ClusterConfig, num_layers: int, layer_bytes: int) -> None:
+                 cfg: ClusterConfig, num_layers: int, layer_bytes: int, sample_s: float = 0.25) -> None:
         if cfg.system not in SYSTEMS:
             raise ValueError(f"unknown system {cfg.system!r}; known: {', '.join(SYSTEMS)}")
         self.trace, self.profile, self.pipeline, self.pipe, self.cfg = trace, profile, pipeline, pipe, cfg
@@ -76,9 +79,13 @@ class BuddyCluster:
         self.eid = itertools.count()
         self.state = mon.MonitorState()
         self.prev_used: dict[int, int] = {}
-        self.drops = self.restores = self.migrations = 0
+        self.drops = self.restores = 0
         self.grouped_time = 0.0
-        self.migrating: set[int] = set()  # engine ids with a migration out in flight
+        self.hooks: dict[int, list[Callable[[float], None]]] = {}  # engine id -> run at its next step boundary
+        self.migration = LlumnixMigration(self)
+        self.preemptions_gone = 0  # preemptions counted by engines since replaced (merges, splits)
+        self.samples: list[ClusterSample] = []
+        self.sample_s = sample_s
         if cfg.system == "pipeline":
             k = cfg.static_stages
             for g in range(cfg.instances // k):
@@ -106,20 +113,54 @@ class BuddyCluster:
     def _at(self, t: float, kind: int, payload: object) -> None:
         heappush(self.events, (t, next(self.seq), kind, payload))
 
+    def at_boundary(self, eng: Engine, now: float, fn: Callable[[float], None]) -> None:
+        """Run `fn(t)` once `eng` is between two steps: now if idle, else when its step in progress
+        ends (a decode run is cut after that step). Nothing is completed early or thrown away: a
+        regroup or a migration waits for the engine, as the real ones apply between iterations."""
+        w = eng.worker
+        if not w.busy:
+            fn(now)
+            return
+        if w.run_k > 1:
+            end = w._truncate(now)
+            if end is not None:
+                self._at(end, 0, (w.index, w.gen))
+        self.hooks.setdefault(w.index, []).append(fn)
+
     def _kick(self, eng: Engine, now: float) -> None:
+        if eng.draining or eng.worker.index not in self.engines:
+            return
         end = eng.worker.plan(now) if not eng.worker.busy else None
         if end is not None:
             self._at(end, 0, (eng.worker.index, eng.worker.gen))
         eng.worker.finished.clear()
 
     def _merge(self, member_ids: list[int], now: float) -> None:
+        """Form a group once every member is between steps (members that get there first idle)."""
         old = [e for e in list(self.engines.values()) if e.members[0] in member_ids and len(e.members) == 1]
+        if len(old) != len(member_ids) or any(e.draining for e in old):
+            return  # a member is in another group or already forming one: the plan is stale
+        pending = {e.worker.index for e in old}
+        for e in old:
+            e.draining = True
+
+        def ready(eid: int) -> Callable[[float], None]:
+            def fn(t: float) -> None:
+                pending.discard(eid)
+                if not pending:
+                    self._form(old, member_ids, t)
+            return fn
+
+        for e in old:
+            self.at_boundary(e, now, ready(e.worker.index))
+
+    def _form(self, old: list[Engine], member_ids: list[int], now: float) -> None:
         moved = []
         for e in old:
             settle(e.worker, now)
             e.worker.finished.clear()
             moved.append(take_all(e.worker))
-            del self.engines[e.worker.index]
+            self._retire(e)
         k = len(member_ids)
         victim_bytes = max((sum(-(-c // e.worker.bs) for _, c, _ in m.decoding) * self.block_bytes for m, e in
                             zip(moved, old)), default=0)
@@ -130,11 +171,16 @@ class BuddyCluster:
         self.drops += 1
         self._kick(eng, now)
 
+    def _retire(self, e: Engine) -> None:
+        self.preemptions_gone += e.worker.preemptions
+        del self.engines[e.worker.index]
+        self.hooks.pop(e.worker.index, None)
+
     def _split(self, eng: Engine, now: float) -> None:
         settle(eng.worker, now)
         eng.worker.finished.clear()
         moved = take_all(eng.worker)
-        del self.engines[eng.worker.index]
+        self._retire(eng)
         parts = [self._new_engine([m], now) for m in eng.members]
         for req, ctx, gen in sorted(moved.decoding, key=lambda d: -d[1]):  # largest first, to the emptiest
             put_decoding(min(parts, key=lambda p: p.worker.used).worker, req, ctx, gen)
@@ -149,6 +195,19 @@ class BuddyCluster:
             p.worker.waiting = type(p.worker.waiting)(sorted(p.worker.waiting, key=lambda r: r.order))
             self._kick(p, now)
         self.restores += 1
+
+    @property
+    def migrations(self) -> int:
+        return self.migration.moved
+
+    @property
+    def preemptions(self) -> int:
+        return self.preemptions_gone + sum(e.worker.preemptions for e in self.engines.values())
+
+    @property
+    def kv_peak(self) -> float:
+        """The fullest any instance's KV got (sampled)."""
+        return max((s.kv_used_max for s in self.samples), default=0.0)
 
     # --- the controllers ---------------------------------------------------------------------
     def _loads(self) -> list[InstanceLoad]:
@@ -201,47 +260,15 @@ class BuddyCluster:
         if eng.worker.used > 0.9 * k * spec.kv_blocks:  # would not fit back: keep the group
             eng.restoring = False
             return
-        self._split(eng, now)
-        if not any(len(e.members) > 1 for e in self.engines.values()):
-            self.state = mon.restored(self.state, now)
+        eng.restoring = False
+        eng.draining = True
 
-    def _migration_tick(self, now: float) -> None:
-        def pressure(e: Engine) -> float:
-            w = e.worker
-            return (w.used + w.queued_tokens / w.bs) / w.total
+        def split(t: float) -> None:
+            self._split(eng, t)
+            if self.state.phase == mon.Phase.RESTORING and not any(len(e.members) > 1 for e in self.engines.values()):
+                self.state = mon.restored(self.state, t)
 
-        engines = sorted(self.engines.values(), key=pressure)
-        src, dst = engines[-1], engines[0]
-        if src is dst or src.worker.index in self.migrating or not src.worker.waiting:
-            return
-        live = [e[3] for e in src.worker.heap if e[2] == e[3].epoch]
-        if not live:
-            return
-        w = src.worker
-        req = min(live, key=lambda r: r.ctx0 + (w.step - r.start_step))  # the cheapest to move
-        blocks = -(-(req.ctx0 + w.step - req.start_step + 64) // w.bs)
-        if dst.worker.total - dst.worker.used < blocks + dst.worker.queued_tokens // dst.worker.bs:
-            return
-        dst.worker.used += blocks  # reserved on the target while the KV is copied
-        self.migrating.add(w.index)
-        self._at(now + self.link.transfer_s(blocks * self.block_bytes), 4, (w.index, dst.worker.index, req, blocks))
-
-    def _migration_done(self, payload, now: float) -> None:
-        src_id, dst_id, req, blocks = payload
-        self.migrating.discard(src_id)
-        src, dst = self.engines.get(src_id), self.engines.get(dst_id)
-        if dst is not None:
-            settle(dst.worker, now)
-            dst.worker.used -= blocks
-        if src is not None and dst is not None:
-            settle(src.worker, now)
-            got = take_one(src.worker, req)
-            if got is not None:
-                put_decoding(dst.worker, req, *got)
-                self.migrations += 1
-            self._kick(src, now)
-        if dst is not None:
-            self._kick(dst, now)
+        self.at_boundary(eng, now, split)
 
     # --- the run -----------------------------------------------------------------------------
     def _route(self, req: SimRequest, now: float) -> None:
@@ -249,7 +276,15 @@ class BuddyCluster:
             w = e.worker
             return (w.total - w.used - w.queued_tokens / w.bs) / w.total
 
-        eng = max(self.engines.values(), key=lambda e: (free(e), -e.worker.index))
+        ready = [e for e in self.engines.values() if not e.draining]
+        if not ready:  # every engine is between steps for a merge: queue without starting a step
+            eng = max(self.engines.values(), key=lambda e: (free(e), -e.worker.index))
+            w = eng.worker
+            req.worker = w.worker_id
+            w.waiting.append(req)
+            w.queued_tokens += req.to_prefill
+            return
+        eng = max(ready, key=lambda e: (free(e), -e.worker.index))
         end = eng.worker.enqueue(req, now)
         if end is not None:
             self._at(end, 0, (eng.worker.index, eng.worker.gen))
@@ -265,6 +300,7 @@ class BuddyCluster:
         end_arrivals = records[-1].arrival_s if records else 0.0
         if self.cfg.system in ("kunserve", "migration"):
             self._at(self.cfg.tick_s, 5, None)
+        self._at(0.0, 6, None)
         last = 0.0
         while self.events:
             t, _, kind, payload = heappop(self.events)
@@ -278,27 +314,36 @@ class BuddyCluster:
                     continue
                 eng.worker.complete(t)
                 eng.worker.finished.clear()
+                for fn in self.hooks.pop(eid, ()):
+                    fn(t)
                 self._kick(eng, t)
             elif kind == 1:
                 self._route(payload, t)  # type: ignore[arg-type]
             elif kind == 2:
                 eng = self.engines.get(payload[1])  # type: ignore[index]
                 if eng is not None:
-                    settle(eng.worker, t)
-                    set_cost(eng.worker, group_cost(self.profile.step, len(eng.members), self.link, self.pipe))
-                    self._kick(eng, t)
+                    def exchanged(t: float, eng: Engine = eng) -> None:
+                        settle(eng.worker, t)
+                        set_cost(eng.worker, group_cost(self.profile.step, len(eng.members), self.link, self.pipe))
+                        self._kick(eng, t)
+                    self.at_boundary(eng, t, exchanged)
             elif kind == 3:
                 self._restore_done(payload[1], t)  # type: ignore[index]
             elif kind == 4:
-                self._migration_done(payload, t)
+                self.migration.event(payload, t)  # type: ignore[arg-type]
             elif kind == 5:
                 if self.cfg.system == "kunserve":
                     self._kunserve_tick(t)
                 else:
-                    self._migration_tick(t)
+                    self.migration.tick(t)
                 busy = any(e.worker.busy or e.worker.waiting for e in self.engines.values())
                 if t < end_arrivals or busy:
                     self._at(t + self.cfg.tick_s, 5, None)
+            elif kind == 6:
+                self.samples.append(sample_workers(t, [e.worker for e in self.engines.values()], self.preemptions))
+                busy = any(e.worker.busy or e.worker.waiting for e in self.engines.values())
+                if t < end_arrivals or busy:
+                    self._at(t + self.sample_s, 6, None)
         return requests
 
 

@@ -49,4 +49,35 @@ class WorkerTimeline:
                                             preemptions=w.preemptions))
 
 
-__all__ = ["OccupancySample", "WorkerTimeline"]
+__all__ = ["ClusterSample", "OccupancySample", "WorkerTimeline", "sample_workers"]
+
+
+class ClusterSample(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """A cluster of workers at one instant (loadgen/sim/buddy_cluster.py samples it)."""
+
+    t_s: float
+    kv_used: float  # the cluster's KV blocks in use, as a fraction of all of them
+    kv_used_max: float  # the fullest instance's fraction
+    demand: float  # KV in use plus the queued prompts' KV, as a fraction of all blocks (Llumnix's demand)
+    waiting_memory: int
+    waiting_compute: int
+    preemptions: int  # cumulative
+
+
+def sample_workers(t: float, workers: list, preemptions: int) -> ClusterSample:
+    """One ClusterSample of `workers` (SimWorkers) at `t`."""
+    used = total = queued = mem = comp = 0
+    peak = 0.0
+    for w in workers:
+        used += w.used
+        total += w.total
+        queued += -(-w.queued_tokens // w.bs)
+        peak = max(peak, w.used / w.total)
+        n = len(w.waiting)
+        if w.blocked_on == "memory":
+            mem += n
+        else:
+            comp += n
+    total = total or 1
+    return ClusterSample(t_s=t, kv_used=used / total, kv_used_max=peak, demand=(used + queued) / total,
+                         waiting_memory=mem, waiting_compute=comp, preemptions=preemptions)

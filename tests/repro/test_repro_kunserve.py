@@ -6,7 +6,7 @@ import dataclasses
 import json
 import re
 
-from loadgen.repro.kunserve import SCALES, build_trace, headline, run_repro, simulate
+from loadgen.repro.kunserve import SCALES, build_trace, headline, mean_demand, operating_rate, run_repro, simulate
 from loadgen.sim.pipeline import put_all, settle, take_all
 from loadgen.sim.profile import load_profile
 from loadgen.sim.request import SimRequest
@@ -14,7 +14,8 @@ from loadgen.sim.worker import SimWorker
 from tidal.cli import main
 
 LINE = re.compile(r"^repro kunserve: p99_ttft_vs_replication=\d+\.\dx p99_ttft_vs_migration=\d+\.\dx "
-                  r"p99_ttft_vs_pipeline=\d+\.\dx p50_tbt_vs_replication=\d+\.\d\dx$")
+                  r"p99_ttft_vs_pipeline=\d+\.\dx p50_tbt_vs_replication=\d+\.\d\dx seeds=\d+ "
+                  r"kv_peak_replication=\d+% preemptions_replication=\d+$")
 
 
 def test_cli_tiny_writes_report_and_ends_with_summary_line(tmp_path, capsys):
@@ -29,17 +30,33 @@ def test_tiny_is_deterministic_and_kunserve_cuts_the_tail_of_a_memory_bound_burs
     cfg = dataclasses.replace(SCALES["tiny"], systems=("replication", "kunserve"), ablation=False)
     a, b = run_repro(cfg), run_repro(cfg)
     assert headline(a).line() == headline(b).line()
-    (dataset, rates), = cfg.datasets.items()
-    kun, rep = a.get(dataset, rates[0], "kunserve"), a.get(dataset, rates[0], "replication")
+    dataset, = cfg.datasets
+    rate = a.rates[dataset][0]
+    kun, rep = a.get(dataset, rate, "kunserve"), a.get(dataset, rate, "replication")
     assert kun.drops >= 1  # the burst throttled KV and the monitor dropped layers
     assert kun.ttft_p99 <= rep.ttft_p99
     assert kun.requests == rep.requests
+    # at the operating point the vllm-0.6 baseline runs out of KV and recomputes (issue 17's "done when")
+    assert rep.kv_peak > 0.99 and rep.preemptions > 0 and rep.waiting_memory_peak > 0
+    head = headline(a)
+    assert head.preemptions_replication == rep.preemptions and head.seeds == 1
+
+
+def test_the_operating_point_puts_mean_demand_at_the_papers_memory_level():
+    # KunServe §2.2: KV provisioned at 2.1x the mean demand over the trace (in use + queued)
+    cfg = dataclasses.replace(SCALES["tiny"], systems=("replication",), ablation=False)
+    dataset, = cfg.datasets
+    rate = operating_rate(cfg, dataset)
+    _, at = simulate(cfg, build_trace(cfg, dataset, rate), "replication")
+    assert abs(mean_demand(at, cfg.duration_s) - 1 / 2.1) < 0.05
+    _, low = simulate(cfg, build_trace(cfg, dataset, rate / 2), "replication")
+    assert mean_demand(low, cfg.duration_s) < 1 / 2.1
 
 
 def test_every_request_finishes_once_with_all_its_tokens_through_drops_and_restores():
     cfg = SCALES["tiny"]
-    (dataset, rates), = cfg.datasets.items()
-    reqs, cluster = simulate(cfg, build_trace(cfg, dataset, rates[0]), "kunserve")
+    dataset, = cfg.datasets
+    reqs, cluster = simulate(cfg, build_trace(cfg, dataset, operating_rate(cfg, dataset)), "kunserve")
     assert cluster.drops >= 1
     assert all(r.status == "ok" and r.first_token >= r.arrival and r.finish >= r.first_token for r in reqs)
     assert all(r.generated == r.output for r in reqs)

@@ -21,9 +21,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from loadgen.repro.kunserve import SCALES
 
     p.add_argument("--scale", choices=sorted(SCALES), default="paper",
-                   help="paper: 8 instances, 3 datasets x 3 rates, 240 s each; tiny: 4 tight-memory instances, seconds")
+                   help="paper: 8 instances, 3 datasets x 3 rates x 3 seeds, 240 s each; tiny: 4 tight-memory instances, seconds")
     p.add_argument("--out", default=None, help="report directory (default runs/repro-kunserve-<timestamp>/)")
-    p.add_argument("--seed", type=int, default=None, help="trace seed (default 0)")
+    p.add_argument("--seed", type=int, default=None, help="trace seed (with --live); simulated: run this one seed only")
+    p.add_argument("--seeds", type=int, default=None, help="simulated: run seeds 0..N-1 (default 3 at paper scale)")
     p.add_argument("--no-ablation", action="store_true", help="skip the Fig. 16 drop-plan ablation")
     p.add_argument("--no-plots", action="store_true", help="do not draw the PNG figures")
     live = p.add_argument_group("--live: the small version on a local cluster (real processes, CPU workers)")
@@ -68,7 +69,12 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     cfg = SCALES[args.scale]
     if args.seed is not None:
-        cfg = dataclasses.replace(cfg, seed=args.seed)
+        cfg = dataclasses.replace(cfg, seeds=(args.seed,))
+    elif args.seeds is not None:
+        if args.seeds < 1:
+            print(f"error: --seeds must be >= 1, got {args.seeds}", file=sys.stderr)
+            return 2
+        cfg = dataclasses.replace(cfg, seeds=tuple(range(args.seeds)))
     if args.no_ablation:
         cfg = dataclasses.replace(cfg, ablation=False)
     out = Path(args.out) if args.out else default_out("kunserve")
