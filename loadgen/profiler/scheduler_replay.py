@@ -50,6 +50,7 @@ def replay(trace: Trace, profile: CostProfile, model: str | None = None) -> Repl
     errors: dict[str, str] = {}
     by_id = {rid: rec for rid, rec in zip(ids, recs)}
     t, i, steps, peak, idle = 0.0, 0, 0, 0.0, 0
+    decoding: set[str] = set()  # requests past their (re)compute
     while i < len(recs) or sched.has_unfinished:
         while i < len(recs) and recs[i].arrival_s + profile.request_overhead_s <= t:
             rec = recs[i]
@@ -70,11 +71,11 @@ def replay(trace: Trace, profile: CostProfile, model: str | None = None) -> Repl
                                    f"{sched.num_running} running, nothing scheduled")
             continue
         idle = 0
+        decoding.difference_update(out.preempted)
         dec_n = dec_ctx = ptok = attn = 0
         for c in out.chunks:
             n = len(c.token_ids)
-            seq = sched.get(c.seq_id)
-            if n == 1 and seq is not None and seq.num_tokens - c.start_pos == 1 and c.start_pos >= seq.num_prompt_tokens:
+            if c.seq_id in decoding:  # sampled since its last (re)compute: a decode, as the simulator counts it
                 dec_n += 1
                 dec_ctx += c.start_pos
             else:
@@ -82,6 +83,7 @@ def replay(trace: Trace, profile: CostProfile, model: str | None = None) -> Repl
                 attn += n * (c.start_pos + n)
         t += cost.step_s(dec_n, dec_ctx, ptok, attn)
         steps += 1
+        decoding.update(c.seq_id for c in out.chunks if c.sample)
         for seq in sched.update(out, [TOKEN for c in out.chunks if c.sample]):
             if seq.error:
                 errors[seq.seq_id] = seq.error
