@@ -6,7 +6,10 @@
     MigrateKvCancel               drop the expected transfers, free the blocks
 
 A reservation not committed within its `hold_s` (renewed by every stage) is released: its
-source died or gave up without saying so. Blocks are freed only once nothing can still be
+source gave up without saying so. So is one whose source worker is lost (a heartbeat with another
+incarnation, or silent for `dead_after`: a killed source never answers its MigrateOut), at once,
+and one whose request is assigned here anew without moved KV (the dispatcher's re-dispatch after
+the source died, or the source's token-mode hand-over): the assignment then runs as any other. Blocks are freed only once nothing can still be
 written into them: a transfer already under way is awaited until the data plane hands its
 destination back (it does so only when no receive into it is posted).
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,13 +28,16 @@ from shared.events.ctl import CtlDone, CtlRefused, CtlReply, MigrateIn, MigrateK
 from shared.logging import get_logger
 
 if TYPE_CHECKING:
+    from services.gpu_worker.admission import Active
+    from services.gpu_worker.dataplane import WorkerDataPlane
     from services.gpu_worker.instance import ModelInstance
-    from services.gpu_worker.worker import GpuWorker
 
 log = get_logger("tidal.gpu_worker.migration")
 
 COMMITTED_MEMORY = 10_000  # committed moves remembered for a late withdrawal
 SINK_SETTLE_S = 30.0  # a transfer under way when a reservation is dropped: how long to wait for it to end
+EXPIRY_TICK_S = 0.25  # how often held reservations are checked (hold, the source's liveness)
+Heard = Callable[[str], "tuple[float, str] | None"]  # worker -> (last heartbeat, monotonic; its incarnation)
 
 
 @dataclass(slots=True)
@@ -43,13 +50,19 @@ class Reservation:
     hold_s: float
     expires_at: float  # monotonic
     sinks: dict[str, Any] = field(default_factory=dict)  # key -> transfer.Sink
+    source_incarnation: str | None = None  # the source's process when it reserved (None: not heard yet)
 
 
 class KvInbound:
     """The worker's reservations for incoming KV migrations (touched on the event loop only)."""
 
-    def __init__(self, worker: "GpuWorker") -> None:
-        self.worker = worker
+    def __init__(self, worker_id: str, instances: "dict[str, ModelInstance]", active: "dict[str, Active]",
+                 dataplane: "WorkerDataPlane", *, draining: Callable[[], bool], heard: Heard,
+                 dead_after: Callable[[], float]) -> None:
+        """`active`: the worker's running requests (a withdrawn commit leaves them); `heard`: the
+        other workers' heartbeats; `dead_after`: the registry's silence threshold."""
+        self.worker_id, self.instances, self.active, self.dataplane = worker_id, instances, active, dataplane
+        self._draining, self._heard, self._dead_after = draining, heard, dead_after
         self.reservations: dict[str, Reservation] = {}
         # request id -> source, for moves committed here: a source whose commit went unanswered
         # cancels, and the copy running here must then go quietly (bounded: old entries drop)
@@ -58,27 +71,26 @@ class KvInbound:
 
     def _done(self, msg: MigrateIn | MigrateKvStage | MigrateKvCancel, detail: str) -> CtlDone:
         return CtlDone(idempotency_key=msg.idempotency_key, command=type(msg).__name__,
-                       worker_id=self.worker.worker_id, detail=detail)
+                       worker_id=self.worker_id, detail=detail)
 
     def _refused(self, msg: MigrateIn | MigrateKvStage | MigrateKvCancel, code: str, message: str) -> CtlRefused:
         return CtlRefused(idempotency_key=msg.idempotency_key, command=type(msg).__name__,
-                          worker_id=self.worker.worker_id, code=code, message=message)  # type: ignore[arg-type]
+                          worker_id=self.worker_id, code=code, message=message)  # type: ignore[arg-type]
 
     # --- MigrateIn(reserve_tokens > 0) ------------------------------------------------------------
     async def reserve(self, msg: MigrateIn) -> CtlReply:
-        w = self.worker
-        inst = w.instances.get(msg.instance_id)
+        inst = self.instances.get(msg.instance_id)
         if inst is None:
-            return self._refused(msg, "not_found", f"no instance {msg.instance_id} on {w.worker_id}")
-        if w.draining:
-            return self._refused(msg, "busy", f"worker {w.worker_id} is draining")
+            return self._refused(msg, "not_found", f"no instance {msg.instance_id} on {self.worker_id}")
+        if self._draining():
+            return self._refused(msg, "busy", f"worker {self.worker_id} is draining")
         if msg.kv_block_tokens and msg.kv_block_tokens != inst.engine.blocks.block_size:
             return self._refused(msg, "invalid", f"KV blocks hold {inst.engine.blocks.block_size} tokens here, "
                                                  f"{msg.kv_block_tokens} on {msg.source}: KV cannot move as is")
         if msg.adapter is not None and msg.adapter not in inst.adapters:
-            return self._refused(msg, "not_found", f"adapter {msg.adapter!r} is not registered on {w.worker_id}")
-        if msg.request_id in w.active:
-            return self._refused(msg, "busy", f"request {msg.request_id} already runs on {w.worker_id}")
+            return self._refused(msg, "not_found", f"adapter {msg.adapter!r} is not registered on {self.worker_id}")
+        if msg.request_id in self.active:
+            return self._refused(msg, "busy", f"request {msg.request_id} already runs on {self.worker_id}")
         held = self.reservations.get(msg.request_id)
         if held is not None and held.source != msg.source:
             return self._refused(msg, "busy", f"{msg.request_id} is being received from {held.source}")
@@ -90,6 +102,8 @@ class KvInbound:
                                  f"no room for {msg.reserve_tokens} tokens of KV on {inst.instance_id}")
         if held is None:
             held = Reservation(msg.request_id, msg.source, inst, msg.reserve_tokens, msg.expected_tokens, msg.hold_s, 0.0)
+            heard = self._heard(msg.source)
+            held.source_incarnation = heard[1] if heard is not None else None
             self.reservations[msg.request_id] = held
         held.tokens = max(held.tokens, msg.reserve_tokens)
         self._renew(held)
@@ -100,9 +114,9 @@ class KvInbound:
         held = self.reservations.get(msg.request_id)
         if held is None or held.source != msg.source:
             return self._refused(msg, "not_found", f"no KV reservation for {msg.request_id} from {msg.source}")
-        plane = self.worker.dataplane.plane
+        plane = self.dataplane.plane
         if plane is None:
-            return self._refused(msg, "unsupported", self.worker.dataplane.unavailable or "no data plane")
+            return self._refused(msg, "unsupported", self.dataplane.unavailable or "no data plane")
         if msg.first_block > msg.last_block:
             return self._refused(msg, "invalid", f"block range [{msg.first_block}, {msg.last_block}) is empty")
         bs = held.instance.engine.blocks.block_size
@@ -134,7 +148,7 @@ class KvInbound:
         """The source gave up on a commit this worker did take (its reply was lost or late) and
         resumed the request itself: drop the copy here without ending the client's stream."""
         del self.committed[msg.request_id]
-        entry = self.worker.active.pop(msg.request_id, None)
+        entry = self.active.pop(msg.request_id, None)
         if entry is None:
             return self._done(msg, f"{msg.request_id} already ended here")
         await entry.instance.detach(msg.request_id)
@@ -145,7 +159,7 @@ class KvInbound:
     async def _release(self, held: Reservation, why: str) -> int:
         if self.reservations.get(held.request_id) is held:
             del self.reservations[held.request_id]
-        plane = self.worker.dataplane.plane
+        plane = self.dataplane.plane
         for key, sink in held.sinks.items():
             if plane is not None:
                 plane.inbox.forget(key)  # not started yet: fails the sink now
@@ -165,19 +179,40 @@ class KvInbound:
     async def _expire_loop(self) -> None:
         while self.reservations:
             now = time.monotonic()
-            soonest = min(h.expires_at for h in self.reservations.values())
-            if soonest > now:
-                await asyncio.sleep(min(1.0, soonest - now))
-                continue
-            for held in [h for h in self.reservations.values() if h.expires_at <= now]:
-                log.warning("KV reservation not committed in time; releasing it", request_id=held.request_id,
-                            source=held.source, hold_s=held.hold_s)
-                await self._release(held, f"not committed within {held.hold_s}s")
+            for held in list(self.reservations.values()):
+                why = self._source_lost(held, now)
+                if why is None and held.expires_at > now:
+                    continue
+                why = why or f"not committed within {held.hold_s}s"
+                log.warning("KV reservation released: nothing will commit it", request_id=held.request_id,
+                            source=held.source, why=why)
+                await self._release(held, why)
+            await asyncio.sleep(EXPIRY_TICK_S)
+
+    def _source_lost(self, held: Reservation, now: float) -> str | None:
+        """Why the reservation's source can no longer commit it (its worker is lost), or None."""
+        heard = self._heard(held.source)
+        if heard is None or held.expires_at == float("inf"):  # unknown yet, or its commit is under way
+            return None
+        if held.source_incarnation is None:
+            held.source_incarnation = heard[1]
+        if heard[1] != held.source_incarnation:
+            return f"its source {held.source} restarted"
+        if now - heard[0] > self._dead_after():
+            return f"its source {held.source} is silent ({now - heard[0]:.1f} s): lost"
+        return None
+
+    async def drop(self, request_id: str, why: str) -> None:
+        """Release `request_id`'s reservation (it is assigned here anew, without moved KV)."""
+        held = self.reservations.get(request_id)
+        if held is not None:
+            log.warning("KV reservation released: its request is assigned here afresh", request_id=request_id,
+                        source=held.source, why=why)
+            await self._release(held, why)
 
     # --- the commit (worker.assign with kv_computed_tokens) ----------------------------------------
     async def commit(self, a: Assignment) -> AssignAccepted | AssignRejected | None:
         """Admit `a` on its reserved blocks; None: accepted (the caller records it)."""
-        w = self.worker
         held = self.reservations.get(a.request_id)
         if held is None or held.instance.instance_id != a.instance_id:
             return self._rejected(a, f"no KV reservation for {a.request_id} on {a.instance_id}")
@@ -193,7 +228,7 @@ class KvInbound:
         while len(self.committed) > COMMITTED_MEMORY:
             self.committed.popitem(last=False)
         log.info("KV migration committed", request_id=a.request_id, source=held.source, kv_tokens=a.kv_computed_tokens,
-                 next_seq=a.next_seq, worker=w.worker_id, attach_ms=round((time.monotonic() - started) * 1e3, 2))
+                 next_seq=a.next_seq, worker=self.worker_id, attach_ms=round((time.monotonic() - started) * 1e3, 2))
         return None
 
     async def _admit(self, held: Reservation, a: Assignment) -> str | None:
@@ -210,14 +245,14 @@ class KvInbound:
 
     def _rejected(self, a: Assignment, message: str) -> AssignRejected:
         log.warning("KV migration commit refused", request_id=a.request_id, error=message)
-        return AssignRejected(request_id=a.request_id, worker_id=self.worker.worker_id, reason="kv_unavailable",
+        return AssignRejected(request_id=a.request_id, worker_id=self.worker_id, reason="kv_unavailable",
                               message=message[:2000])
 
     async def close(self) -> None:
         """At stop: expect nothing more (the blocks go with the engine; nothing waits on transfers)."""
         if self._expiry is not None:
             self._expiry.cancel()
-        plane = self.worker.dataplane.plane
+        plane = self.dataplane.plane
         for held in self.reservations.values():
             for key in held.sinks:
                 if plane is not None:

@@ -96,7 +96,9 @@ class GpuWorker(Actor):
         self.group_ctl = GroupControl(worker_id, self.instances, self.dataplane, bus=lambda: self.bus,
                                       spawn_task=self.spawn_task, crashed=self._crashed,
                                       publish_stats=self.publish_stats)
-        self.kv_inbound = KvInbound(self)  # KV migrations into this worker
+        self.kv_inbound = KvInbound(  # KV migrations into this worker
+            worker_id, self.instances, self.active, self.dataplane, draining=lambda: self.draining,
+            heard=self.group_ctl.watch.heard, dead_after=lambda: self.group_ctl.watch.dead_after)
         self.migrating: set[str] = set()  # requests a MigrateOut is moving away from here
         self._tasks: set[asyncio.Task[Any]] = set()  # migrations under way (answered when done)
         self.model_ctl: Any = None  # LoadModel / EvictModel / Prewarm (model_ctl.ModelControl; set by __main__)
@@ -204,7 +206,7 @@ class GpuWorker(Actor):
     # --- assignments ----------------------------------------------------------------------------
     async def on_assign(self, a: Assignment, _ctx: Delivery) -> AssignAccepted | AssignRejected:
         """A request to run here: from the dispatcher, or a migration's hand-over from another worker
-        (`kv_computed_tokens`, or a KV reservation held here: attach on the moved blocks)."""
+        (`kv_computed_tokens`: attach on the moved blocks reserved here)."""
         done = self.accepted.get(a.idempotency_key)
         if done is not None:
             ASSIGNMENTS.labels("replayed").inc()
@@ -218,7 +220,10 @@ class GpuWorker(Actor):
             return AssignRejected(request_id=a.request_id, worker_id=self.worker_id, reason=reason, message=message,
                                   retry_after_s=1.0 if reason in ("no_capacity", "draining") else None)
         inst = self.instances[a.instance_id]
-        if a.kv_computed_tokens or a.request_id in self.kv_inbound.reservations:
+        if not a.kv_computed_tokens and a.request_id in self.kv_inbound.reservations:
+            # not a migration's commit: its source died (a re-dispatch) or handed it over by tokens
+            await self.kv_inbound.drop(a.request_id, f"assigned anew ({a.idempotency_key}) without moved KV")
+        if a.kv_computed_tokens:
             rejected = await self.kv_inbound.commit(a)  # the engine holds it when this returns None
             if rejected is not None:
                 ASSIGNMENTS.labels(rejected.reason).inc()

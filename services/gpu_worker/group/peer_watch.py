@@ -54,6 +54,10 @@ class PeerWatch:
         heard = self._heard.get(worker)
         return heard[1] if heard is not None else None
 
+    def heard(self, worker: str) -> tuple[float, str] | None:
+        """`worker`'s last heartbeat (monotonic) and incarnation; None: never heard."""
+        return self._heard.get(worker)
+
     def watch(self, instance_id: str, group_id: str, peers: dict[str, str], now: float,
               incarnations: dict[str, str] | None = None) -> None:
         """Start watching `peers` (peer instance -> worker) of member `instance_id`. A peer's
