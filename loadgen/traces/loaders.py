@@ -78,17 +78,32 @@ def _window(params: CsvImportParams, times: list[float], models: list[str], prom
                       np.asarray(outputs, np.int64)[keep])
 
 
+# The segment KunServe's public code replays (its BurstGPT loader): 775 data rows from row 474438,
+# timestamps divided by 10.
+KUNSERVE_SEGMENT = {"offset_rows": 474_438, "count": 775, "time_divisor": 10.0}
+
+
 def load_burstgpt_csv(path: str | Path, *, start_s: float = 0.0, duration_s: float | None = None,
                       model: str | None = None, model_map: Mapping[str, str] | None = None,
-                      log_type: str | None = None, keep_failed: bool = False) -> Trace:
-    """`model` names every request's model; otherwise `model_map` renames the CSV's models."""
+                      log_type: str | None = None, keep_failed: bool = False, offset_rows: int = 0,
+                      count: int | None = None, time_divisor: float = 1.0) -> Trace:
+    """`model` names every request's model; otherwise `model_map` renames the CSV's models.
+    `offset_rows`/`count` take a slice of the data rows (0-based, before any filtering) and
+    `time_divisor` compresses its timestamps, as KunServe's code does (`KUNSERVE_SEGMENT`)."""
     path = Path(path)
+    if offset_rows < 0 or (count is not None and count < 1) or time_divisor <= 0:
+        raise TraceCsvError(f"{path}: need offset_rows >= 0, count >= 1 and time_divisor > 0 "
+                            f"(got {offset_rows}, {count}, {time_divisor})")
     times: list[float] = []
     models: list[str] = []
     prompts: list[int] = []
     outputs: list[int] = []
     rows = 0
-    for line, row in _rows(path, BURSTGPT_COLUMNS):
+    for index, (line, row) in enumerate(_rows(path, BURSTGPT_COLUMNS)):
+        if index < offset_rows:
+            continue
+        if count is not None and index >= offset_rows + count:
+            break
         rows += 1
         if log_type is not None and row["Log Type"].strip() != log_type:
             continue
@@ -96,11 +111,13 @@ def load_burstgpt_csv(path: str | Path, *, start_s: float = 0.0, duration_s: flo
         resp = _parse(path, line, "Response tokens", row["Response tokens"], int)
         if resp <= 0 and not keep_failed:
             continue
-        times.append(_parse(path, line, "Timestamp", row["Timestamp"], float))
+        times.append(_parse(path, line, "Timestamp", row["Timestamp"], float) / time_divisor)
         name = row["Model"].strip()
         models.append(model or (model_map or {}).get(name, name))
         prompts.append(max(1, req))
         outputs.append(max(1, resp))
+    if offset_rows and not rows:
+        raise TraceCsvError(f"{path}: no data rows at offset {offset_rows} (the file is shorter)")
     params = CsvImportParams(source=str(path), format="burstgpt", rows_read=rows, rows_kept=0,
                              start_s=start_s, duration_s=duration_s)
     return _window(params, times, models, prompts, outputs)

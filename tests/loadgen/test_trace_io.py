@@ -102,3 +102,34 @@ def test_csv_errors_name_the_problem(tmp_path: Path) -> None:
     path.write_text(BURSTGPT_CSV.replace("472", "many"))
     with pytest.raises(TraceCsvError, match=r"x\.csv:2: bad Request tokens 'many'"):
         load_burstgpt_csv(path)
+
+
+def test_burstgpt_csv_segment_slices_rows_and_compresses_time(tmp_path: Path) -> None:
+    path = tmp_path / "burst.csv"
+    path.write_text(BURSTGPT_CSV)
+    seg = load_burstgpt_csv(path, offset_rows=1, count=3, time_divisor=10.0, keep_failed=True)
+    # data rows 1..3: t = 45, 118, 11 -> / 10, relative to the earliest (1.1 s)
+    assert sorted((round(r.arrival_s, 6), r.prompt_tokens) for r in seg.records) == [
+        (0.0, 1360), (3.4, 1087), (10.7, 417)]
+    assert seg.header.params.rows_read == 3
+    with pytest.raises(TraceCsvError, match="no data rows at offset 99"):
+        load_burstgpt_csv(path, offset_rows=99)
+    with pytest.raises(TraceCsvError, match="time_divisor > 0"):
+        load_burstgpt_csv(path, time_divisor=0)
+
+
+def test_cli_replays_kunserves_segment_of_a_burstgpt_csv(tmp_path: Path) -> None:
+    from loadgen.traces.io import read_trace
+    from loadgen.traces.loaders import KUNSERVE_SEGMENT
+    from tidal.cli import main
+
+    first, n = KUNSERVE_SEGMENT["offset_rows"], KUNSERVE_SEGMENT["count"]
+    rows = [f"{i},ChatGPT,{100 + i % 7},{1 + i % 5},0,Conversation log" for i in range(first + n + 10)]
+    path = tmp_path / "BurstGPT.csv"
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "seg.jsonl"
+    assert main(["trace", "burstgpt", "--csv", str(path), "--kunserve-segment", "--model", "m", "--out", str(out)]) == 0
+    trace = read_trace(out)
+    assert len(trace.records) == n
+    assert trace.records[-1].arrival_s == pytest.approx((n - 1) / 10)  # one row a second in the file, / 10
+    assert trace.records[0].prompt_tokens == 100 + first % 7

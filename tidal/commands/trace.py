@@ -110,6 +110,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-type", default=None, help="keep only this Log Type (CSV)")
     p.add_argument("--keep-failed", action="store_true", help="keep CSV rows with 0 response tokens")
     p.add_argument("--start", type=duration, default=None, help="CSV window start (seconds from its first row)")
+    p.add_argument("--kunserve-segment", action="store_true",
+                   help="CSV: the segment KunServe's code replays (775 rows from row 474438, timestamps / 10)")
     p.set_defaults(func=run_burstgpt)
 
     p = kinds.add_parser("azure", help="multi-model conversation/code load, daily and weekly periodicity")
@@ -188,9 +190,11 @@ def run_burstgpt(args: argparse.Namespace) -> int:
     def make():
         if args.csv:
             mapping = dict(pair.split("=", 1) for pair in args.model_map or [] if "=" in pair)
+            from loadgen.traces.loaders import KUNSERVE_SEGMENT
+            segment = KUNSERVE_SEGMENT if args.kunserve_segment else {}
             return load_burstgpt_csv(args.csv, model=args.model,
                                      model_map=mapping, log_type=args.log_type, keep_failed=args.keep_failed,
-                                     **_window(args))
+                                     **_window(args), **segment)
         dur = _duration(args)
         bursts = args.burst if args.burst else place_bursts(args.seed, dur, args.bursts, args.burst_duration,
                                                             args.burst_magnitude, args.burst_ramp)
