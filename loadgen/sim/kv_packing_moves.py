@@ -134,8 +134,7 @@ class MoveLedger:
     def _physical(self, rid: str, booked: str, now: float) -> tuple[float, str]:
         """(when a new move of r can start, where r physically is then)."""
         flight = self._flights.pop(rid, None)
-        if flight is not None:
-            self._settle(rid, flight)
+        if flight is not None:  # the new move starts when this copy hands over or fails
             return max(now, flight.ends_at), flight.destination if flight.ok else flight.source
         stranded = self._stranded.pop(rid, None)
         return now, booked if stranded is None else stranded[0]

@@ -3,15 +3,16 @@ over the profile's kv link, the source held until the hand-over, the stall on th
 failures that leave both sides as they were, retries, and token-mode re-prefill; every policy pays them."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from repro.test_kv_packing import fragmenting_trace
 
 from loadgen.repro.mell_setup import TESTBEDS
-from loadgen.sim.kv_packing import run_policy
+from loadgen.sim.kv_packing import build_schedule, run_policy
 from loadgen.sim.kv_packing_core import run_core
 from loadgen.sim.kv_packing_moves import MoveLedger, MoveModel
 from loadgen.sim.profile import LinkSpec, StepCost
-from shared.policy.binpack_baselines import BestFitRestart
+from shared.policy.binpack_baselines import BestFitRestart, WorstFitRestart
 from shared.policy.mell import MellScheduler
 from shared.policy.movement import MovementSpec, movement_costs
 
@@ -127,3 +128,31 @@ def test_the_testbeds_migrate_over_mells_10_gbps_network() -> None:
     for tb in TESTBEDS.values():
         costs = tb.profile().movement_costs()
         assert costs.kv.bandwidth_bytes_per_s == 1.25e9  # MELL §VIII-B: inter-machine 10 Gbps
+
+
+def test_a_second_move_while_a_failing_copy_runs_starts_from_the_source_when_it_fails() -> None:
+    books = Books(r0=("A", 800))
+    ledger = MoveLedger(model(), capacity=1000, end_s=lambda rid: 0.2)
+    books.move("r0", "B")
+    ledger.move("r0", 800, "A", "B", 0.0, kv=True, used=books.used)  # fails at 0.2: r0 ends first
+    books.move("r0", "C")
+    ledger.move("r0", 800, "B", "C", 0.0, kv=True, used=books.used)  # physically from A, once the copy failed
+    assert ledger.stats.failed == {"request ended": 2} and ledger.held("A", books.used) == 800
+    ledger.advance(1.0)
+    assert ledger.stranded_at("r0") == "A" and ledger.held("C", books.used) == 0
+
+
+def test_random_packing_runs_on_a_slow_link_keep_the_books_and_the_ledger_consistent() -> None:
+    rng = np.random.default_rng(5)
+    n = 120
+    s = build_schedule(np.sort(rng.uniform(0, 60, n)), rng.integers(5, 60, n), rng.integers(1, 40, n),
+                       capacity=1000, bytes_per_token=BPT, granule_tokens=4, epoch_s=1.0, prefill_s_per_token=0.01,
+                       decode_step_s=0.2)
+    # (LB is left out: its _make_room can empty its own target, a crash of the policy that issue 18 fixes)
+    for policy in (MellScheduler(1000), WorstFitRestart(1000)):
+        r = run_policy(s, policy, policy.__class__.__name__, moves=model(decode_step_s=0.2))
+        assert r.overcommitted_epochs == 0 and r.active[-1] == 0
+        st = r.move_costs
+        assert st.kv_ok + sum(st.failed.values()) == st.kv_moves
+    core = run_core(s, moves=model(decode_step_s=0.2))
+    assert core.active[-1] == 0 and core.move_costs.kv_ok + sum(core.move_costs.failed.values()) == core.move_costs.kv_moves
