@@ -3,48 +3,62 @@
 Each subcommand lives in its own module under `tidal/commands/` exposing
 `register(subparsers)`; the module sets `func` on its parser. Adding a
 subcommand is one line in COMMANDS, so parallel work never edits the same code.
+
+Only the module of the subcommand being run is imported (some pull in torch, the engine, every
+benchmark): the others appear in `tidal --help` by the name and summary listed here, which a test
+keeps equal to what their modules register.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import os
+import signal
 import sys
 
-# module names under tidal.commands, in help order
-COMMANDS: list[str] = [
-    "up",
-    "down",
-    "status",
-    "schemas",
-    "bench",
-    "make_model",
-    "make_lora",
-    "import_gguf",
-    "generate",
-    "trace",
-    "sim",
-    "profile",
-    "repro",
-]
+# module under tidal.commands -> (subcommand name, one-line help), in help order
+COMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("up", "start the cluster (embedded NATS and every service) in the foreground"),
+    "down": ("down", "stop the cluster started by `tidal up` (no process is left behind)"),
+    "status": ("status", "services, workers and their memory pools, with liveness"),
+    "schemas": ("schemas", "write schemas/ and compose/nats.conf from the code (or --check them)"),
+    "bench": ("bench", "run a benchmark (prints figures, baseline beside them)"),
+    "make_model": ("make-model", "write a small random-weight Llama/Qwen2 checkpoint (HF layout)"),
+    "make_lora": ("make-lora", "write a random PEFT LoRA adapter for a base checkpoint"),
+    "import_gguf": ("import-gguf", "convert a llama.cpp GGUF file into a Hugging Face checkpoint directory"),
+    "generate": ("generate", "generate a completion with the in-process engine"),
+    "trace": ("trace", "generate a request trace (JSONL) or import a public one"),
+    "sim": ("sim", "simulate a trace on N workers and write the report"),
+    "profile": ("profile", "fit the simulator's cost model from the real engine; writes a profile"),
+    "repro": ("repro", "reproduce a paper's evaluation in the simulator"),
+}
+
+# arguments that name a path on the user's machine, whatever the subcommand
+PATH_ARGUMENTS = ("out", "dir", "data_dir", "state")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen(argv: list[str]) -> str | None:
+    """The subcommand named on the command line (its first word), if any."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser, every subcommand's module imported; with `argv`, only the module of the one it names."""
     parser = argparse.ArgumentParser(prog="tidal", description="Tidal: elastic multi-LLM, multi-LoRA serving")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
+    chosen = None if argv is None else _chosen(argv)
+    for module_name, (name, summary) in COMMANDS.items():
+        if argv is not None and name != chosen:
+            sub.add_parser(name, help=summary)  # listed in --help; its module is not needed to run another
+            continue
         try:
-            module = importlib.import_module(f"tidal.commands.{name}")
+            module = importlib.import_module(f"tidal.commands.{module_name}")
         except ModuleNotFoundError as exc:
-            if exc.name == f"tidal.commands.{name}":
+            if exc.name == f"tidal.commands.{module_name}":
                 continue  # subcommand not built yet
             raise
         module.register(sub)
     return parser
-
-
-# arguments that name a path on the user's machine, whatever the subcommand
-PATH_ARGUMENTS = ("out", "dir", "data_dir", "state")
 
 
 def resolve_paths(args: argparse.Namespace) -> None:
@@ -57,13 +71,21 @@ def resolve_paths(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     resolve_paths(args)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    result = args.func(args)
+    try:
+        result = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (`tidal trace ... | head`): stop quietly, as other CLIs do; point stdout at
+        # /dev/null so the interpreter's own flush at exit does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     return int(result or 0)
 
 

@@ -45,7 +45,8 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
     200: ResponseSpec(str, description="Prometheus text exposition format", media_type="text/plain",
                       generate_examples=False), **errors(401)})
 async def prometheus_metrics() -> Response[bytes]:
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+    # litestar appends "; charset=utf-8" to a text/* type itself: once is enough
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST.replace("; charset=utf-8", ""))
 
 
 @get("/v1/models", summary="List models and LoRA adapters", tags=["models"], operation_class=ApiOperation,

@@ -194,6 +194,8 @@ def test_a_model_whose_tokenizer_cannot_be_loaded_is_503_without_details(stack: 
 
 def test_metrics_count_requests_by_route_and_status(stack: GatewayStack) -> None:
     post(stack, COMPLETIONS, {"model": MODEL, "prompt": "x", "n": 99})
-    text = httpx.get(stack.url + "/metrics").text
+    resp = httpx.get(stack.url + "/metrics")
+    text = resp.text
+    assert resp.headers["content-type"].count("charset") == 1, resp.headers["content-type"]
     assert 'tidal_gateway_requests_total{route="/v1/completions",status="400"}' in text
     assert "tidal_gateway_request_seconds_bucket" in text and "tidal_gateway_inflight_streams" in text
