@@ -125,3 +125,21 @@ def test_decode_preempts_the_newest_by_recompute() -> None:
     assert {"c": 17} in seen  # prompt + its two outputs, recomputed whole in a prefill-only step
     assert a is not None and b is not None and a.num_preemptions == b.num_preemptions == 0
     assert c.num_output_tokens == 6 and c.finish_reason is FinishReason.LENGTH  # the oldest were never the victims
+
+
+def test_the_engine_generates_the_same_tokens_under_either_policy(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # greedy outputs do not depend on how steps are built, even through recompute preemptions
+    from services.gpu_worker.engine.checkpoint_gen import make_model
+    from services.gpu_worker.engine.engine import EngineConfig, LLMEngine
+
+    model = make_model(tmp_path / "m", layers=2, hidden=64, heads=4, kv_heads=2, vocab=512, max_position=256)
+    prompts = [[5 + i, 9, 11 + 2 * i] * (6 + i) for i in range(4)]
+    params = SamplingParams(max_tokens=40, ignore_eos=True, temperature=0)
+    results = {}
+    for policy in ("chunked", "vllm-0.6"):
+        engine = LLMEngine(EngineConfig(model_dir=str(model), kv_blocks=2 * 9, max_num_seqs=4, max_num_batched_tokens=96,
+                                        max_model_len=96, num_threads=1, scheduling_policy=policy))
+        results[policy] = [r.token_ids for r in engine.generate(prompts, params)]
+        assert engine.scheduler.num_preemptions > 0, policy  # 9 blocks of 16 tokens: KV ran out
+        assert all(len(t) == 40 for t in results[policy])
+    assert results["chunked"] == results["vllm-0.6"]
