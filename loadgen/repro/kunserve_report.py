@@ -8,6 +8,7 @@ from pathlib import Path
 import msgspec
 
 from loadgen.repro.kunserve import LABELS, STAGE_OVERHEAD_S, Headline, KunRun
+from loadgen.repro.kunserve_timeline import occupancy_figures
 from loadgen.repro.report import grouped_bars, md_table
 
 PAPER = {"p99_ttft_vs_replication": "8.4-27.3x", "p99_ttft_vs_migration": "23.1-47.6x",
@@ -41,6 +42,9 @@ def write_kunserve_report(out: Path, run: KunRun, head: Headline, *, command: st
                           plots: bool = True) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     figures = _figures(out, run) if plots else []
+    if plots and "replication" in head.best_point:
+        d, r, seed = head.best_point["replication"]
+        figures += occupancy_figures(out, run.cfg, d, r, seed)
     cfg = run.cfg
     paper_rows = [(f"P99 TTFT, {b} / KunServe (median over {head.seeds} seeds of the sweep's best point; "
                    f"spread {head.ttft_spread[b][0]:.2f}-{head.ttft_spread[b][1]:.2f}x; median seed's best point "

@@ -24,6 +24,9 @@ def test_cli_tiny_writes_report_and_ends_with_summary_line(tmp_path, capsys):
     assert LINE.match(last), last
     assert json.loads((tmp_path / "summary.json").read_text())["line"] == last
     assert (tmp_path / "fig16_ablation.png").exists() and (tmp_path / "fig10_ttft_p99.png").exists()
+    assert (tmp_path / "kv_occupancy.png").exists() and (tmp_path / "waiting_split.png").exists()
+    report = (tmp_path / "report.md").read_text()
+    assert "replication preemptions" in report and "vllm-0.6" in report
 
 
 def test_tiny_is_deterministic_and_kunserve_cuts_the_tail_of_a_memory_bound_burst():
