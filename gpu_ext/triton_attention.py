@@ -28,12 +28,14 @@ import triton.language as tl
 
 MIN_TOKENS_PER_SPLIT = 256  # a split that reads less costs more in its merge than it saves
 MAX_SPLITS = 32
+# The split count is a run-time argument (one compiled kernel serves every count); only
+# whether there is more than one is compiled in.
 
 
 @triton.jit
 def _paged_decode_kernel(
     Q, K, V, Tables, Rows, CtxLens, Out, PartOut, PartLse,
-    scale, window,
+    scale, window, num_splits,
     stride_qb, stride_qh,
     stride_kn, stride_kt, stride_kh,
     stride_vn, stride_vt, stride_vh,
@@ -42,7 +44,7 @@ def _paged_decode_kernel(
     stride_pb, stride_ph, stride_ps,
     stride_lb, stride_lh,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     HAS_ROWS: tl.constexpr, IS_FP32: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -51,7 +53,7 @@ def _paged_decode_kernel(
     ctx = tl.load(CtxLens + b).to(tl.int32)
     lo = tl.where(window > 0, tl.maximum(ctx - window, 0), 0)
     span = tl.maximum(ctx - lo, 0)
-    per_split = ((span + NUM_SPLITS - 1) // NUM_SPLITS + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    per_split = ((span + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     start = lo + split * per_split
     end = tl.minimum(start + per_split, ctx)
     if HAS_ROWS:
@@ -100,7 +102,7 @@ def _paged_decode_kernel(
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]
     out_mask = mask_g[:, None] & mask_d[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         tl.store(Out + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(Out.dtype.element_ty), mask=out_mask)
     else:
@@ -113,14 +115,14 @@ def _paged_decode_kernel(
 @triton.jit
 def _merge_splits_kernel(
     PartOut, PartLse, Out,
-    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr,
+    num_splits, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_s = tl.arange(0, S_PAD)
     offs_d = tl.arange(0, D_PAD)
-    mask_s = offs_s < NUM_SPLITS
+    mask_s = offs_s < num_splits
     mask_d = offs_d < HEAD_DIM
     lse = tl.load(PartLse + b * stride_lb + h * stride_lh + offs_s, mask=mask_s, other=float("-inf"))
     m = tl.max(lse, 0)
@@ -187,8 +189,8 @@ def paged_decode(
                          f"{tuple(values.shape)}")
     if q.stride(-1) != 1 or keys.stride(-1) != 1 or values.stride(-1) != 1:
         raise ValueError("paged_decode: q, keys and values need a contiguous last dimension")
-    if num_splits < 1:
-        raise ValueError(f"paged_decode: num_splits must be >= 1, got {num_splits}")
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"paged_decode: num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
     group = heads // kv_heads
     out = torch.empty_like(q) if out is None else out
     if batch == 0:
@@ -203,7 +205,7 @@ def paged_decode(
         part_out, part_lse = out, ctx_lens  # unused
     _paged_decode_kernel[(batch, kv_heads, num_splits)](
         q, keys, values, tables, rows if rows is not None else ctx_lens, ctx_lens, out, part_out, part_lse,
-        scale, window,
+        scale, window, num_splits,
         q.stride(0), q.stride(1),
         keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
@@ -212,15 +214,15 @@ def paged_decode(
         part_out.stride(0), part_out.stride(1), part_out.stride(2) if num_splits > 1 else 0,
         part_lse.stride(0), part_lse.stride(1) if num_splits > 1 else 0,
         GROUP=group, G_PAD=_pow2(group, 16), HEAD_DIM=d, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, HAS_ROWS=rows is not None, IS_FP32=is_fp32,
+        SPLIT=num_splits > 1, HAS_ROWS=rows is not None, IS_FP32=is_fp32,
         num_warps=4, num_stages=2,
     )
     if num_splits > 1:
         _merge_splits_kernel[(batch, heads)](
-            part_out, part_lse, out,
+            part_out, part_lse, out, num_splits,
             part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
             out.stride(0), out.stride(1),
-            HEAD_DIM=d, D_PAD=d_pad, NUM_SPLITS=num_splits, S_PAD=_pow2(num_splits, 2),
+            HEAD_DIM=d, D_PAD=d_pad, S_PAD=_pow2(MAX_SPLITS),  # one compiled variant for any split count
         )
     return out
 

@@ -245,7 +245,7 @@ class ModelRunner:
         last = self.model.lm_head is not None and stage.stop == self.cfg.num_layers
         if first:
             ids = [t for c in chunks for t in c.token_ids]
-            hidden = self.model.embed_tokens(torch.tensor(ids, dtype=torch.long, device=self.device))
+            hidden = self.model.embed_tokens(torch.tensor(ids, dtype=torch.long).to(self.device, non_blocking=True))
         elif hidden is None or hidden.shape[0] != layout.num_tokens:
             raise ValueError(f"stage {stage} needs hidden states for {layout.num_tokens} tokens")
         lora = step_hook(self.lora, self.cpu_lora, chunks, q_lens) if any(c.adapter for c in chunks) else None
@@ -264,7 +264,7 @@ class ModelRunner:
                 seq_ids.append(c.seq_id)
         if not rows:
             return StepOutput(None, None, [])
-        last = hidden if len(rows) == hidden.shape[0] else hidden[torch.tensor(rows, device=self.device)]
+        last = hidden if len(rows) == hidden.shape[0] else hidden[torch.tensor(rows).to(self.device, non_blocking=True)]
         return StepOutput(self.model.compute_logits(last).float(), None, seq_ids)
 
     def _replayable(self, chunks: list) -> bool:
