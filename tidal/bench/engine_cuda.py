@@ -21,6 +21,7 @@ import json
 import statistics
 import tempfile
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -305,10 +306,11 @@ def run_cuda(args) -> int:
             try:
                 for context in contexts:
                     for batch in batches:
-                        rows.append(bench.decode(batch, context, eager=not args.no_eager))
+                        rows.append(_row(lambda: bench.decode(batch, context, eager=not args.no_eager),
+                                         Row(shape, "decode", batch, context)))
                         _report(rows[-1], out, rows, header)
                 for tokens in prompts:
-                    rows.append(bench.prefill(tokens))
+                    rows.append(_row(lambda: bench.prefill(tokens), Row(shape, "prefill", 1, tokens)))
                     _report(rows[-1], out, rows, header)
             finally:
                 bench.close()
@@ -317,6 +319,16 @@ def run_cuda(args) -> int:
     print(line)
     (out / "summary.txt").write_text(line + "\n")
     return 0
+
+
+def _row(measure, empty: Row) -> Row:
+    """A row, or the same row marked with the error that stopped it (the others still run)."""
+    try:
+        return measure()
+    except Exception as exc:  # noqa: BLE001 - reported in the table and the log
+        traceback.print_exc()
+        empty.skipped = f"error: {exc!r}"[:200]
+        return empty
 
 
 def _report(row: Row, out: Path, rows: list[Row], header: str) -> None:
