@@ -63,6 +63,7 @@ class Planner(Actor):
                                 enabled=p.enabled, default_ttl_s=p.ctl_timeout + 2 * p.interval, id_prefix=f"p{token}")
         self.stats: dict[str, WorkerStats] = {}
         self.dead: set[str] = set()
+        self.incarnations: dict[str, str] = {}  # worker -> its process, as the registry's record says
         self.models: dict[str, ModelRecord] = {}
         self.forecasts: dict[str, Forecast] = {}
         self.kinds: dict[str, str] = {}  # effect id -> kind, for the metrics of its outcome
@@ -142,10 +143,15 @@ class Planner(Actor):
                 self.models.pop(change.key, None)
         elif isinstance(record, WorkerRecord) and record.state != WorkerState.DEAD:
             self.dead.discard(change.key)
+            self.incarnations[change.key] = record.incarnation
         else:  # dead, or deleted
             self.dead.add(change.key)
         if change.bucket == Bucket.WORKERS and self.lifecycle is not None:
             self.lifecycle.on_record(change.key, record)
+
+    def _worker_liveness(self, worker_id: str) -> str | None:
+        """None: the registry says the worker is dead; else its incarnation ("" not known)."""
+        return None if worker_id in self.dead else self.incarnations.get(worker_id, "")
 
     # --- the interval ---------------------------------------------------------------------
     async def _tick_loop(self) -> None:
@@ -209,7 +215,8 @@ class Planner(Actor):
             task.add_done_callback(self._applying.discard)
 
     async def _apply(self, effect: Effect) -> None:
-        outcome = await apply_effect(self.bus, effect, timeout_s=float(self.config.planner.ctl_timeout))
+        outcome = await apply_effect(self.bus, effect, timeout_s=float(self.config.planner.ctl_timeout),
+                                     worker_lost=self._worker_liveness)
         async with self.turn():
             ended = self.core.on_outcome(outcome)
             # the next step of a sequence, at once (KunServe: the drops once every member joined)

@@ -3,7 +3,10 @@
 Never raises: a refusal (`CtlRefused`, e.g. `not_found` for a request that ended, `busy`, `unsupported`
 from a worker without the command), an error reply, no responder (the worker is gone), a deadline or
 an unreachable registry is a `PlanFailed` naming the command and why. A MigrateOut that fails leaves
-the request running on its source (the worker's contract), so nothing is lost.
+the request running on its source (the worker's contract), so nothing is lost. A MigrateOut whose
+source dies before answering (`worker_lost`: the registry marks it dead, or it restarted) ends at
+once as a `PlanFailed` saying so, not at the deadline: its request is the dispatcher's to re-dispatch,
+and the destination drops the KV it reserved (services/gpu_worker/migration_dest.py).
 
 Buddy groups (KunServe): FormGroup is JoinGroup to each member, with the group's registry record
 written first and marked active after (`group_records.py`); DissolveGroup is LeaveGroup to each
@@ -13,7 +16,9 @@ RestoreInstanceLayers are DropLayers and RestoreLayers.
 """
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 
 from shared.bus import Bus
 from shared.events.common import GroupMember
@@ -27,9 +32,35 @@ from shared.wire import NoResponders, TidalError
 from services.planner import group_records, metrics
 
 log = get_logger("tidal.planner.apply")
+LIVENESS_POLL_S = 0.25  # how often a MigrateOut's source is checked while its answer is awaited
+# worker -> what identifies its process now ("" unknown, None: dead or gone)
+WorkerLiveness = Callable[[str], "str | None"]
 
 
-async def apply_effect(bus: Bus, effect: Effect, *, timeout_s: float) -> PlanApplied | PlanFailed:
+class SourceLost(Exception):
+    """The worker a command was sent to died (or restarted) before answering."""
+
+
+async def _ask(bus: Bus, worker_id: str, command: object, timeout_s: float,
+               liveness: WorkerLiveness | None) -> CtlReply:
+    if liveness is None or not isinstance(command, MigrateOut):
+        return await bus.request(worker_ctl(worker_id), command, CtlReply, timeout=timeout_s)
+    before = liveness(worker_id)
+    reply = asyncio.ensure_future(bus.request(worker_ctl(worker_id), command, CtlReply, timeout=timeout_s))
+    try:
+        while not (await asyncio.wait({reply}, timeout=LIVENESS_POLL_S))[0]:
+            now = liveness(worker_id)
+            if now is None:
+                raise SourceLost(f"{worker_id} died before answering")
+            if before and now and now != before:
+                raise SourceLost(f"{worker_id} restarted before answering ({before} -> {now})")
+        return reply.result()
+    finally:
+        reply.cancel()
+
+
+async def apply_effect(bus: Bus, effect: Effect, *, timeout_s: float,
+                       worker_lost: WorkerLiveness | None = None) -> PlanApplied | PlanFailed:
     started = time.monotonic()
     action = action_of(effect)
     try:
@@ -48,7 +79,11 @@ async def apply_effect(bus: Bus, effect: Effect, *, timeout_s: float) -> PlanApp
     for worker_id, command in commands:
         name = type(command).__name__
         try:
-            reply = await bus.request(worker_ctl(worker_id), command, CtlReply, timeout=timeout_s)
+            reply = await _ask(bus, worker_id, command, timeout_s, worker_lost)
+        except SourceLost as exc:
+            metrics.SKIPPED.labels("source_lost").inc()
+            return _failed(effect, command, f"{name} to {worker_id} ended unanswered: {exc}; the request is the "
+                                            "dispatcher's to re-dispatch")
         except NoResponders:
             if isinstance(command, LeaveGroup):
                 continue  # no such worker runs: a restarted or dead worker holds no group

@@ -39,3 +39,32 @@ async def test_effects_end_in_typed_outcomes(nats_url: str) -> None:
         assert isinstance(await apply_effect(bus, idle, timeout_s=1.0), PlanApplied)
     finally:
         await bus.close()
+
+
+async def test_a_migration_whose_source_dies_unanswered_fails_at_once(nats_url: str) -> None:
+    """The source took the MigrateOut and died: no answer will come. The effect ends as soon as the
+    registry says so (dead, or another incarnation), not at the command's deadline."""
+    bus = await Bus.connect(BusSettings(url=nats_url), service="planner")
+    try:
+        async def silent(_msg: MigrateOut, _ctx: Delivery) -> None:
+            return None  # received, never answered: the process is gone
+
+        await bus.subscribe(worker_ctl("w-dies"), MigrateOut, silent)
+        await bus.subscribe(worker_ctl("w-restarts"), MigrateOut, silent)
+        asked: list[str] = []
+
+        def liveness(worker: str) -> str | None:
+            asked.append(worker)
+            if len(asked) < 3:
+                return "inc-1"
+            return None if worker == "w-dies" else "inc-2"
+
+        died = await apply_effect(bus, make_effect("e-4", migrate("w-dies"), 1.0), timeout_s=60.0, worker_lost=liveness)
+        assert isinstance(died, PlanFailed) and "w-dies died before answering" in died.message, died
+        asked.clear()
+        again = await apply_effect(bus, make_effect("e-5", migrate("w-restarts"), 1.0), timeout_s=60.0,
+                                   worker_lost=liveness)
+        assert isinstance(again, PlanFailed) and "restarted before answering (inc-1 -> inc-2)" in again.message
+        assert sample_value("tidal_planner_skipped_total", {"reason": "source_lost"}) >= 2
+    finally:
+        await bus.close()

@@ -124,7 +124,8 @@ async def test_a_refused_formation_reaches_the_policy_and_is_dissolved_from_the_
     assert isinstance(action, FormGroup) and [m.worker_id for m in action.members] == ["w0", "w9"]
     core.dispatched(form.plan_id)
     outcome = await apply_effect(bus, form, timeout_s=5.0)
-    assert isinstance(outcome, PlanFailed) and "JoinGroup to w9 got no answer" in outcome.message
+    # w0 checks every member before it joins: w9 runs no worker, so nothing joins anywhere
+    assert isinstance(outcome, PlanFailed) and "JoinGroup refused by w0 (not_found): member w9-tiny" in outcome.message
     record = await group_record(bus, action.group_id)  # written before any member was asked
     assert record is not None and record.members == action.members and record.plan_id == form.plan_id
     core.on_outcome(outcome)
