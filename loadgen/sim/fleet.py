@@ -23,6 +23,7 @@ from heapq import heappop, heappush
 
 import numpy as np
 
+from loadgen.sim.fleet_prewarm import Prewarmer
 from loadgen.sim.fleet_profile import FleetProfile
 from loadgen.sim.fleet_scaling import scale_up
 from loadgen.sim.fleet_state import FleetSystem, GpuState, Instance, Replica
@@ -78,10 +79,7 @@ class FleetSim:
         self.prewarms = self.proactive = self.evicted = 0
         self.dirty = True  # the prewarm planner should run at the next tick
         self.timeline: dict[str, list[tuple[float, int]]] = {m: [] for m in self.models}
-        self.prewarmer = None
-        if system.prewarm != "none":
-            from loadgen.sim.fleet_prewarm import Prewarmer
-            self.prewarmer = Prewarmer(self)
+        self.prewarmer = Prewarmer(self) if system.prewarm != "none" else None
         for s in system.static:
             m = self.models[s.model]
             cost = profile.step_cost(m, tp=len(s.gpus), share=s.share)

@@ -15,21 +15,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from loadgen.sim.fleet_profile import BLOCK_TOKENS
-from loadgen.sim.fleet_state import GpuState, Replica
+from loadgen.sim.fleet_state import FleetControl, GpuState, Replica
 from shared.policy.warmserve import (
     Gpu, ModelDemand, PlacedReplica, PrewarmReplica, WorkerRole, by_priority, place, prewarm_replicas, prewarm_room,
 )
 from shared.policy.warmserve_predictor import LoadForecast
 
-if TYPE_CHECKING:
-    from loadgen.sim.fleet import FleetSim
-
 
 class Prewarmer:
-    def __init__(self, sim: FleetSim) -> None:
+    def __init__(self, sim: FleetControl) -> None:
         self.sim = sim
         self.proactive = sim.system.prewarm == "proactive"
 
@@ -95,7 +91,7 @@ class Prewarmer:
             inst.kv_lent_blocks = math.ceil(held * len(inst.gpus) / block)
             inst.engine.total = inst.kv_blocks - inst.kv_lent_blocks
         start = max(sim.gpus[g].link_free(now) for g in gpus)
-        ready = start + v.bytes_per_worker / sim.profile.startup.host_to_gpu_bytes_per_s
+        ready = start + sim.profile.load_s(sim.models[v.model], v.bytes_per_worker)
         sim.add_replica(Replica(v.model, gpus, v.bytes_per_worker, ready, proactive=bool(graced), placed=v))
         sim.prewarms += 1
         sim.proactive += bool(graced)

@@ -9,7 +9,9 @@ their sources; everything the simulator uses is derived here, so the arithmetic 
                           + per context token kv_bytes_per_token / tp / (hbm x eff)
     prefill per token   = 2 x params / (tp x flops x mfu)
     KV blocks           = (memory - reserved - weights per GPU) x tp / kv_bytes_per_token / block
-    load (T_c)          = weights per GPU / host_to_gpu_bytes_per_s   (the tp GPUs load in parallel)
+    load (T_c)          = MovementCosts.load_s(weights per GPU): over the host link from host
+                          memory, plus the disk link first where checkpoints are not in host
+                          memory (the one movement cost model; the tp GPUs load in parallel)
     cold start          = hit_start_s + T_c; a prewarm hit starts in hit_start_s
                           (+ engine_init_s each, for a system without a pool of ready engines)
 
@@ -22,7 +24,8 @@ from pathlib import Path
 
 import msgspec
 
-from loadgen.sim.profile import StepCost, WorkerSpec
+from loadgen.sim.profile import LinkSpec, StepCost, WorkerSpec
+from shared.policy.movement import MovementCosts, MovementSpec, movement_costs
 
 FLEET_DIR = Path(__file__).with_name("profiles") / "fleet"
 BLOCK_TOKENS = 16
@@ -48,8 +51,8 @@ class GpuSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
 class StartupSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     hit_start_s: float  # a new instance on prewarmed weights: until it can run its first step
     engine_init_s: float  # creating the serving engine on demand (systems without an engine pool)
-    host_to_gpu_bytes_per_s: float  # effective checkpoint load rate per GPU from host memory
     tp_allreduce_s: float  # one small all-reduce; a TP step does two per layer
+    checkpoints_in_host_memory: bool = True  # else a cold load reads the disk link first
 
 
 class FleetModel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -71,6 +74,12 @@ class FleetProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     gpu: GpuSpec
     startup: StartupSpec
     models: list[FleetModel]
+    links: list[LinkSpec]  # each GPU's own links (a load runs per GPU, in parallel across an instance's GPUs)
+    movement: MovementSpec  # which link carries loads (host_link; disk_link where checkpoints start on disk)
+
+    def movement_costs(self) -> MovementCosts:
+        """The one movement cost model over this profile's links."""
+        return movement_costs(self.movement, {link.name: link for link in self.links})
 
     @property
     def gpus(self) -> int:
@@ -113,9 +122,12 @@ class FleetProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                           weights_bytes=m.weights_bytes, max_batch=max_batch or m.batch_size,
                           max_batched_tokens=max(2048, m.max_model_len), max_model_len=m.max_model_len)
 
-    def load_s(self, m: FleetModel) -> float:
-        """T_c: the whole weights from host memory, each GPU loading its share in parallel."""
-        return self.weights_per_gpu(m) / self.startup.host_to_gpu_bytes_per_s
+    def load_s(self, m: FleetModel, nbytes: int | None = None, *, in_host_memory: bool | None = None) -> float:
+        """Loading `nbytes` per GPU (default: a whole replica's share, T_c), each GPU in parallel, from
+        host memory or (in_host_memory False, default: the profile's setting) from disk first."""
+        where = self.startup.checkpoints_in_host_memory if in_host_memory is None else in_host_memory
+        return self.movement_costs().load_s(self.weights_per_gpu(m) if nbytes is None else nbytes,
+                                            in_host_memory=where)
 
     def hit_start_s(self, engine_pool: bool = True) -> float:
         return self.startup.hit_start_s + (0.0 if engine_pool else self.startup.engine_init_s)
@@ -138,6 +150,12 @@ def load_fleet_profile(source: str | Path) -> FleetProfile:
         raise ValueError(f"fleet profile {path}: {exc}") from None
     if profile.servers < 1 or profile.gpus_per_server < 1 or not profile.models:
         raise ValueError(f"fleet profile {path}: need servers, gpus_per_server >= 1 and at least one model")
+    try:
+        costs = profile.movement_costs()
+    except ValueError as exc:
+        raise ValueError(f"fleet profile {path}: {exc}") from None
+    if not profile.startup.checkpoints_in_host_memory and costs.disk is None:
+        raise ValueError(f"fleet profile {path}: checkpoints_in_host_memory is false but movement.disk_link is empty")
     for m in profile.models:
         if m.parallel > profile.gpus_per_server or m.batch_size < 1:
             raise ValueError(f"fleet profile {path}: model {m.name!r} needs 1 <= parallel <= gpus_per_server "

@@ -13,13 +13,9 @@ Returns False when there is no room (the requests wait; the next tick retries).
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
 
-from loadgen.sim.fleet_state import Replica
+from loadgen.sim.fleet_state import FleetControl, Replica
 from shared.policy.warmserve import PlacedReplica, PrewarmReplica, scale_up_target
-
-if TYPE_CHECKING:
-    from loadgen.sim.fleet import FleetSim
 
 
 def view(r: Replica) -> PlacedReplica:
@@ -33,7 +29,7 @@ def _score(r: Replica) -> float:
     return view(r).replica.score
 
 
-def scale_up(sim: FleetSim, model: str, now: float, initial: bool = False) -> bool:
+def scale_up(sim: FleetControl, model: str, now: float, initial: bool = False) -> bool:
     m = sim.models[model]
     hit_s = sim.profile.hit_start_s(sim.system.engine_pool)
     for inst in sim.instances[model]:
@@ -63,7 +59,7 @@ def scale_up(sim: FleetSim, model: str, now: float, initial: bool = False) -> bo
     return True
 
 
-def _cold_group(sim: FleetSim, d: int, free: set[int]) -> tuple[int, ...] | None:
+def _cold_group(sim: FleetControl, d: int, free: set[int]) -> tuple[int, ...] | None:
     best: tuple[tuple[float, int, tuple[int, ...]], tuple[int, ...]] | None = None
     by_server: dict[int, list[int]] = {}
     for g in sorted(free):

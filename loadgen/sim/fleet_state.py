@@ -8,10 +8,12 @@ at a time). An instance is a SimWorker engine on its GPUs, serving from `ready_a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
+from loadgen.sim.fleet_profile import FleetModel, FleetProfile
 from loadgen.sim.worker import SimWorker
 from shared.policy.warmserve import PlacedReplica
+from shared.policy.warmserve_predictor import LoadForecast
 
 Prewarm = Literal["none", "reactive", "proactive"]
 
@@ -86,3 +88,28 @@ class GpuState:
     def link_free(self, now: float) -> float:
         """Loads on one GPU's host link run one after another."""
         return max([now] + [r.ready_at for r in self.replicas])
+
+
+class FleetControl(Protocol):
+    """What scale-up (fleet_scaling.py) and the prewarm planner (fleet_prewarm.py) read and change
+    of the fleet simulator (FleetSim implements it), so neither imports the simulator."""
+
+    profile: FleetProfile
+    system: FleetSystem
+    models: dict[str, FleetModel]
+    gpus: list[GpuState]
+    instances: dict[str, list[Instance]]
+    replicas: list[Replica]
+    forecasts: dict[str, list[LoadForecast]]
+    window: int
+    dirty: bool
+    prewarms: int
+    proactive: int
+
+    def dedicate(self, model: str, gpus: tuple[int, ...], ready_at: float, start: str) -> Instance: ...
+
+    def ungrace(self, inst: Instance) -> None: ...
+
+    def evict(self, replica: Replica) -> None: ...
+
+    def add_replica(self, replica: Replica) -> None: ...

@@ -18,8 +18,11 @@ from loadgen.traces.schema import PoissonParams, Trace, TraceHeader, TraceRecord
 from shared.policy.warmserve_predictor import LoadForecast
 
 
-def toy_run(prewarm: str) -> tuple[FleetResult, FleetSim]:
+def toy_run(prewarm: str, on_disk: bool = False) -> tuple[FleetResult, FleetSim]:
     base = load_fleet_profile("warmserve-h800-llama2")
+    if on_disk:
+        base = msgspec.structs.replace(base, startup=msgspec.structs.replace(base.startup,
+                                                                            checkpoints_in_host_memory=False))
     m7 = base.model("llama2-7b-0")
     profile = msgspec.structs.replace(base, servers=1, gpus_per_server=2, models=[
         msgspec.structs.replace(m7, name="a"), msgspec.structs.replace(m7, name="b")])
@@ -49,6 +52,16 @@ def test_proactive_prewarming_beats_no_proactive_on_a_popularity_shift() -> None
     assert pro.hit_rate > reactive.hit_rate
     assert pro.starts["hit"] >= 1 and reactive.starts["cold"] >= 1
     assert p99(pro) < p99(reactive)
+
+
+def test_a_cold_start_from_disk_waits_for_the_disk_read_too() -> None:
+    host, host_sim = toy_run("none")
+    disk, _ = toy_run("none", on_disk=True)
+    assert host.starts["cold"] >= 1 and disk.starts == host.starts
+    first_b = int(np.flatnonzero(host.model == host.models.index("b"))[0])
+    weights = host_sim.profile.model("b").weights_bytes
+    extra = host_sim.profile.movement_costs().disk.transfer_s(weights)  # storage -> host memory, then as before
+    assert disk.ttft[first_b] - host.ttft[first_b] == pytest.approx(extra, rel=1e-6)
 
 
 def test_a_draining_instance_lends_only_its_surplus_above_the_reservation_target() -> None:

@@ -69,3 +69,30 @@ def test_bad_profiles_are_refused(profile, tmp_path) -> None:
     bad.write_text('name = "x"\n')
     with pytest.raises(ValueError, match="fleet profile"):
         load_fleet_profile(bad)
+
+
+def test_loads_go_through_the_one_movement_cost_model(profile) -> None:
+    m7, m70 = profile.model("llama2-7b-0"), profile.model("llama2-70b")
+    costs = profile.movement_costs()
+    assert profile.load_s(m70) == pytest.approx(costs.load_s(137_953_306_624 // 4, in_host_memory=True))
+    assert profile.load_s(m7, 1 << 30) == pytest.approx(costs.host.transfer_s(1 << 30))  # prewarmed bytes so far
+    from_disk = profile.load_s(m7, in_host_memory=False)
+    assert from_disk > profile.load_s(m7)  # storage first, then the host link
+    assert from_disk == pytest.approx(costs.host.transfer_s(13_476_831_232) + costs.disk.transfer_s(13_476_831_232))
+    on_disk = msgspec.structs.replace(profile, startup=msgspec.structs.replace(profile.startup,
+                                                                              checkpoints_in_host_memory=False))
+    assert on_disk.cold_start_s(m7) == pytest.approx(profile.hit_start_s() + from_disk)
+
+
+def test_a_profile_without_a_disk_link_cannot_keep_checkpoints_on_disk(tmp_path) -> None:
+    from loadgen.sim.fleet_profile import FLEET_DIR
+
+    text = (FLEET_DIR / "warmserve-h800-llama2.toml").read_text()
+    bad = tmp_path / "nodisk.toml"
+    bad.write_text(text.replace('disk_link = "disk"', 'disk_link = ""').replace(
+        "checkpoints_in_host_memory = true", "checkpoints_in_host_memory = false"))
+    with pytest.raises(ValueError, match="disk_link is empty"):
+        load_fleet_profile(bad)
+    bad.write_text(text.replace('host_link = "host"', 'host_link = "pcie9"'))
+    with pytest.raises(ValueError, match="link\\(s\\) pcie9 not in"):
+        load_fleet_profile(bad)
