@@ -19,8 +19,12 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tidal.bench.output import out_dir
+
+if TYPE_CHECKING:
+    from tidal.bench.fidelity_compare import Side
 
 CONFIG = """
 [cluster]
@@ -80,6 +84,7 @@ def run_pressure(args: argparse.Namespace) -> int:
     model = model_dir(args, root)
     context = args.prompt_tokens + args.output_tokens + 64
     budget_tokens = max(args.budget, args.batch)
+    load_before = os.getloadavg()[0]
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     kv = kv_budget(Path(model), kv_tokens=args.kv_tokens, block_size=BLOCK, max_batch=args.batch,
                    max_batched_tokens=budget_tokens, max_model_len=context)
@@ -147,9 +152,30 @@ def run_pressure(args: argparse.Namespace) -> int:
                      kv_peak=max((w.kv_peak for w in watch.workers.values()), default=0.0))
     sim_side = Side(summary=sim, preemptions=sim_result.stats.preemptions, kv_peak=sim_peak)
     print("\n".join(table(live_side, sim_side)))
+    if args.workers == 1:
+        print(_replay_line(trace, profile, sim_side))
+    busy = max(os.getloadavg()[0], load_before)
+    if busy > (os.cpu_count() or 1):
+        print(f"WARNING: load average {busy:.1f} on {os.cpu_count()} cores: other processes took CPU from the live "
+              f"run, which the simulator cannot know; compare on a quiet host")
     print(summary_line(live_side, sim_side) + (f"; {failed} live requests failed" if failed else ""))
     tmp.cleanup()
     return 0 if failed == 0 else 1
+
+
+def _replay_line(trace, profile, sim: Side) -> str:  # type: ignore[no-untyped-def]
+    """The engine's own scheduler on the profile's step times (loadgen/profiler/scheduler_replay.py):
+    where it agrees with the simulator, what is left between live and simulated is timing."""
+    from loadgen.profiler.scheduler_replay import replay
+    from loadgen.report.metrics import summarize_records
+    from tidal.bench.fidelity_compare import error, latency
+
+    rp = replay(trace, profile)
+    s = summarize_records(rp.records)
+    ttft = error(latency(s, "ttft", "p99"), latency(sim.summary, "ttft", "p99"))
+    return (f"engine scheduler replayed on the profile's step times: {rp.preemptions} preemptions "
+            f"(simulator {sim.preemptions}), P99 TTFT {latency(s, 'ttft', 'p99') * 1000:.1f} ms "
+            f"(simulator differs by {ttft:.1%}), KV peak {rp.kv_peak:.0%}")
 
 
 def _simulate(trace, profile, workers: int):  # type: ignore[no-untyped-def]
