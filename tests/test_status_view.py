@@ -169,3 +169,11 @@ def test_tokens_per_s_is_the_mean_over_the_window_of_stats_reports():
         asyncio.run(source._on_stats(msgspec.structs.replace(base, ts=ts, instances=insts), None))
     assert source.rates(5.0)["w0"] == {"w0-demo-llama-0": 0.0}  # only the last report is within 5 s
     assert source.rates(10.0)["w0"] == {"w0-demo-llama-0": 30.0}  # (80 + 0 + 40 + 0) / 4
+
+
+def test_a_buddy_group_member_shows_its_group_and_the_layers_it_kept():
+    s = stats("w0")
+    s.instances[0] = msgspec.structs.replace(s.instances[0], group_id="bg-7", layers=LayerRange(start=0, end=2))
+    text = render_to_string(report(s), width=80)
+    assert "w0-demo-llama-0 in buddy group bg-7: holds layers 0-1" in text
+    assert text.count("buddy group") == 1  # the other instance is in none

@@ -150,6 +150,9 @@ class InstancesTable:
         for inst in self.stats.instances:
             if inst.adapters:
                 yield Text(f"adapters of {inst.instance_id}: " + ", ".join(inst.adapters))
+            if inst.group_id:  # a buddy-group member (KunServe): the layers whose weights it kept
+                yield Text(f"{inst.instance_id} in buddy group {inst.group_id}: "
+                           f"holds layers {inst.layers.start}-{inst.layers.end - 1}")
 
 
 def worker_panel(row: "WorkerRow") -> Panel:
