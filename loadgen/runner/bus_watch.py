@@ -5,7 +5,6 @@ for the report's timeline. Read-only; times are converted to the run's clock.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from loadgen.report.records import MemorySample, PlanMarker
 from shared.bus import Bus, BusSettings, Delivery
@@ -16,15 +15,29 @@ from shared.subjects import CATALOG, worker_stats
 _KINDS = ("weights", "prewarm", "adapter", "kv", "workspace")
 
 
-def local_nats_url(data_dir: str | os.PathLike[str] = ".tidal") -> str | None:
-    """The NATS url of a cluster `tidal up` runs from `data_dir`, if its state file says one runs."""
+def find_nats(data_dir: str | os.PathLike[str] | None = None) -> tuple[str | None, str]:
+    """The NATS url of the running `tidal up` cluster, found as `tidal status` finds it
+    (shared/run_locate.py; `data_dir` is --state), or None and where it looked."""
+    from shared.config import ConfigError, load_config
+    from shared.run_locate import STATE_ENV, locate
     from shared.run_state import read_state
 
+    config_dir = None
+    if not data_dir and not os.environ.get(STATE_ENV):
+        try:
+            config_dir = load_config().cluster.data_dir
+        except ConfigError:
+            config_dir = None
+    located = locate(data_dir, config_dir)
+    if located.data_dir is None:
+        return None, located.why_none()
     try:
-        state = read_state(Path(data_dir))
-    except (ValueError, OSError):
-        return None
-    return state.nats_url if state is not None else None
+        state = read_state(located.data_dir)
+    except (ValueError, OSError) as exc:
+        return None, str(exc)
+    if state is None:
+        return None, f"no Tidal cluster is running from {located.data_dir}"
+    return state.nats_url, f"the cluster of {located.data_dir}"
 
 
 class BusWatch:
@@ -66,4 +79,4 @@ class BusWatch:
         return ([m for m in self.memory if 0 <= m.t_s <= end_s], [p for p in self.plans if 0 <= p.t_s <= end_s])
 
 
-__all__ = ["BusWatch", "local_nats_url"]
+__all__ = ["BusWatch", "find_nats"]

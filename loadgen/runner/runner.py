@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from loadgen.report.records import RequestRecord
 from loadgen.runner.overhead import ClientOverhead, measure_overhead
 from loadgen.runner.payloads import DEFAULT_ID_RANGE, PayloadMaker, PreparedRequest
-from loadgen.runner.stream import ConnectionPool, StreamResult
+from loadgen.runner.stream import ConnectionPool, StreamResult, StreamTally
 from loadgen.traces.schema import TraceRecord
 
 COMPLETIONS = "/v1/completions"
@@ -35,6 +35,7 @@ class RunnerConfig:
     seed: int = 0
     id_range: tuple[int, int] = DEFAULT_ID_RANGE
     lead_s: float = 0.05  # the schedule starts this long after the run begins (payload warm-up)
+    drain_s: float = 10.0  # after stop(): how long streams still running may go on before they are aborted
 
 
 @dataclass(slots=True)
@@ -64,6 +65,13 @@ class RunProgress:
     recent_tpot_s: list[float] = field(default_factory=list)
     last_error: str = ""
     started: float = 0.0  # perf_counter of the run's time 0
+    streams: StreamTally = field(default_factory=StreamTally)  # what unfinished streams received so far
+    stopping: bool = False  # stop() was called: nothing more is sent
+
+    @property
+    def streamed_tokens(self) -> int:
+        """Tokens received so far: exact for finished requests, token events for running ones."""
+        return self.tokens + self.streams.events
 
 
 @dataclass
@@ -73,6 +81,8 @@ class RunOutcome:
     t0_perf: float  # perf_counter of the run's time 0
     t0_unix: float  # time.time() at the run's time 0 (for bus events stamped in Unix time)
     clamped: int
+    unsent: int = 0  # stopped early: requests of the trace never sent
+    aborted: int = 0  # stopped early: streams still running after the drain wait, cut off
 
     @property
     def records(self) -> list[RequestRecord]:
@@ -102,6 +112,14 @@ def served_names(cards: list[dict[str, object]]) -> list[str]:
     """The listed names, base models first (then adapters)."""
     return ([str(c["id"]) for c in cards if c.get("parent") is None]
             + [str(c["id"]) for c in cards if c.get("parent") is not None])
+
+
+async def _wait(event: asyncio.Event, timeout: float) -> None:
+    """Until `event` is set or `timeout` seconds pass."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        pass
 
 
 def _record(p: PreparedRequest, res: StreamResult | None, arrival: float, t0: float, error: str | None,
@@ -134,11 +152,20 @@ class LoadRunner:
         self.trace = trace
         self.config = config
         self.own_pool = pool is None
-        self.pool = pool or ConnectionPool(split.hostname, split.port or 80)
-        self.maker = PayloadMaker(seed=config.seed, id_range=config.id_range, context=context)
         self.progress = progress or RunProgress()
+        self.pool = pool or ConnectionPool(split.hostname, split.port or 80, tally=self.progress.streams)
+        self.maker = PayloadMaker(seed=config.seed, id_range=config.id_range, context=context)
         self.on_result = on_result
         self.results: list[LiveResult | None] = [None] * len(trace)
+        self._stop = asyncio.Event()
+        self._hurry = asyncio.Event()
+
+    def stop(self) -> None:
+        """Send nothing more; streams running may finish within `drain_s` (a second call: abort them now)."""
+        if self._stop.is_set():
+            self._hurry.set()
+        self._stop.set()
+        self.progress.stopping = True
 
     async def run(self) -> RunOutcome:
         cfg, prog = self.config, self.progress
@@ -152,12 +179,13 @@ class LoadRunner:
             prepared = self.maker.prepare(i, rec)
             arrival = rec.arrival_s / cfg.time_scale
             delay = t0 + arrival - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            if delay > 0 and not self._stop.is_set():
+                await _wait(self._stop, delay)
+            if self._stop.is_set():
+                break
             tasks.append(asyncio.create_task(self._one(prepared, arrival, t0)))
             prog.sent += 1
-        if tasks:
-            await asyncio.gather(*tasks)
+        aborted = await self._finish(tasks)
         wall = time.perf_counter() - wall0
         cpu = time.process_time() - cpu0
         if self.own_pool:
@@ -168,7 +196,30 @@ class LoadRunner:
             start_lags=[r.start_lag_s for r in results],
             send_lags=[r.sent_s - r.record.arrival_s for r in results if r.sent_s is not None],
             connections=self.pool.opened, peak=prog.peak_in_flight)
-        return RunOutcome(results, overhead, t0, t0_unix, sum(r.clamped for r in results))
+        return RunOutcome(results, overhead, t0, t0_unix, sum(r.clamped for r in results),
+                          unsent=len(self.trace) - len(tasks), aborted=aborted)
+
+    async def _finish(self, tasks: list[asyncio.Task[None]]) -> int:
+        """Until every request ended; once stopped, `drain_s` at most (or until a second stop), then the
+        streams still running are aborted (their records say so). Returns how many were aborted."""
+        pending = {t for t in tasks if not t.done()}
+        while pending and not self._stop.is_set():
+            stopped = asyncio.ensure_future(self._stop.wait())
+            _done, pending = await asyncio.wait(pending | {stopped}, return_when=asyncio.FIRST_COMPLETED)
+            pending.discard(stopped)
+            stopped.cancel()
+        if pending:
+            hurried = asyncio.ensure_future(self._hurry.wait())
+            deadline = time.perf_counter() + self.config.drain_s
+            while pending and not self._hurry.is_set() and (left := deadline - time.perf_counter()) > 0:
+                _done, pending = await asyncio.wait(pending | {hurried}, timeout=left,
+                                                    return_when=asyncio.FIRST_COMPLETED)
+                pending.discard(hurried)
+            hurried.cancel()
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return len(pending)
 
     async def _one(self, p: PreparedRequest, arrival: float, t0: float) -> None:
         prog = self.progress
@@ -185,11 +236,19 @@ class LoadRunner:
         except TimeoutError:
             conn.close()
             record = _record(p, None, arrival, t0, f"no answer within {self.config.request_timeout_s} s", "timeout")
+        except asyncio.CancelledError:
+            conn.close()
+            if not self._stop.is_set():
+                raise  # not ours: the caller is going away
+            record = _record(p, None, arrival, t0, f"aborted: still running {self.config.drain_s:g} s after the stop",
+                             "aborted")
         except Exception as exc:  # a client bug must cost one record, not the run
             conn.close()
             record = _record(p, None, arrival, t0, f"client: {type(exc).__name__}: {exc}", "error")
         finally:
             prog.in_flight -= 1
+            if self.pool.tally is not None:
+                self.pool.tally.settle(conn)
         result = LiveResult(record, None if res is None else res.sent - t0, None if res is None else res.response_id,
                             start_lag, p.clamped)
         self.results[p.index] = result

@@ -38,15 +38,36 @@ class StreamResult:
         return self.status == 200 and self.error is None
 
 
+class StreamTally:
+    """What streams show while they run, for a live view: token events received by streams not yet
+    finished, how many have had their first, and the last first-token latencies (from the send)."""
+
+    __slots__ = ("events", "streaming", "first_token_s")
+
+    def __init__(self) -> None:
+        self.events = 0  # of unfinished streams (a finished one hands its exact count over, see `settle`)
+        self.streaming = 0  # unfinished streams that have received a token
+        self.first_token_s: list[float] = []
+
+    def settle(self, conn: "StreamConnection") -> None:
+        """`conn`'s stream ended (whatever way): its events no longer count as in flight."""
+        self.events -= conn.events
+        if conn.events:
+            self.streaming -= 1
+        conn.events = 0
+
+
 class StreamConnection:
     """One keep-alive connection to the gateway; `post` again once a stream ended reusably."""
 
-    __slots__ = ("host", "port", "reader", "writer")
+    __slots__ = ("host", "port", "reader", "writer", "tally", "events")
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, tally: StreamTally | None = None) -> None:
         self.host, self.port = host, port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.tally = tally
+        self.events = 0  # token events of the current stream
 
     def close(self) -> None:
         if self.writer is not None:
@@ -121,6 +142,8 @@ class StreamConnection:
                 start = end + 2
                 if _TOKEN_EVENT in event:
                     times.append(now)
+                    if self.tally is not None:
+                        self._count(now - result.sent)
                     if result.response_id is None:
                         m = _ID.search(event)
                         result.response_id = m.group(1).decode() if m else None
@@ -139,6 +162,16 @@ class StreamConnection:
                     result.error = "in-stream: " + (m.group(1).decode(errors="replace") if m else
                                                     event[:300].decode(errors="replace"))
             buf = buf[start:]
+
+    def _count(self, since_sent: float) -> None:
+        tally = self.tally
+        assert tally is not None
+        if not self.events:
+            tally.streaming += 1
+            tally.first_token_s.append(since_sent)
+            del tally.first_token_s[:-200]
+        self.events += 1
+        tally.events += 1
 
     async def _piece(self, chunked: bool) -> bytes | None:
         reader = self.reader
@@ -172,16 +205,19 @@ class StreamConnection:
 class ConnectionPool:
     """Idle keep-alive connections to one gateway; a request takes one or opens a new one."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, tally: StreamTally | None = None) -> None:
         self.host, self.port = host, port
         self.idle: list[StreamConnection] = []
         self.opened = 0
+        self.tally = tally  # given to every connection it opens
 
     def take(self) -> StreamConnection:
         if self.idle:
-            return self.idle.pop()
+            conn = self.idle.pop()
+            conn.tally = self.tally
+            return conn
         self.opened += 1
-        return StreamConnection(self.host, self.port)
+        return StreamConnection(self.host, self.port, self.tally)
 
     def give_back(self, conn: StreamConnection, result: StreamResult) -> None:
         if result.reusable and conn.writer is not None:
@@ -195,4 +231,4 @@ class ConnectionPool:
         self.idle.clear()
 
 
-__all__ = ["ConnectionPool", "StreamConnection", "StreamResult"]
+__all__ = ["ConnectionPool", "StreamConnection", "StreamResult", "StreamTally"]

@@ -1,12 +1,17 @@
 """The live view of `tidal bench serve`: a progress bar and a rich table of the run so far.
 
 Redrawn from the runner's counters twice a second by an asyncio task (no refresh thread),
-so the drawing costs the load client a few milliseconds per second at most.
+so the drawing costs the load client a few milliseconds per second at most. It counts what
+streams receive while they run, not only finished requests: in flight (sent, not ended),
+streaming (of those, the ones that have a token), tokens/s streamed over the last
+`RATE_WINDOW_S` (token events of running streams, exact counts of finished ones) and TTFT from
+every first token, so a long run under load shows progress before its first request ends.
 """
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 
 import numpy as np
 from rich.console import Console, Group
@@ -17,8 +22,28 @@ from rich.table import Table
 from loadgen.runner.runner import RunProgress
 
 
+RATE_WINDOW_S = 5.0
+COLUMNS = ("sent", "in flight", "streaming", "done", "ok", "failed", "tok/s", "TTFT P50 ms", "TTFT P99 ms",
+           "TPOT P50 ms", "TPOT P99 ms")
+
+
 def _ms(values: list[float], q: float) -> str:
     return f"{np.percentile(values, q) * 1000:.1f}" if values else "-"
+
+
+class RecentRate:
+    """A counter's rate over the last `window_s` seconds, from the samples it is given."""
+
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self.samples: deque[tuple[float, int]] = deque()
+
+    def add(self, now: float, total: int) -> float | None:
+        self.samples.append((now, total))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window_s:
+            self.samples.popleft()
+        (t0, n0), (t1, n1) = self.samples[0], self.samples[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else None
 
 
 class LiveView:
@@ -30,20 +55,28 @@ class LiveView:
                             TimeElapsedColumn(), console=self.console)
         self.task = self.bar.add_task("requests", total=None)
         self.live: Live | None = None
+        self.rate = RecentRate()
+
+    def row(self, now: float | None = None) -> dict[str, str]:
+        """The table's cells by column (what a test reads)."""
+        s = self.state
+        rate = self.rate.add(time.perf_counter() if now is None else now, s.streamed_tokens)
+        ttft = s.streams.first_token_s
+        cells = (s.sent, s.in_flight, s.streams.streaming, s.done, s.ok, s.failed,
+                 "-" if rate is None else f"{rate:.1f}", _ms(ttft, 50), _ms(ttft, 99),
+                 _ms(s.recent_tpot_s, 50), _ms(s.recent_tpot_s, 99))
+        return dict(zip(COLUMNS, map(str, cells)))
 
     def table(self) -> Table:
         s = self.state
-        elapsed = max(time.perf_counter() - s.started, 1e-9) if s.started else 0.0
-        t = Table(title=self.title, show_header=True, header_style="bold")
-        for col in ("sent", "in flight", "done", "ok", "failed", "tok/s", "TTFT P50 ms", "TTFT P99 ms",
-                    "TPOT P50 ms", "TPOT P99 ms"):
+        t = Table(title=self.title + (" (stopping: waiting for running streams)" if s.stopping else ""),
+                  show_header=True, header_style="bold")
+        for col in COLUMNS:
             t.add_column(col, justify="right")
-        tps = f"{s.tokens / elapsed:.1f}" if elapsed > 0 else "-"
-        t.add_row(str(s.sent), str(s.in_flight), str(s.done), str(s.ok), str(s.failed), tps,
-                  _ms(s.recent_ttft_s, 50), _ms(s.recent_ttft_s, 99), _ms(s.recent_tpot_s, 50),
-                  _ms(s.recent_tpot_s, 99))
+        t.add_row(*self.row().values())
+        t.caption = f"tok/s: streamed over the last {RATE_WINDOW_S:.0f} s; TTFT: every first token, running streams too"
         if s.last_error:
-            t.caption = f"last error: {s.last_error[:120]}"
+            t.caption += f"\nlast error: {s.last_error[:120]}"
         return t
 
     def render(self) -> Group:

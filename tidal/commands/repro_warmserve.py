@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", default=None, help=f"comma-separated subset of {','.join(WORKLOADS)}")
     p.add_argument("--rps", default=None, help="comma-separated request rates (default: the scale's)")
     p.add_argument("--no-plots", action="store_true", help="do not draw the PNG figures")
+    p.add_argument("--duration", type=float, default=None, metavar="S",
+                   help="--live: seconds of the shifting trace (default 60)")
     p.add_argument("--live", action="store_true",
                    help="instead: a local cluster of 4 CPU workers and 5 small models under a shifting trace, "
                         "prewarm on vs off (P50/P99 TTFT, prewarm hit rate); a few minutes")
@@ -88,7 +90,12 @@ def _run_live(args: argparse.Namespace) -> int:
     from loadgen.repro.report import default_out
     from loadgen.repro.warmserve_live import WarmLiveConfig, run_live, write_summary
 
+    if args.duration is not None and args.duration <= 0:
+        print(f"error: --duration must be > 0 seconds, got {args.duration}", file=sys.stderr)
+        return 2
     cfg = WarmLiveConfig(seed=args.seed if args.seed is not None else 0)
+    if args.duration is not None:
+        cfg = dataclasses.replace(cfg, duration_s=args.duration)
     out = Path(args.out) if args.out else default_out("warmserve-live")
     run = run_live(cfg, root=out / "work", progress=lambda line: print(line, flush=True))  # models, cluster logs
     argv = sys.argv[3:] if sys.argv[1:3] == ["repro", "warmserve"] else []
