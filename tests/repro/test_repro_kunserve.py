@@ -82,3 +82,10 @@ def test_moving_requests_between_workers_keeps_context_and_blocks():
     put_all(dst, moved)
     assert dst.ctx_sum == ctx_before and dst.decoding == 3
     dst.check()  # the recount from scratch agrees with the moved counters
+
+
+def test_cli_refuses_unknown_systems_and_a_burst_below_one(tmp_path, capsys):
+    assert main(["repro", "kunserve", "--scale", "tiny", "--systems", "replication,vllm", "--out", str(tmp_path)]) == 2
+    assert "unknown vllm" in capsys.readouterr().err
+    assert main(["repro", "kunserve", "--scale", "tiny", "--burst-magnitude", "0.5", "--out", str(tmp_path)]) == 2
+    assert "--burst-magnitude must be >= 1" in capsys.readouterr().err

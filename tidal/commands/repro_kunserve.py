@@ -25,6 +25,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="report directory (default runs/repro-kunserve-<timestamp>/)")
     p.add_argument("--seed", type=int, default=None, help="trace seed (with --live); simulated: run this one seed only")
     p.add_argument("--seeds", type=int, default=None, help="simulated: run seeds 0..N-1 (default 3 at paper scale)")
+    p.add_argument("--burst-magnitude", type=float, default=None,
+                   help="simulated: the burst's rate multiplier (default 14, KunServe §2.2)")
+    p.add_argument("--systems", default=None,
+                   help="simulated: comma-separated subset of replication,migration,pipeline,kunserve")
     p.add_argument("--no-ablation", action="store_true", help="skip the Fig. 16 drop-plan ablation")
     p.add_argument("--no-plots", action="store_true", help="do not draw the PNG figures")
     live = p.add_argument_group("--live: the small version on a local cluster (real processes, CPU workers)")
@@ -77,6 +81,21 @@ def run(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, seeds=tuple(range(args.seeds)))
     if args.no_ablation:
         cfg = dataclasses.replace(cfg, ablation=False)
+    if args.burst_magnitude is not None:
+        if args.burst_magnitude < 1:
+            print(f"error: --burst-magnitude must be >= 1, got {args.burst_magnitude}", file=sys.stderr)
+            return 2
+        cfg = dataclasses.replace(cfg, burst_magnitude=args.burst_magnitude)
+    if args.systems is not None:
+        from loadgen.sim.buddy_cluster import SYSTEMS
+
+        systems = tuple(s.strip() for s in args.systems.split(",") if s.strip())
+        bad = [s for s in systems if s not in SYSTEMS]
+        if bad or not systems:
+            print(f"error: --systems: unknown {', '.join(bad) or '(none given)'}; known: {', '.join(SYSTEMS)}",
+                  file=sys.stderr)
+            return 2
+        cfg = dataclasses.replace(cfg, systems=systems)
     out = Path(args.out) if args.out else default_out("kunserve")
     result = run_repro(cfg, progress=lambda line: print(line, flush=True))
     head = headline(result)
