@@ -109,10 +109,15 @@ def test_tiny_repro_is_deterministic_and_ends_with_the_summary_line(tmp_path, ca
     assert all(r["overcommitted_epochs"] == 0 for sc in first["scenarios"] for r in sc["policies"].values())
     report = (tmp_path / "a" / "report.md").read_text()
     assert "## Paper vs ours" in report and report.rstrip().endswith(line)
-    assert "reserved at admission" in report and "## Ablation: BF/WF with free restarts" in report
+    assert "reserved at admission" in report and "## Ablation: BF/WF with restarts" in report
+    assert "## What the moves cost" in report  # every policy's moves pay the movement cost model
     policies = first["scenarios"][0]["policies"]
     assert {"BF", "WF", "LB", "MELL", "MELL-nobatch", "BF-restart", "WF-restart"} <= policies.keys()
     assert policies["BF"]["moves"] == policies["WF"]["moves"] == 0  # reserving baselines never move
+    for p in ("LB", "MELL", "MELL-nobatch"):  # migrations are charged: pre-copy time, stalls
+        cost = policies[p]["move_costs"]
+        assert cost["kv_ok"] > 0 and cost["copy_s"] > 0 and cost["stall_p99_s"] > 0
+    assert policies["BF-restart"]["move_costs"]["recompute_s"] > 0  # restarts re-prefill
     assert policies["BF"]["held"] > policies["BF"]["util"]  # reserved-but-unused is not utilisation
     assert (tmp_path / "a" / "fig11_gpus.png").stat().st_size > 0
     line2, second = run_tiny(tmp_path, capsys, "b", "--testbeds", "7b-4090", "--no-plots")
