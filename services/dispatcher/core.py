@@ -26,6 +26,7 @@ from shared.policy.routing_groups import GroupBatch, summed_batch
 
 from services.dispatcher.admission_queue import AdmissionQueues
 from services.dispatcher.cold_start import CapacityAsks, cold_queue_full_message
+from services.dispatcher.drain_rate import DrainRate
 from services.dispatcher.effects import (
     AssignFailed, AssignmentRecord, AssignOutcome, Effect, PublishStreamError, SendAssignment,
 )
@@ -60,6 +61,7 @@ class DispatchCore:
         self.requests: dict[str, TrackedRequest] = {}
         self.records: deque[AssignmentRecord] = deque(maxlen=RECORD_KEEP)
         self.counters = LoadCounters(dispatcher_id, now)
+        self.drain = DrainRate()  # how fast each queue empties: the Retry-After of a refusal
         self.no_instance_since: dict[str, float] = {}
         self.draining = False
         self.redispatches = 0  # totals, for metrics
@@ -83,14 +85,15 @@ class DispatchCore:
                 self.counters.arrival(msg.model, msg.adapter, len(msg.prompt_token_ids), admitted=True)
                 if not effects:  # behind others, or no room now: in line, and the line moves if it can
                     self.queues.push(req)
+                    self.drain.queued(msg.model, now)
                     effects = self.drain_queue(msg.model, now) + self._ask_if_cold(msg.model, msg.adapter, now)
                 return self._accepted(req), effects
             if not self.table.views(msg.model, now):  # waiting for an instance to start: 503, not 429
-                refusal = SubmitRejected(request_id=rid, reason="no_capacity", retry_after_s=self._retry_after(msg.model),
+                refusal = SubmitRejected(request_id=rid, reason="no_capacity", retry_after_s=self._retry_after(msg.model, now),
                                          message=cold_queue_full_message(msg.model, self.queues.bound))
             else:
                 refusal = SubmitRejected(
-                    request_id=rid, reason="queue_full", retry_after_s=self._retry_after(msg.model),
+                    request_id=rid, reason="queue_full", retry_after_s=self._retry_after(msg.model, now),
                     message=f"the queue of {msg.model!r} is full ({self.queues.bound} waiting); retry later",
                 )
         if refusal.reason != "model_not_found":  # per-model load of real models only (names are the client's)
@@ -124,11 +127,12 @@ class DispatchCore:
             return SubmitAccepted(request_id=req.request_id, queue_position=self.queues.position(req.request_id))
         return SubmitAccepted(request_id=req.request_id, worker_id=req.worker_id, instance_id=req.instance_id)
 
-    def _retry_after(self, model: str) -> float:
-        rate = self.counters.last_completion_rate.get(model, 0.0)
-        if rate <= 0:
-            return 1.0
-        return round(min(30.0, max(0.5, self.queues.size(model) / rate)), 2)
+    def _retry_after(self, model: str, now: float) -> float:
+        """When the requests queued ahead are likely served, from the queue's measured drain rate."""
+        order = self.queues.in_order(model)
+        head = self.requests.get(order[0]) if order else None
+        head_wait = now - head.queued_ts if head is not None and head.queued_ts else 0.0
+        return self.drain.retry_after(model, len(order), now, head_wait)
 
     # --- placement ------------------------------------------------------------------------
     def _place(self, req: TrackedRequest, now: float) -> SendAssignment | None:
@@ -181,6 +185,7 @@ class DispatchCore:
             effect = self._place(req, now)
             if effect is not None:
                 self.queues.remove(req)
+                self.drain.left(model, now)
                 effects.append(effect)
             elif not self._batch_room(model, now):
                 break  # every instance is at its maximum batch: later requests cannot go either

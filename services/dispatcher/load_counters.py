@@ -23,7 +23,6 @@ class LoadCounters:
         self.dispatcher_id = dispatcher_id
         self.interval_start = started
         self._counts: dict[_Key, _Counts] = {}
-        self.last_completion_rate: dict[str, float] = {}  # model -> completions/s, previous interval
 
     def _get(self, model: str, adapter: str | None) -> _Counts:
         key = (model, adapter)
@@ -50,7 +49,6 @@ class LoadCounters:
         """The interval's stats (queued: model -> (requests, prompt tokens) now); starts the next."""
         interval = max(now - self.interval_start, 1e-3)
         models: list[ModelLoad] = []
-        rates: dict[str, float] = {}
         keys = set(self._counts) | {(m, None) for m in queued}
         for model, adapter in sorted(keys, key=lambda k: (k[0], k[1] or "")):
             c = self._counts.get((model, adapter), _Counts())
@@ -60,8 +58,6 @@ class LoadCounters:
                 completed=c.completed, queued=q, queued_prompt_tokens=q_tokens, prompt_tokens=c.prompt_tokens,
                 output_tokens=c.output_tokens,
             ))
-            rates[model] = rates.get(model, 0.0) + c.completed / interval
-        self.last_completion_rate = rates
         self._counts = {}
         self.interval_start = now
         return DispatchStats(dispatcher_id=self.dispatcher_id, ts=now, interval_s=min(interval, 3600.0),
