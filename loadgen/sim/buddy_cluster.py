@@ -50,8 +50,7 @@ class ClusterConfig:
     static_stages: int = 2  # pipeline baseline: the group size KunServe finds under one throttling (§5.1)
     tick_s: float = 0.1
     monitor: mon.MonitorConfig = field(default_factory=mon.MonitorConfig)
-    link: str = "rdma"
-    host_link: str = "pcie"
+    # the links come from the profile's [movement] section (shared/policy/movement.py): the one cost model
 
 
 @dataclass
@@ -70,7 +69,8 @@ class BuddyCluster:
             raise ValueError(f"unknown system {cfg.system!r}; known: {', '.join(SYSTEMS)}")
         self.trace, self.profile, self.pipeline, self.pipe, self.cfg = trace, profile, pipeline, pipe, cfg
         self.num_layers, self.layer_bytes = num_layers, layer_bytes
-        self.link, self.host = profile.link(cfg.link), profile.link(cfg.host_link)
+        self.moves = profile.movement_costs()
+        self.link = self.moves.kv  # activations and KV between members
         self.block_bytes = profile.worker.kv_bytes_per_token * profile.worker.block_size
         self.model = trace.records[0].model if trace.records else "model"
         self.events: list[tuple[float, int, int, object]] = []
@@ -164,7 +164,7 @@ class BuddyCluster:
         k = len(member_ids)
         victim_bytes = max((sum(-(-c // e.worker.bs) for _, c, _ in m.decoding) * self.block_bytes for m, e in
                             zip(moved, old)), default=0)
-        exchange = self.link.transfer_s(int(victim_bytes * (k - 1) / k)) if victim_bytes else 0.0
+        exchange = self.moves.kv.transfer_s(int(victim_bytes * (k - 1) / k)) if victim_bytes else 0.0
         eng = self._new_engine(sorted(member_ids), now, exchange_s=exchange)
         for m in moved:
             put_all(eng.worker, m)
@@ -244,8 +244,8 @@ class BuddyCluster:
                 self.state = mon.restored(self.state, now)
             for e in groups:
                 k = len(e.members)
-                reload = self.host.transfer_s((k - 1) * self.num_layers * self.layer_bytes // k)
-                back = self.link.transfer_s(int(e.worker.used * self.block_bytes * (k - 1) / k))
+                reload = self.moves.layer_restore_s((k - 1) * self.num_layers * self.layer_bytes // k)
+                back = self.moves.kv.transfer_s(int(e.worker.used * self.block_bytes * (k - 1) / k))
                 e.restoring = True
                 self._at(now + reload + back, 3, ("restore", e.worker.index))
         elif action == mon.Action.CANCEL_RESTORE:

@@ -39,7 +39,7 @@ class Move:
 class LlumnixMigration:
     def __init__(self, cluster: BuddyCluster) -> None:
         self.c = cluster
-        self.costs = cluster.profile.movement_costs()
+        self.costs = cluster.moves
         self.active: dict[int, Move] = {}  # source engine id -> its move in flight
         self.moved = self.failed = 0
         self.stall_s = 0.0
