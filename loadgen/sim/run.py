@@ -7,6 +7,7 @@ import msgspec
 
 from loadgen.report.metrics import ReportSummary, SloSpec, summarize_records
 from loadgen.report.write import write_report
+from loadgen.sim.occupancy_plot import plot_occupancy
 from loadgen.sim.profile import CostProfile
 from loadgen.sim.simulator import SimResult, SimStats, Simulator
 from loadgen.traces.schema import Trace, TraceHeader
@@ -31,10 +32,10 @@ BASELINE_GAP_S = 1e5  # far apart: each request runs alone on an idle worker
 
 def simulate(trace: Trace, profile: CostProfile, workers: int, policy: str = "least-load", seed: int = 0,
              max_run_s: float = 0.5, check_invariants: bool = False,
-             options: RoutingOptions | None = None) -> SimResult:
+             options: RoutingOptions | None = None, occupancy_interval_s: float | None = None) -> SimResult:
     """`options`: rank-aware's LoRA model, kernel and SLO (shared.lora_profile_file.routing_options)."""
     sim = Simulator(trace, profile, workers, make_policy(policy, seed, options), max_run_s=max_run_s,
-                    check_invariants=check_invariants)
+                    check_invariants=check_invariants, occupancy_interval_s=occupancy_interval_s)
     return sim.run()
 
 
@@ -61,11 +62,13 @@ def run_and_report(trace: Trace, profile: CostProfile, out_dir: str | Path, *, w
         baseline = unloaded_baseline(trace, profile)
         scaled = SloSpec.scaled(slo_scale, baseline)
         slo = SloSpec(ttft_s=scaled.ttft_s, tpot_s=scaled.tpot_s, e2e_s=slo.e2e_s if slo else None)
-    result = simulate(trace, profile, workers, policy, seed, max_run_s)
+    duration = trace.header.duration_s or (trace.records[-1].arrival_s if trace.records else 1.0)
+    result = simulate(trace, profile, workers, policy, seed, max_run_s, occupancy_interval_s=max(duration / 400, 1e-3))
     st = result.stats
     extra = {
         "trace": trace_name or "(in memory)",
-        "simulated": f"{workers} workers, policy {policy}, profile {profile.name}, seed {seed}",
+        "simulated": f"{workers} workers, policy {policy}, profile {profile.name}, seed {seed}, "
+                     f"engine mode {profile.worker.engine_mode}",
         "simulator": f"{st.events} events, {st.steps} engine steps, {st.preemptions} preemptions, "
                      f"{st.adapter_loads} adapter loads, {st.wall_s:.2f} s wall",
     }
@@ -75,6 +78,8 @@ def run_and_report(trace: Trace, profile: CostProfile, out_dir: str | Path, *, w
     summary = write_report(out_dir, result.records, slo=slo, title="Simulated run", memory=result.memory,
                            extra=extra, save_records=save_records, plots=plots)
     out = Path(out_dir)
+    if plots and result.occupancy:
+        plot_occupancy(result.occupancy, out / "occupancy.png")
     info = SimRunInfo(trace=trace_name, workers=workers, policy=policy, seed=seed, profile=profile,
                       stats=result.stats, placement=result.placement)
     (out / "sim.json").write_bytes(msgspec.json.format(msgspec.json.encode(info)) + b"\n")

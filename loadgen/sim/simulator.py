@@ -21,6 +21,7 @@ import msgspec
 from loadgen.report.records import MemorySample, RequestRecord
 from loadgen.sim.profile import CostProfile
 from loadgen.sim.request import SimRequest
+from loadgen.sim.timeline import OccupancySample, WorkerTimeline
 from loadgen.sim.worker import SimWorker
 from loadgen.traces.schema import Trace
 from shared.policy.admission import adapter_gate, serving
@@ -43,6 +44,7 @@ class SimResult(msgspec.Struct, kw_only=True):
     memory: list[MemorySample]
     stats: SimStats
     placement: dict[str, str]  # worker id -> model
+    occupancy: dict[str, list[OccupancySample]] = {}  # worker id -> its engine over time (when asked for)
 
 
 def place_models(counts: dict[str, int], workers: int) -> list[str]:
@@ -66,7 +68,8 @@ class Simulator:
     def __init__(self, trace: Trace, profile: CostProfile, workers: int, policy: RoutingPolicy, *,
                  max_run_s: float = 0.5, sample_interval_s: float | None = None,
                  placement: list[str] | None = None, check_invariants: bool = False,
-                 make_worker: Callable[..., SimWorker] | None = None) -> None:
+                 make_worker: Callable[..., SimWorker] | None = None,
+                 occupancy_interval_s: float | None = None) -> None:
         if workers < 1:
             raise ValueError(f"need at least one worker, got {workers}")
         self.trace = trace
@@ -84,6 +87,9 @@ class Simulator:
         self.workers = [make(i, f"w{i:0{width}d}", m, profile.worker, profile.step_cost(m), max_run_s)
                         for i, m in enumerate(models)]
         self.by_instance = {w.instance_id: w for w in self.workers}
+        if occupancy_interval_s is not None:  # KV occupancy, preemptions, waiting for memory vs compute
+            for w in self.workers:
+                w.timeline = WorkerTimeline(occupancy_interval_s)
         self._adapter_sets: dict[int, tuple[int, frozenset[str]]] = {}
         self.ranks = {a.name: a.rank for a in trace.header.adapters}  # views carry batch ranks when known
         self.views: dict[str, list[InstanceView]] = {}
@@ -216,8 +222,9 @@ class Simulator:
             requests=n, finishes=finishes, events=events, steps=sum(w.steps_run for w in workers),
             preemptions=sum(w.preemptions for w in workers), adapter_loads=sum(w.adapter_loads for w in workers),
             sim_end_s=sim_end, wall_s=time.perf_counter() - started)
+        occupancy = {w.worker_id: w.timeline.samples for w in workers if w.timeline is not None}
         return SimResult(records=[_record(r) for r in requests], memory=self.memory, stats=stats,
-                         placement={w.worker_id: w.model for w in workers})
+                         placement={w.worker_id: w.model for w in workers}, occupancy=occupancy)
 
 
 def _record(r: SimRequest) -> RequestRecord:

@@ -50,8 +50,9 @@ def test_sim_writes_the_report(tmp_path: Path, capsys) -> None:
     out = tmp_path / "sim"
     assert main(["sim", str(trace), "--workers", "3", "--out", str(out), "--slo-scale", "5",
                  "--kv-blocks", "1024"]) == 0
-    for name in ("records.jsonl", "summary.json", "report.md", "cdf.png", "timeline.png", "sim.json"):
+    for name in ("records.jsonl", "summary.json", "report.md", "cdf.png", "timeline.png", "sim.json", "occupancy.png"):
         assert (out / name).exists(), name
+    assert "engine mode chunked" in (out / "report.md").read_text()
     summary = read_summary(out / "summary.json")
     assert summary.requests == len(read_trace(trace).records) == summary.completed
     assert summary.slo is not None and summary.slo.slo.ttft_s > 0

@@ -92,3 +92,14 @@ def test_engine_mode_is_validated(tmp_path) -> None:
     bad.write_text('name = "x"\n[worker]\nengine_mode = "vllm-0.7"\n')
     with pytest.raises(ValueError, match="engine_mode 'vllm-0.7'"):
         load_profile(bad)
+
+
+def test_simulate_records_each_workers_occupancy_when_asked() -> None:
+    trace = trace_of(*[(0.001 * i, 100, 150) for i in range(8)])
+    res = simulate(trace, profile("vllm-0.6", kv_blocks=40, max_batched_tokens=4096), workers=2,
+                   occupancy_interval_s=0.01)
+    assert set(res.occupancy) == {"w0", "w1"}
+    samples = [s for v in res.occupancy.values() for s in v]
+    assert max(s.kv_used for s in samples) > 0.9
+    assert sum(v[-1].preemptions for v in res.occupancy.values()) == res.stats.preemptions
+    assert simulate(trace, profile("chunked"), workers=2).occupancy == {}
