@@ -1,7 +1,8 @@
 """The decode path of the CUDA graphs (engine/cuda_graphs.py) on CPU: the same static buffers
 (token ids, positions with padding rows, a row map, block tables written incrementally) and
-the same Triton kernels, run under Triton's interpreter without a capture. An engine whose
-decode steps take that path produces the tokens and logprobs of the plain engine while
+the same Triton kernels, run under Triton's interpreter without a capture, and the model's
+fused Triton stages (RMSNorm, rope, SiLU * up) as on CUDA. An engine whose steps take that
+path produces the tokens and logprobs of the plain engine while
 sequences cross block boundaries, finish at different steps (buckets shrink, rows are freed
 and reused by later requests) and, for Mistral, attend within a sliding window."""
 from __future__ import annotations
@@ -30,7 +31,11 @@ VARIANTS = {
 def engine(model_dir, graphs: bool) -> LLMEngine:
     eng = LLMEngine(EngineConfig(str(model_dir), pool_bytes=64 << 20, block_size=4, max_num_seqs=8,
                                  max_num_batched_tokens=256))
-    eng.runner.use_graphs = graphs  # on CPU: the graphs' buffers and kernels without a capture
+    if graphs:  # on CPU: the graphs' buffers and kernels without a capture, the fused stages of CUDA
+        from gpu_ext import triton_fused
+
+        eng.runner.use_graphs = True
+        eng.runner.model.fused = triton_fused
     return eng
 
 

