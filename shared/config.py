@@ -152,6 +152,8 @@ class PlannerSection(Section, kw_only=True):
     autoscale: bool = False
     scale_down_after: Duration = 10.0  # hysteresis: instances above the forecast this long before one stops
     request_time: Duration = 2.0  # a request's mean time in the system: forecast rps -> concurrent requests
+    # ... a dispatcher queue of the model lasting this long counts as demand: instances are added for it
+    scale_out_after: Duration = 3.0
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -28,6 +28,7 @@ from shared.config import ClusterConfig
 from shared.events.plan import (
     CapacityReply, CapacityRequest, PlanApplied, PlanCancelled, PlanDecided, PlanFailed, PlanOutcome,
 )
+from shared.events.dispatch import DispatchStats
 from shared.events.predict import Forecast
 from shared.events.registry import Bucket, CatalogChanged, ModelRecord, WorkerRecord
 from shared.events.worker import WorkerState, WorkerStats
@@ -35,7 +36,7 @@ from shared.logging import get_logger
 from shared.planner import ClusterView, Effect, PlannerCore, build_view, effect_kind
 from shared.planner.scale_up import ScaleUpPolicy
 from shared.registry_client import RegistryClient
-from shared.subjects import CATALOG, plan_event, planner_capacity, planner_placement, worker_stats
+from shared.subjects import CATALOG, dispatch_stats, plan_event, planner_capacity, planner_placement, worker_stats
 from shared.wire import TidalError
 
 from services.planner import metrics
@@ -62,6 +63,7 @@ class Planner(Actor):
         self.core = PlannerCore(build_policies(config, group_prefix=f"bg{token}", scale_up=self.scale_up),
                                 enabled=p.enabled, default_ttl_s=p.ctl_timeout + 2 * p.interval, id_prefix=f"p{token}")
         self.stats: dict[str, WorkerStats] = {}
+        self.dispatch: dict[str, DispatchStats] = {}  # dispatcher -> its latest (their queues are demand)
         self.dead: set[str] = set()
         self.incarnations: dict[str, str] = {}  # worker -> its process, as the registry's record says
         self.models: dict[str, ModelRecord] = {}
@@ -77,6 +79,7 @@ class Planner(Actor):
         if self.config.planner.autoscale:
             self.lifecycle = LifecycleWriter(registry)
         await self.bind(worker_stats(), WorkerStats, self.on_stats)
+        await self.bind(dispatch_stats(), DispatchStats, self.on_dispatch_stats)
         await self.bind(CATALOG["predict.forecast"].wildcard, Forecast, self.on_forecast)
         await self.bind(planner_capacity(), CapacityRequest, self.on_capacity, queue="planner")
         for bucket in (Bucket.WORKERS, Bucket.MODELS):
@@ -97,6 +100,23 @@ class Planner(Actor):
             metrics.SKIPPED.labels("stale_stats").inc()  # reordered: keep the newer one
             return
         self.stats[msg.worker_id] = msg
+
+    async def on_dispatch_stats(self, msg: DispatchStats, _ctx: Delivery) -> None:
+        held = self.dispatch.get(msg.dispatcher_id)
+        if held is None or msg.ts >= held.ts:
+            self.dispatch[msg.dispatcher_id] = msg
+
+    def queued(self, now: float) -> dict[str, int]:
+        """Requests the dispatchers hold in their queues, by model (a dispatcher silent for long: none)."""
+        out: dict[str, int] = {}
+        max_age = float(self.config.registry.dead_after)
+        for msg in self.dispatch.values():
+            if now - msg.ts > max(max_age, 3 * msg.interval_s):
+                continue
+            for load in msg.models:
+                if load.adapter is None and load.queued:
+                    out[load.model] = out.get(load.model, 0) + load.queued
+        return out
 
     async def on_forecast(self, msg: Forecast, _ctx: Delivery) -> None:
         self.forecasts[msg.model] = msg
@@ -176,7 +196,7 @@ class Planner(Actor):
             now, self.stats.values(), dead=self.dead, stats_max_age_s=float(self.config.registry.dead_after),
             interval_s=float(p.interval), models=dict(self.models), forecasts=dict(self.forecasts),
             default_link_budget_bytes=float(p.migration_link_budget),
-            default_prefill_budget_tokens=float(p.migration_prefill_budget),
+            default_prefill_budget_tokens=float(p.migration_prefill_budget), queued=self.queued(now),
         )
 
     async def _tick(self) -> None:

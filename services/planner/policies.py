@@ -45,7 +45,8 @@ def build_policies(config: ClusterConfig, *, group_prefix: str, scale_up: ScaleU
         policies.append(WarmServePolicy(WarmServeSettings(
             prewarm=pol.prewarm, batch_size=pol.max_batch_size, mean_request_s=float(p.request_time),
             scale_down_after_s=float(p.scale_down_after), min_instance_age_s=max(float(p.scale_down_after) / 2, 1.0),
-            min_instances=0 if config.dispatcher.scale_from_zero else 1), capacity=scale_up))
+            min_instances=0 if config.dispatcher.scale_from_zero else 1,
+            scale_out_after_s=float(p.scale_out_after)), capacity=scale_up))
     return policies
 
 

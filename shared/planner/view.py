@@ -110,6 +110,8 @@ class ClusterView:
     # spare prefill tokens per destination per interval, for token migration (MELL's computation boundary)
     prefill_budget_tokens: Mapping[str, float] = field(default_factory=dict)
     default_prefill_budget_tokens: float = 0.0
+    # requests waiting in the dispatchers' admission queues, by model (no instance had room for them)
+    queued: Mapping[str, int] = field(default_factory=dict)
     _where: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -186,6 +188,7 @@ def build_view(
     interval_s: float = 1.0, models: Mapping[str, ModelRecord] = _EMPTY, forecasts: Mapping[str, Forecast] = _EMPTY,
     link_budget_bytes: Mapping[tuple[str, str], float] = _EMPTY, default_link_budget_bytes: float = 0.0,
     prefill_budget_tokens: Mapping[str, float] = _EMPTY, default_prefill_budget_tokens: float = 0.0,
+    queued: Mapping[str, int] = _EMPTY,
 ) -> ClusterView:
     """The view from each worker's latest stats. A worker is not alive when the registry says it is dead
     (`dead`), or when its stats are older than `stats_max_age_s` (both clocks: the publishers' `ts`)."""
@@ -199,6 +202,7 @@ def build_view(
         now=now, interval_s=interval_s, workers=MappingProxyType(workers), models=models, forecasts=forecasts,
         link_budget_bytes=link_budget_bytes, default_link_budget_bytes=default_link_budget_bytes,
         prefill_budget_tokens=prefill_budget_tokens, default_prefill_budget_tokens=default_prefill_budget_tokens,
+        queued=queued,
     )
 
 

@@ -4,15 +4,18 @@ Every interval, per catalog model with a current `Forecast` (view.forecasts; L_A
 requests by Little's law, B = the batch size):
 
 1. **Scale up** to max(⌈L_A/B⌉, ⌈observed/B⌉) accepting instances (observed: running + waiting on
-   them now; the reactive part, which the burst prewarms are for), less scale-ups in flight (its
-   own and the capacity-request path's). Each `ScaleUp` (LoadModel) goes to the usable worker
+   them now, plus the dispatchers' queue of the model once it has lasted `scale_out_after_s`: a
+   sustained queue is demand the instances cannot take, whatever the forecast says; the reactive
+   part, which the burst prewarms are for), less scale-ups in flight (its own and the
+   capacity-request path's). Each `ScaleUp` (LoadModel) goes to the usable worker
    without an instance of the model that holds the most warm bytes of it (a prewarm hit: no
    checkpoint read), then an idle or universal one before a serving one, then the one whose warm
    replicas of other models score least (§5.2: dedication evicts the least score), then the most room.
 2. **Scale down**, one instance per model per `scale_down_after_s`: while the accepting instances
-   exceed max(⌈L_P/B⌉, ⌈observed/B⌉) for that long (hysteresis), `ScaleDown` (EvictModel, drain) the
-   least loaded one older than `min_instance_age_s` that no view has shown a request on for
-   `scale_down_after_s` either (a forecast lags its window: a busy instance is not stopped on it). Its requests finish; its weights stay prewarmed
+   exceed max(⌈L_P/B⌉, ⌈observed/B⌉) for that long (hysteresis) and nothing of the model is queued,
+   `ScaleDown` (EvictModel, drain) the least loaded one older than `min_instance_age_s` that runs no
+   request now and that no view has shown a request on for `scale_down_after_s` either (a forecast
+   lags its window: a busy instance is never stopped on it). Its requests finish; its weights stay prewarmed
    through the worker's grace period (then the worker is universal). L_P = 0 scales to zero; the
    next request is queued by the dispatcher and the capacity path starts the model again.
 3. **Prewarm** (`prewarm = true` only): Alg. 1 (`shared/policy/warmserve_placement.place`) places the
@@ -55,6 +58,7 @@ class WarmServeSettings:
     min_instance_age_s: float = 5.0  # never stop an instance younger than this
     forecast_max_age_windows: float = 1.0  # a forecast this many windows past its own is ignored
     min_instances: int = 0  # per model with a forecast: 1 when the dispatcher cannot scale from zero
+    scale_out_after_s: float = 3.0  # a dispatcher queue lasting this long counts as observed demand
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.mean_request_s <= 0 or not 0 < self.prewarm_fraction <= 1:
@@ -77,6 +81,7 @@ class WarmServePolicy:
         self.excess_since: dict[str, float] = {}  # model -> since when it has had too many instances
         self.first_seen: dict[str, float] = {}  # instance -> when the view first had it
         self.last_busy: dict[str, float] = {}  # instance -> when the view last saw it with a request
+        self.queued_since: dict[str, float] = {}  # model -> since when the dispatchers have queued it
         self.counts: Counter[str] = Counter()  # scale_up_warm, scale_up_cold, scale_down, prewarm, release
 
     # --- the Policy protocol ----------------------------------------------------------------
@@ -84,6 +89,7 @@ class WarmServePolicy:
         workers = view.usable_workers()
         lives = {w.worker_id: lifecycle_of(w) for w in workers}
         self._age(view, workers)
+        self._queues(view)
         forecasts = current_forecasts(view, self.s.forecast_max_age_windows)
         demands: list[ModelDemand] = []
         decisions: list[Decision] = []
@@ -117,14 +123,32 @@ class WarmServePolicy:
             del self.first_seen[iid]
             self.last_busy.pop(iid, None)
 
+    def _queues(self, view: ClusterView) -> None:
+        for model in list(self.queued_since):
+            if not view.queued.get(model):
+                del self.queued_since[model]
+        for model, n in view.queued.items():
+            if n > 0:
+                self.queued_since.setdefault(model, view.now)
+
+    def _sustained_queue(self, view: ClusterView, model: str) -> int:
+        """The model's queued requests once the queue has lasted `scale_out_after_s`, else 0."""
+        since = self.queued_since.get(model)
+        if since is None or view.now - since < self.s.scale_out_after_s:
+            return 0
+        return view.queued.get(model, 0)
+
     def _in_flight(self, model: str) -> int:
         capacity = 1 if self.capacity is not None and model in self.capacity.pending else 0
         return len(self.pending_up.get(model, ())) + capacity
 
     def _scale_up(self, view: ClusterView, d: ModelDemand, active: list[InstanceView], workers: list[WorkerView],
                   lives: dict[str, WorkerLife], taken: set[str], busy: Busy) -> list[Decision]:
-        observed = sum(i.running + i.waiting for i in active)
+        queued = self._sustained_queue(view, d.model)
+        observed = sum(i.running + i.waiting for i in active) + queued
         want = max(math.ceil(d.avg_load / d.batch_size), math.ceil(observed / d.batch_size))
+        if queued:
+            want = max(want, len(active) + 1)  # a lasting queue: the instances are full, whatever their batch
         out = []
         for _ in range(want - len(active) - self._in_flight(d.model)):
             worker = self._scale_up_worker(view, d.model, workers, lives, taken)
@@ -139,7 +163,8 @@ class WarmServePolicy:
             self.pending_up.setdefault(d.model, set()).add(worker.worker_id)
             taken.add(worker.worker_id)
             out.append(Decision(action=action, trigger="forecast", ttl_s=SCALE_UP_TTL_S, reason=(
-                f"{d.model}: forecast L_A={d.avg_load:.2f} observed={observed} needs {want} instances (B={d.batch_size}),"
+                f"{d.model}: forecast L_A={d.avg_load:.2f} observed={observed} ({queued} queued for "
+                f"{self.s.scale_out_after_s:g}s+) needs {want} instances (B={d.batch_size}),"
                 f" {len(active)} serve; {worker.worker_id} " + (f"holds {warm} B warm" if warm else "starts it cold"))))
         return out
 
@@ -163,14 +188,15 @@ class WarmServePolicy:
     def _scale_down(self, view: ClusterView, d: ModelDemand, active: list[InstanceView], busy: Busy) -> list[Decision]:
         observed = sum(i.running + i.waiting for i in active)
         keep = max(math.ceil(d.peak_load / d.batch_size), math.ceil(observed / d.batch_size), self.s.min_instances)
-        if len(active) <= keep or self._in_flight(d.model):
+        if len(active) <= keep or self._in_flight(d.model) or view.queued.get(d.model):
             self.excess_since.pop(d.model, None)
             return []
         since = self.excess_since.setdefault(d.model, view.now)
         if view.now - since < self.s.scale_down_after_s:
             return []
         old = [i for i in active if view.now - self.first_seen.get(i.instance_id, view.now) >= self.s.min_instance_age_s
-               and view.now - self.last_busy.get(i.instance_id, -math.inf) >= self.s.scale_down_after_s]
+               and view.now - self.last_busy.get(i.instance_id, -math.inf) >= self.s.scale_down_after_s
+               and not (i.running or i.waiting or i.requests)]  # never one with requests now
         for inst in sorted(old, key=lambda i: (i.running + i.waiting, i.instance_id)):
             action = ScaleDown(instance_id=inst.instance_id, worker_id=inst.worker_id, model=d.model)
             if busy.has(key(action)):

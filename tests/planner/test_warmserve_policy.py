@@ -173,3 +173,41 @@ def test_lifecycle_labels(worker: WorkerView, label: str) -> None:
 def test_bad_settings_are_refused_naming_them() -> None:
     with pytest.raises(ValueError, match="prewarm_fraction"):
         WarmServeSettings(prewarm_fraction=0.0)
+
+
+def queued_view(now: float, *workers: WorkerView, queued: int, forecasts: tuple[Forecast, ...]) -> ClusterView:
+    return ClusterView(now=now, workers={w.worker_id: w for w in workers}, models={"a": A, "b": B},
+                       forecasts={f.model: f for f in forecasts}, queued={"a": queued} if queued else {})
+
+
+def test_a_sustained_dispatcher_queue_scales_out_within_its_window() -> None:
+    """The instance is full (B = 4 running) and the forecast lags (L_A = 0.5): only the dispatchers'
+    queue says more is needed. A blip shorter than `scale_out_after_s` adds nothing."""
+    policy = WarmServePolicy(WarmServeSettings(batch_size=4, mean_request_s=1.0, scale_out_after_s=3.0))
+    workers = (wv("w0", inst("w0", "a", running=4)), wv("w1"))
+    low = (fc("a", avg=0.5, peak=0.5),)
+    assert actions(policy.decide(queued_view(100.0, *workers, queued=256, forecasts=low), Busy(())), ScaleUp) == []
+    assert actions(policy.decide(queued_view(101.0, *workers, queued=0, forecasts=low), Busy(())), ScaleUp) == []
+    for t in (102.0, 104.0):  # queued again from 102: not yet sustained at 104
+        assert actions(policy.decide(queued_view(t, *workers, queued=256, forecasts=low), Busy(())), ScaleUp) == []
+    ups = actions(policy.decide(queued_view(105.0, *workers, queued=256, forecasts=low), Busy(())), ScaleUp)
+    assert [(u.model, u.worker_id) for u in ups] == [("a", "w1")]
+
+
+def test_never_scales_down_while_requests_run_or_wait() -> None:
+    policy = WarmServePolicy(SETTINGS)
+    busy_both = (wv("w0", inst("w0", "a", running=1)), wv("w1", inst("w1", "a", waiting=2)))
+    for t in range(100, 140):  # both carry requests all along: neither is stopped, however low the forecast
+        now = (fc("a", avg=0.0, peak=0.0, now=float(t)),)
+        assert actions(policy.decide(view(float(t), *busy_both, forecasts=now), Busy(())), ScaleDown) == []
+    one_idle = (wv("w0", inst("w0", "a")), wv("w1", inst("w1", "a", running=1)))
+    queued = WarmServePolicy(SETTINGS)
+    for t in range(100, 140):  # the dispatchers hold requests of the model: no instance of it stops
+        now = (fc("a", avg=0.0, peak=0.0, now=float(t)),)
+        decided = queued.decide(queued_view(float(t), *one_idle, queued=3, forecasts=now), Busy(()))
+        assert actions(decided, ScaleDown) == []
+    downs = []
+    for t in (140.0, 146.0):  # (a forecast of the moment: an old one is ignored)
+        now = (fc("a", avg=0.0, peak=0.0, now=t),)
+        downs += actions(queued.decide(queued_view(t, *one_idle, queued=0, forecasts=now), Busy(())), ScaleDown)
+    assert [d.instance_id for d in downs] == ["w0-a"]  # once the queue is gone: the idle one only
