@@ -101,7 +101,7 @@ class MoveLedger:
         self.end_s = end_s  # when a request's last token is out (it cannot be handed over after)
         self.stats = MoveStats()
         self._flights: dict[str, _Flight] = {}
-        self._stranded: dict[str, tuple[str, str]] = {}  # request -> (where it is, where the books have it): a failed move
+        self._stranded: dict[str, tuple[str, str]] = {}  # failed move: request -> (where it is, where booked)
         self._size: dict[str, int] = {}  # current KV size of the requests tracked here
         self._precopy: dict[int, Precopy] = {}
 

@@ -155,4 +155,5 @@ def test_random_packing_runs_on_a_slow_link_keep_the_books_and_the_ledger_consis
         st = r.move_costs
         assert st.kv_ok + sum(st.failed.values()) == st.kv_moves
     core = run_core(s, moves=model(decode_step_s=0.2))
-    assert core.active[-1] == 0 and core.move_costs.kv_ok + sum(core.move_costs.failed.values()) == core.move_costs.kv_moves
+    st = core.move_costs
+    assert core.active[-1] == 0 and st.kv_ok + sum(st.failed.values()) == st.kv_moves
