@@ -2,7 +2,7 @@
 cluster generates, compared before anything is sent.
 
 Offered: requests/s and output tokens/s over the whole trace, and the output tokens/s of its busiest
-window (bursts). Capacity: `PROBE_STREAMS` streams sent at once to the trace's commonest model, each
+window of at least `PROBE_STREAMS` requests (bursts; a few requests close together are not one). Capacity: `PROBE_STREAMS` streams sent at once to the trace's commonest model, each
 `PROBE_OUTPUT` tokens after a prompt of the trace's median length; their output tokens over the wall time
 the probe took is what the cluster generated (a lower bound: a fuller batch goes faster per token, up
 to its memory). A trace whose mean is above it queues for the whole run (then 429s: the dispatcher's
@@ -20,7 +20,7 @@ from loadgen.traces.schema import TraceRecord
 PROBE_STREAMS = 8
 PROBE_OUTPUT = 32
 PROBE_TIMEOUT_S = 60.0
-BURST_WINDOW_S = 10.0
+BURST_WINDOW_S = 30.0  # as long as a BurstGPT burst; a request's tokens come over seconds, not at its arrival
 
 
 @dataclass(frozen=True)
@@ -46,20 +46,22 @@ class ProbedCapacity:
         return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def offered_load(trace: Sequence[TraceRecord], window_s: float = BURST_WINDOW_S) -> OfferedLoad:
+def offered_load(trace: Sequence[TraceRecord], window_s: float = BURST_WINDOW_S,
+                 min_requests: int = PROBE_STREAMS) -> OfferedLoad:
     span = trace[-1].arrival_s - trace[0].arrival_s if trace else 0.0
     total = sum(r.output_tokens for r in trace)
     peak, lo, in_window = 0, 0, 0
-    for rec in trace:  # sliding window over arrivals (sorted): output tokens arriving within window_s
+    for hi, rec in enumerate(trace):  # sliding window over arrivals (sorted): output tokens arriving within it
         in_window += rec.output_tokens
         while rec.arrival_s - trace[lo].arrival_s > window_s:
             in_window -= trace[lo].output_tokens
             lo += 1
-        peak = max(peak, in_window)
+        if hi - lo + 1 >= min_requests:
+            peak = max(peak, in_window)
     if span <= 0:  # every request at once
         return OfferedLoad(len(trace), 0.0, float("inf"), total, float("inf"), float("inf"))
     return OfferedLoad(requests=len(trace), span_s=span, request_rate=len(trace) / span, output_tokens=total,
-                       output_rate=total / span, peak_output_rate=peak / min(window_s, span))
+                       output_rate=total / span, peak_output_rate=max(peak / min(window_s, span), total / span))
 
 
 def probe_trace(trace: Sequence[TraceRecord], streams: int = PROBE_STREAMS,

@@ -19,7 +19,9 @@ def test_offered_load_has_the_mean_and_the_busiest_window() -> None:
     load = offered_load(records(sorted(calm + burst)))
     assert load.requests == 100 and load.span_s == 98.0 and load.output_tokens == 10_000
     assert abs(load.output_rate - 10_000 / 98) < 1e-9
-    assert load.peak_output_rate >= 5_000 / 10  # the burst's 50 x 100 tokens fall within one 10 s window
+    assert load.peak_output_rate >= 5_000 / 30  # the burst's 50 x 100 tokens fall within one 30 s window
+    few = offered_load(records([0.0, 0.1, 50.0], output=1000))  # two requests close together are no burst
+    assert few.peak_output_rate == few.output_rate
 
 
 def test_an_overload_names_the_factor_and_a_time_scale_that_fits() -> None:
@@ -34,9 +36,9 @@ def test_bursts_above_capacity_and_a_fitting_trace() -> None:
     calm = [float(t) for t in range(0, 200, 4)]
     burst = [100.0 + i * 0.05 for i in range(40)]
     load = offered_load(records(sorted(calm + burst)))
-    (note,) = fit_notes(load, capacity(200.0))
-    assert "busiest 10 s" in note and "queueing during bursts" in note
-    assert fit_notes(offered_load(records(calm)), capacity(200.0)) == []
+    (note,) = fit_notes(load, capacity(100.0))
+    assert "busiest 30 s" in note and "queueing during bursts" in note
+    assert fit_notes(offered_load(records(calm)), capacity(100.0)) == []
     assert "got no tokens" in fit_notes(load, ProbedCapacity("m", 8, 0, 1.0, failed=8))[0]
 
 

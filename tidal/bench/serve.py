@@ -90,7 +90,7 @@ async def _serve(args: argparse.Namespace, trace, slo):  # type: ignore[no-untyp
         offered = offered_load(trace)
         print(f"capacity: {capacity.output_rate:.0f} output tokens/s in a probe ({capacity.streams} streams to "
               f"{capacity.model}, {capacity.wall_s:.1f} s); the trace offers {offered.output_rate:.0f} on average, "
-              f"{offered.peak_output_rate:.0f} in its busiest 10 s", file=sys.stderr)
+              f"{offered.peak_output_rate:.0f} in its busiest 30 s", file=sys.stderr)
         for note in fit_notes(offered, capacity):
             print(f"warning: {note}", file=sys.stderr)
     baseline = None

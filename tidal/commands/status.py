@@ -29,7 +29,7 @@ from shared.wire import TidalError
 from tidal.commands.cluster_lookup import add_lookup_arguments, find_cluster
 
 RATE_WINDOW_S = 5.0  # --watch: tokens/s over this many seconds of stats reports
-FIRST_RATE_S = 0.5  # a single `tidal status` listens this long at least: tokens/s over two or three reports
+FIRST_RATE_S = 0.3  # a single `tidal status` listens this long at least: tokens/s over two reports (250 ms apart)
 
 
 class ServiceRow(msgspec.Struct, kw_only=True):
