@@ -64,10 +64,10 @@ def test_graph_replays_equal_eager_steps(models, kind):
     for i, (a, b) in enumerate(zip(graphed, eager)):
         if kind == "fp32":
             assert a.token_ids == b.token_ids, f"seq {i}: tokens differ"
-        else:  # bf16: a near-tie may flip; the first tokens and the logprobs agree
-            assert a.token_ids[:3] == b.token_ids[:3], f"seq {i}: first tokens differ"
         n = next((j for j, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), len(a.token_ids))
-        assert max(abs(x - y) for x, y in zip(a.logprobs[:n], b.logprobs[:n])) <= tol
+        assert max(abs(x - y) for x, y in zip(a.logprobs[:n], b.logprobs[:n])) <= tol, f"seq {i}"
+        if n < len(a.token_ids):  # bf16 (seen on an H200): where they part, both choices were a near-tie
+            assert abs(a.logprobs[n] - b.logprobs[n]) <= tol, f"seq {i}: token {n} differs beyond a near-tie"
 
 
 def test_a_graph_decode_step_does_not_synchronize(models):
