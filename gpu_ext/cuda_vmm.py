@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from cuda.bindings import driver as cu
 
-from .memory import typed_view
+from .typed_view import typed_view
 
 
 class CudaVmmError(RuntimeError):

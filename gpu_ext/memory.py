@@ -23,6 +23,8 @@ from typing import Protocol
 
 import torch
 
+from .typed_view import typed_view
+
 PAGE = mmap.PAGESIZE
 
 
@@ -97,17 +99,6 @@ class CudaEagerRegion:
 
     def resident_bytes(self) -> int:
         return self.nbytes
-
-
-def typed_view(region_bytes: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """A `dtype` tensor of `shape` over the start of a region's flat uint8 tensor (no copy)."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    count = 1
-    for n in shape:
-        count *= n
-    if count * itemsize > region_bytes.numel():
-        raise ValueError(f"view of {count * itemsize} bytes exceeds the region ({region_bytes.numel()})")
-    return region_bytes[: count * itemsize].view(dtype).view(shape)
 
 
 def reserve_region(nbytes: int, device: torch.device | str = "cpu") -> ReservedRegion:

@@ -21,8 +21,7 @@ from services.gpu_worker.engine.cold_start import ColdStart
 from services.gpu_worker.engine.cpu_lora_helpers import CpuLoRAFailed
 from services.gpu_worker.engine.detokenizer import IncrementalDetokenizer
 from services.gpu_worker.engine.kv_handover import DetachedRequest, KvHandover, KvProgress
-from services.gpu_worker.engine.memory_pool import MemoryKind, MemoryPool
-from services.gpu_worker.engine.pool_view import PoolView
+from services.gpu_worker.engine.memory_pool import MemoryKind, MemoryPool, PoolView
 from services.gpu_worker.engine.preloaded import PreloadedWeights
 from services.gpu_worker.engine.model_runner import ModelRunner
 from services.gpu_worker.engine.outputs import CompletionResult, RequestOutput

@@ -16,10 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .lora import LoRAAdapter
+from .lora_adapter import LoRAAdapter
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -26,10 +26,18 @@ from gpu_ext.linear import pack_weight, weight_nbytes
 
 from .loader import CheckpointReader
 from .model_config import ModelConfig
-from .models.llama import LayerWeights
+from .models.llama import LayerWeights, LlamaModel
 
-if TYPE_CHECKING:
-    from .model_runner import ModelRunner
+
+class LayerHost(Protocol):
+    """What preloading needs of a runner (model_runner.ModelRunner, which imports this module)."""
+
+    model: LlamaModel
+    reader: CheckpointReader
+    loading: LayerLoader | None
+
+    def _load_layer(self, i: int) -> None:
+        """Read layer `i`, charge the pool, make it resident."""
 
 
 @dataclass(slots=True)
@@ -68,7 +76,7 @@ class PreloadedWeights:
                 and all(i in self.layers for i in range(num_layers)))
 
     @classmethod
-    def from_runner(cls, runner: ModelRunner) -> PreloadedWeights:
+    def from_runner(cls, runner: LayerHost) -> PreloadedWeights:
         """Take a retired runner's resident weights (the runner must not step again)."""
         m = runner.model
         return cls(model_dir=str(runner.reader.model_dir), layers=dict(m.layers), embed=m.embed,
@@ -109,7 +117,7 @@ class LayerLoader:
     """Loads a runner's missing layers in order on a thread of its own; `run` computes layers as
     they arrive. The runner's `loading` is cleared when the last layer is resident."""
 
-    def __init__(self, runner: ModelRunner, pending: list[int],
+    def __init__(self, runner: LayerHost, pending: list[int],
                  before_layer: Callable[[int], None] | None = None) -> None:
         self.runner = runner
         self.pending = list(pending)
