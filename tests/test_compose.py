@@ -114,16 +114,27 @@ def tidal_services(compose: dict) -> dict[str, dict]:
     return {name: s for name, s in compose["services"].items() if "build" in s}
 
 
+NATS_NODES = ("nats-1", "nats-2", "nats-3")
+
+
 def test_compose_yaml_has_nats_and_one_container_per_service(compose):
     services = compose["services"]
-    assert services["nats"]["image"].startswith("nats:")
-    assert "-c" in services["nats"]["command"] and "./nats.conf:/etc/nats/nats.conf:ro" in services["nats"]["volumes"]
-    assert set(services) - set(tidal_services(compose)) == {"nats", "prometheus", "grafana"}
+    assert set(services) - set(tidal_services(compose)) == {*NATS_NODES, "prometheus", "grafana"}
+    for node in NATS_NODES:  # one cluster: each node its name, its own store, all answering to `nats`
+        spec = services[node]
+        assert spec["image"].startswith("nats:") and spec["command"] == ["-c", "/etc/nats/nats-cluster.conf"]
+        assert {"./nats.conf:/etc/nats/nats.conf:ro", "./nats-cluster.conf:/etc/nats/nats-cluster.conf:ro",
+                f"nats-data-{node[-1]}:/data"} == set(spec["volumes"])
+        assert spec["environment"]["TIDAL_NATS_SERVER_NAME"] == node
+        assert spec["networks"]["default"]["aliases"] == ["nats"]
+    assert {f"nats-data-{i}" for i in (1, 2, 3)} <= set(compose["volumes"])
     modules = {_module(s) for s in tidal_services(compose).values()}
     assert modules == {f"services.{name}" for name in subjects.SERVICES}
     for service in tidal_services(compose).values():
         assert service["build"]["dockerfile"] == "compose/Dockerfile"
-        assert service["depends_on"]["nats"]["condition"] == "service_healthy"
+        assert {n: d["condition"] for n, d in service["depends_on"].items()} == dict.fromkeys(NATS_NODES,
+                                                                                              "service_healthy")
+        assert service["environment"]["TIDAL__REGISTRY__REPLICAS"] == "3"  # R3 buckets on the three nodes
     dockerfile = (COMPOSE / "Dockerfile").read_text()
     assert dockerfile.startswith(("FROM python:3.11-slim", "# ")) and "FROM python:3.11-slim" in dockerfile
     assert "--constraint constraints.txt" in dockerfile
@@ -138,7 +149,7 @@ def test_every_service_command_names_an_existing_module(compose):
 
 
 def test_each_container_connects_as_its_own_nats_user(compose):
-    nats_env = compose["services"]["nats"]["environment"]
+    nats_env = compose["services"]["nats-1"]["environment"]
     for role in subjects.ROLES:
         assert f"TIDAL_NATS_{role.upper()}_PASSWORD" in nats_env
     for name, service in tidal_services(compose).items():
@@ -189,12 +200,21 @@ def test_every_catalog_use_is_permitted_and_nothing_else(users):
     assert not any(covers(a, "$JS.API.STREAM.CREATE.KV_tidal_models") for a in worker)
 
 
-def test_the_real_nats_server_accepts_the_config():
-    env = {**os.environ, **{f"TIDAL_NATS_{r.upper()}_PASSWORD": p for r, p in PASSWORDS.items()}}
-    done = subprocess.run([nats_server_binary(), "-t", "-c", str(COMPOSE / "nats.conf")],
+@pytest.mark.parametrize("conf", ["nats.conf", "nats-cluster.conf"])
+def test_the_real_nats_server_accepts_the_config(conf: str):
+    env = {**os.environ, **{f"TIDAL_NATS_{r.upper()}_PASSWORD": p for r, p in PASSWORDS.items()},
+           "TIDAL_NATS_SERVER_NAME": "nats-1"}
+    done = subprocess.run([nats_server_binary(), "-t", "-c", str(COMPOSE / conf)],
                           env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "is valid" in done.stdout + done.stderr
+
+
+def test_the_cluster_config_routes_to_every_node():
+    conf = parse_nats_conf((COMPOSE / "nats-cluster.conf").read_text())
+    assert conf["include"] == "./nats.conf" and conf["server_name"] == "$TIDAL_NATS_SERVER_NAME"
+    assert conf["cluster"]["name"] == "tidal" and conf["cluster"]["listen"] == "0.0.0.0:6222"
+    assert conf["cluster"]["routes"] == [f"nats-route://{node}:6222" for node in NATS_NODES]
 
 
 @pytest.fixture
