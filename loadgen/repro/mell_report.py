@@ -123,13 +123,14 @@ def moves_table(scenarios: list[Scenario]) -> str:
             failed = ", ".join(f"{k} {v}" for k, v in sorted(st.failed.items())) or "none"
             stalls = sorted(st.stalls)
             p99 = stalls[min(len(stalls) - 1, int(0.99 * len(stalls)))] if stalls else 0.0
+            over = f"{st.physical_overcommitted_epochs} ({100 * st.overcommit_max_bytes / s.schedule.capacity:.0f}%)"
             rows.append((s.testbed.key, s.workload.label, p, st.kv_ok, failed, st.retries, st.token_moves,
                          f"{st.copy_s:.0f}", f"{st.bytes_copied / 1e9:.0f}", f"{1000 * p99:.0f}",
                          f"{st.recompute_s:.0f}", f"{max(st.delay.values(), default=0.0):.2f}",
-                         st.physical_overcommitted_epochs))
+                         over))
     return md_table(("testbed", "workload", "policy", "KV moves ok", "failed (reason)", "retries", "restarts",
                      "copy s", "GB copied", "stall P99 ms", "re-prefill s", "max delay per request s",
-                     "epochs a copy overcommitted a GPU"), rows)
+                     "epochs a copy overcommitted a GPU (most, % of C)"), rows)
 
 
 MOVES_INTRO = (
@@ -139,7 +140,8 @@ MOVES_INTRO = (
     "hand-over (a GPU being drained counts as active), and it fails when the request ends first, the pre-copy "
     "does not converge, or the destination still holds an outgoing copy (the failed move is retried the next "
     "interval). A restart re-prefills the context on the destination. The policies plan on their own books: "
-    "the last column counts epochs where memory a copy still held was already given to another request.")
+    "the last column counts epochs where memory a copy still held was already given to another request (a real "
+    "engine would hold that request back until the copy frees it), with the largest excess on one GPU.")
 
 
 def _plots(out: Path, scenarios: list[Scenario]) -> list[str]:

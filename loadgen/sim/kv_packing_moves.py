@@ -73,6 +73,7 @@ class MoveStats:
     stalls: list[float] = field(default_factory=list)  # per successful KV move: the last stage
     delay: dict[str, float] = field(default_factory=dict)  # request -> time it ran nowhere (stalls + re-prefills)
     physical_overcommitted_epochs: int = 0  # a device held more than its capacity counting in-flight copies
+    overcommit_max_bytes: int = 0  # the most one device held beyond its capacity
 
     def summary(self) -> dict:
         delays = np.fromiter(self.delay.values(), float, len(self.delay))
@@ -80,7 +81,8 @@ class MoveStats:
                 "token_moves": self.token_moves, "copy_s": self.copy_s, "bytes_copied": self.bytes_copied,
                 "recompute_s": self.recompute_s, "stall_p99_s": float(np.percentile(self.stalls, 99)) if self.stalls
                 else 0.0, "delay_max_s": float(delays.max(initial=0.0)), "delayed_requests": len(self.delay),
-                "physical_overcommitted_epochs": self.physical_overcommitted_epochs}
+                "physical_overcommitted_epochs": self.physical_overcommitted_epochs,
+                "overcommit_max_bytes": self.overcommit_max_bytes}
 
 
 @dataclass
@@ -217,10 +219,11 @@ class MoveLedger:
         """(devices physically in use, whether one holds more than its capacity) after the books' `active`."""
         extra = self._extra()
         devices = set(active) | {d for d, b in extra.items() if b > 0}
-        over = any(used(d) + extra.get(d, 0) > self.capacity for d in devices)
-        if over:
+        excess = max((used(d) + extra.get(d, 0) - self.capacity for d in devices), default=0)
+        if excess > 0:
             self.stats.physical_overcommitted_epochs += 1
-        return len(devices), over
+            self.stats.overcommit_max_bytes = max(self.stats.overcommit_max_bytes, excess)
+        return len(devices), excess > 0
 
 
 def request_end_times(end_s: np.ndarray) -> Callable[[str], float]:
