@@ -60,7 +60,7 @@ class StreamTally:
 class StreamConnection:
     """One keep-alive connection to the gateway; `post` again once a stream ended reusably."""
 
-    __slots__ = ("host", "port", "reader", "writer", "tally", "events")
+    __slots__ = ("host", "port", "reader", "writer", "tally", "events", "idle_since")
 
     def __init__(self, host: str, port: int, tally: StreamTally | None = None) -> None:
         self.host, self.port = host, port
@@ -68,6 +68,7 @@ class StreamConnection:
         self.writer: asyncio.StreamWriter | None = None
         self.tally = tally
         self.events = 0  # token events of the current stream
+        self.idle_since = 0.0  # monotonic time it was given back to the pool
 
     def close(self) -> None:
         if self.writer is not None:
@@ -205,15 +206,22 @@ class StreamConnection:
 class ConnectionPool:
     """Idle keep-alive connections to one gateway; a request takes one or opens a new one."""
 
-    def __init__(self, host: str, port: int, tally: StreamTally | None = None) -> None:
+    def __init__(self, host: str, port: int, tally: StreamTally | None = None, max_idle_s: float = 20.0) -> None:
         self.host, self.port = host, port
         self.idle: list[StreamConnection] = []
         self.opened = 0
         self.tally = tally  # given to every connection it opens
+        # below the gateway's keep-alive timeout (30 s): an older idle connection may be closed by the
+        # server just as a request is written on it ("closed before the status line")
+        self.max_idle_s = max_idle_s
 
     def take(self) -> StreamConnection:
-        if self.idle:
+        now = time.monotonic()
+        while self.idle:
             conn = self.idle.pop()
+            if now - conn.idle_since > self.max_idle_s:
+                conn.close()
+                continue
             conn.tally = self.tally
             return conn
         self.opened += 1
@@ -221,6 +229,7 @@ class ConnectionPool:
 
     def give_back(self, conn: StreamConnection, result: StreamResult) -> None:
         if result.reusable and conn.writer is not None:
+            conn.idle_since = time.monotonic()
             self.idle.append(conn)
         else:
             conn.close()
