@@ -38,6 +38,7 @@ from shared.inbound import Delivery, Handler, Inbound, Mailbox, deadline_var
 from shared.logging import get_logger, request_id_var, traceparent_var
 from shared.reply_mux import NoRespondersStatus, ReplyMux, ReplyTimeout
 from shared.tracing import CLIENT, PRODUCER, Tracing, inject
+from shared.url_credentials import redact
 from shared.wire import (
     DEADLINE_EXCEEDED, HDR_DEADLINE, HDR_ERROR, HDR_IDEMPOTENCY_KEY, HDR_REQUEST_ID, HDR_TRACEPARENT, UNAVAILABLE,
     BadReply, DeadlineExceeded, ErrorReply, NoResponders, RemoteError, Unavailable, decode_error_reply, decoder_for,
@@ -150,9 +151,10 @@ class Bus:
             )
         except (asyncio.TimeoutError, OSError, nats.errors.Error) as exc:
             await nc.close()
-            raise Unavailable(f"cannot connect to NATS at {settings.url} within {settings.initial_connect_s}s: {exc!r}") from exc
+            raise Unavailable(f"cannot connect to NATS at {redact(settings.url)} within {settings.initial_connect_s}s: "
+                              f"{redact(repr(exc))}") from exc
         await asyncio.get_running_loop().create_task(bus._replies.start(), context=contextvars.Context())
-        log.info("bus connected", url=settings.url, service=service)
+        log.info("bus connected", url=redact(settings.url), service=service)
         return bus
 
     def _pick_server(self, servers: list[Any], _info: dict[str, Any]) -> tuple[Any, float]:
@@ -174,11 +176,11 @@ class Bus:
         if self._closing:
             return
         metrics.BUS_EVENTS.labels(self.service, "disconnected").inc()
-        log.warning("bus disconnected", url=self.settings.url)
+        log.warning("bus disconnected", url=redact(self.settings.url))
 
     async def _on_reconnected(self) -> None:
         metrics.BUS_EVENTS.labels(self.service, "reconnected").inc()
-        log.info("bus reconnected", url=str(self.nc.connected_url.geturl() if self.nc.connected_url else ""))
+        log.info("bus reconnected", url=redact(str(self.nc.connected_url.geturl() if self.nc.connected_url else "")))
 
     async def _on_closed(self) -> None:
         metrics.BUS_EVENTS.labels(self.service, "closed").inc()

@@ -9,6 +9,7 @@ own history bucket.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shared import subjects
@@ -64,14 +65,20 @@ def _list(items: tuple[str, ...], indent: str) -> str:
     return f"[\n{inner}{indent}]"
 
 
-def render_authorization() -> str:
-    """The `authorization { users = [...] }` block."""
+def render_authorization(passwords: Mapping[str, str] | None = None, *, operator: bool = False) -> str:
+    """The `authorization { users = [...] }` block. Passwords come from the environment
+    (`password_variable`), or literally from `passwords` (role -> password); `operator` adds a user
+    of that name allowed every subject (the local tools of whoever started the server)."""
     out = ["authorization {", "  users = ["]
-    for perms in all_permissions():
+    roles = all_permissions()
+    if operator:
+        roles.append(RolePermissions("operator", (">",), (">",), True))
+    for perms in roles:
+        secret = f'"{passwords[perms.role]}"' if passwords is not None else f"${password_variable(perms.role)}"
         out += [
             "    {",
             f'      user: "{perms.role}"',
-            f"      password: ${password_variable(perms.role)}",
+            f"      password: {secret}",
             "      permissions: {",
             f"        publish: {{ allow: {_list(perms.publish, '        ')} }}",
             f"        subscribe: {{ allow: {_list(perms.subscribe, '        ')} }}",

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.nats_users import NatsUsers
+
 
 def nats_server_binary() -> str:
     """The nats-server next to this interpreter (venv bin), else on PATH."""
@@ -57,11 +59,16 @@ class NatsServer:
     jetstream: bool = True
     log_file: Path | None = None
     extra_config: str = ""
+    users: NatsUsers | None = None  # per-role users (clients must authenticate); None: open to anyone
     proc: subprocess.Popen | None = field(default=None, init=False)
 
     @property
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
+
+    def url_for(self, role: str) -> str:
+        """The URL a client of `role` connects with (its credentials in it, when the server has users)."""
+        return self.users.url(self.url, role) if self.users is not None else self.url
 
     def config_text(self) -> str:
         lines = [
@@ -72,6 +79,8 @@ class NatsServer:
         if self.jetstream:
             store = str(Path(self.store_dir) / "jetstream")
             lines += ["jetstream {", f'  store_dir: "{store}"', "  sync_interval: always", "}"]
+        if self.users is not None:
+            lines.append(self.users.authorization())
         if self.extra_config:
             lines.append(self.extra_config)
         return "\n".join(lines) + "\n"
@@ -84,6 +93,8 @@ class NatsServer:
         if not self.monitor_port:
             self.monitor_port = free_port(self.host)
         conf = self.store_dir / "nats.conf"
+        conf.touch(mode=0o600)  # it may hold the users' passwords
+        conf.chmod(0o600)
         conf.write_text(self.config_text())
         log = open(self.log_file or (self.store_dir / "nats.log"), "ab")
         self.proc = subprocess.Popen(

@@ -64,6 +64,8 @@ def write_state(state: RunState) -> Path:
     path = state_path(state.data_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
+    tmp.touch(mode=0o600)  # its NATS URL carries the operator's password
+    tmp.chmod(0o600)
     tmp.write_bytes(msgspec.json.format(msgspec.json.encode(state), indent=2) + b"\n")
     os.replace(tmp, path)
     write_pointer(state.data_dir, state.launcher_pid, state.launcher_create_time)

@@ -140,7 +140,7 @@ def _subjects() -> list[Subject]:
           "Workers send it to each other to hand over a migrated request (with `kv_computed_tokens` in KV mode).",
           reply=(ev.AssignAccepted, ev.AssignRejected)),
         S("worker.ctl", f"{PREFIX}.worker.<worker_id>.ctl", R, ev.ctl.CTL_COMMANDS,
-          frozenset({"planner", "scheduler"}), frozenset({"gpu_worker"}),
+          frozenset({"planner", "scheduler", "gateway"}), frozenset({"gpu_worker"}),  # gateway: runtime LoRA routes
           "Control command to one worker: load/evict, drop/restore layers, prewarm, groups, migration.",
           reply=(ev.CtlDone, ev.CtlRefused), stable=False),
         S("worker.migrate", f"{PREFIX}.worker.<worker_id>.migrate", R, ev.ctl.MIGRATE_MESSAGES,
@@ -149,12 +149,14 @@ def _subjects() -> list[Subject]:
           "pre-copy stage's data-plane transfer (MigrateKvStage), release them (MigrateKvCancel).",
           reply=(ev.CtlDone, ev.CtlRefused), stable=False),
         S("worker.stats", f"{PREFIX}.evt.worker.stats", P, (ev.WorkerStats,),
-          frozenset({"gpu_worker"}), worker_readers | {"cli", "gateway"},  # cli: `tidal status` shows the pools;
-          # gateway: /v1/models shows where adapters are warm
+          frozenset({"gpu_worker"}), worker_readers | {"cli", "gateway", "gpu_worker"},  # cli: `tidal status` shows
+          # the pools; gateway: /v1/models shows where adapters are warm; gpu_worker: a buddy-group member sees
+          # its peers join and leave
           "Memory pool by kind, instances' batch/queue/KV use and growth, resident adapters (every 250 ms)."),
         S("worker.heartbeat", f"{PREFIX}.evt.worker.heartbeat", P, (ev.WorkerHeartbeat,),
-          frozenset({"gpu_worker"}), frozenset({"registry", "dispatcher"}),
-          "Worker liveness; the registry marks a worker dead `registry.dead_after` after the last one."),
+          frozenset({"gpu_worker"}), frozenset({"registry", "dispatcher", "gpu_worker"}),
+          "Worker liveness; the registry marks a worker dead `registry.dead_after` after the last one. A new "
+          "`incarnation` is a restarted process (buddy-group peers and KV-migration destinations act on it)."),
         S("request.out", f"{PREFIX}.req.<request_id>.out", P, (ev.TokenChunk, ev.StreamError),
           frozenset({"gpu_worker", "dispatcher"}), frozenset({"gateway", "dispatcher"}),
           "A request's token chunks (seq 0, 1, ...); the last has finish_reason and usage, or is a StreamError."),

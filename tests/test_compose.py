@@ -274,8 +274,13 @@ async def test_the_server_enforces_the_catalog(secured_nats):
         await _wait_for(errors["gpu_worker"], "Permissions Violation for Publish")
         await conns["gpu_worker"].subscribe(subjects.CATALOG["request.out"].wildcard)
         await _wait_for(errors["gpu_worker"], "Permissions Violation for Subscription")
-        await conns["gateway"].publish(subjects.worker_ctl("cpu-0"), b"evict everything")
+        # (the gateway may send worker.ctl: the runtime LoRA routes load adapters there) but it never hands a
+        # request to a worker past the dispatcher, nor asks the planner for capacity
+        await conns["gateway"].publish(subjects.worker_assign("cpu-0"), b"forged assignment")
         await _wait_for(errors["gateway"], "Permissions Violation for Publish")
+        errors["gateway"].clear()
+        await conns["gateway"].publish(subjects.planner_capacity(), b"forged capacity request")
+        await _wait_for(errors["gateway"], f'Permissions Violation for Publish to "{subjects.planner_capacity()}"')
         assert received == [b"r1"]
 
         # the registry alone reaches JetStream: its KV buckets work end to end

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -88,7 +89,9 @@ def test_up_status_down_leaves_no_process(tmp_path):
         names = sorted(p.name for p in state.services())
         assert names == ["dispatcher", "gateway", "gpu_worker", "gpu_worker", "planner", "predictor", "registry"]
         nats = state.nats()
-        assert nats is not None and state.embedded_nats and state.nats_url.startswith("nats://127.0.0.1:")
+        # the embedded NATS has per-service users: this user's tools hold the operator's (state file 0600)
+        assert nats is not None and state.embedded_nats and state.nats_url.startswith("nats://operator:")
+        assert "@127.0.0.1:" in state.nats_url and (data_dir / "run.json").stat().st_mode & 0o077 == 0
         assert all(alive(p.pid, p.create_time) for p in state.processes)
 
         status = tidal("status", "--config", str(config), "--json", cwd=tmp_path)
@@ -129,6 +132,13 @@ def test_up_status_down_leaves_no_process(tmp_path):
         assert read_state(data_dir) is None
         assert list((tmp_path / "user-state" / "tidal" / "clusters").glob("*.json")) == []  # its pointer too
         assert (data_dir / "logs" / "registry.log").exists() and (data_dir / "logs" / "gpu_worker-w0.log").exists()
+        passwords = re.findall(r'password: "([0-9a-f]+)"', (data_dir / "nats" / "nats.conf").read_text())
+        assert len(passwords) >= 7  # the six services, the cli, the scheduler and the operator
+        for log in (data_dir / "logs").glob("*.log"):  # every service kept within its own user's permissions
+            text = log.read_text(errors="replace")
+            assert "permissions violation" not in text.lower(), (log.name, text[-2000:])
+            assert not [p for p in passwords if p in text], log.name  # no password in any log
+        assert not [p for p in passwords if p in out]
     finally:
         if up.poll() is None:
             up.kill()

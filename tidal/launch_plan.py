@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,7 @@ class ChildSpec:
     drain_timeout_s: float
     args: list[str] = field(default_factory=list)  # service options other than --instance
     worker_id: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # e.g. its NATS URL with its credentials (not in argv)
 
     @property
     def label(self) -> str:
@@ -44,8 +46,11 @@ def _host_token() -> str:
 def plan_children(
     cfg: ClusterConfig, *, nats_url: str, config_path: str | None, run_id: str, logs_dir: Path,
     services: list[str] | None = None, workers: list[str] | None = None,
+    role_url: Callable[[str], str] | None = None,
 ) -> list[ChildSpec]:
-    """The children to start, in start order. `services`/`workers` pick a subset (multi-host)."""
+    """The children to start, in start order. `services`/`workers` pick a subset (multi-host).
+    `role_url(service)`: each service's own NATS URL (with its credentials: given in the environment,
+    where other users' `ps` does not show it) instead of `nats_url` for all."""
     wanted = list(services) if services else list(SERVICES)
     unknown = [s for s in wanted if s not in SERVICES]
     if unknown:
@@ -57,7 +62,13 @@ def plan_children(
             raise ValueError(f"unknown worker(s) {', '.join(missing)}: the config has {', '.join(worker_ids) or 'none'}")
         worker_ids = [w for w in worker_ids if w in workers]
     obs = cfg.observability
-    common = ["--nats", nats_url, "--log-level", obs.log_level, "--tracing", obs.tracing]
+    common = ["--log-level", obs.log_level, "--tracing", obs.tracing]
+    if role_url is None:
+        common = ["--nats", nats_url, *common]
+
+    def env(name: str) -> dict[str, str]:
+        return {"TIDAL_NATS_URL": role_url(name)} if role_url is not None else {}
+
     if config_path:
         common += ["--config", config_path]
     host = _host_token()
@@ -70,7 +81,7 @@ def plan_children(
             port = obs.metrics_port(name)
             children.append(ChildSpec(
                 name=name, instance_base=f"{name}-{host}-{run_id}", log_path=logs_dir / f"{name}.log",
-                drain_timeout_s=drain,
+                drain_timeout_s=drain, env=env(name),
                 args=[*common, "--metrics-port", str(port), "--drain-timeout", str(drain)],
             ))
             continue
@@ -80,6 +91,7 @@ def plan_children(
             children.append(ChildSpec(
                 name=name, instance_base=f"gpu_worker-{worker.id}-{run_id}"[:58],
                 log_path=logs_dir / f"gpu_worker-{worker.id}.log", drain_timeout_s=drain, worker_id=worker.id,
+                env=env(name),
                 args=[*common, "--metrics-port", str(obs.metrics_port(name, index)), "--drain-timeout", str(drain),
                       "--worker-id", worker.id],
             ))

@@ -29,6 +29,7 @@ from typing import Callable
 from shared.bus import Bus, BusSettings
 from shared.config import ClusterConfig
 from shared.nats_server import NatsServer
+from shared.nats_users import OPERATOR, NatsUsers, redact
 from shared.wire import TidalError
 from tidal import demo
 from tidal.health_probe import gather_health
@@ -64,7 +65,7 @@ class Child:
             log.flush()
             self.proc = subprocess.Popen(
                 self.spec.argv(self.restarts), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **self.spec.env},
             )
         self.started = time.monotonic()
         self.created = create_time(self.proc.pid)
@@ -149,7 +150,7 @@ class Launcher:
             return None
         if pid_alive(old.launcher_pid, old.launcher_create_time):
             return (f"tidal: a cluster is already running from {self.data_dir} (launcher pid {old.launcher_pid}, "
-                    f"NATS {old.nats_url}); stop it with `tidal down` first")
+                    f"NATS {redact(old.nats_url)}); stop it with `tidal down` first")
         alive = [p for p in old.processes if recorded_alive(p)]
         if alive:
             return (f"tidal: {len(alive)} process(es) of an earlier `tidal up` from {self.data_dir} still run "
@@ -169,14 +170,18 @@ class Launcher:
                 self.out(f"tidal: {exc}")
                 return False
         if self.external_nats is None:
-            self.nats = NatsServer(store_dir=self.data_dir / "nats", log_file=self.logs_dir / "nats.log")
+            # per-service users by default: a client without credentials cannot publish anything
+            self.nats = NatsServer(store_dir=self.data_dir / "nats", log_file=self.logs_dir / "nats.log",
+                                   users=NatsUsers.generate())
             await asyncio.to_thread(self.nats.start)
             self.nats_info = self._nats_process_info()
             self.out(f"tidal: embedded nats-server on {self.nats.url} (JetStream store {self.data_dir / 'nats'})")
-        nats_url = self.nats.url if self.nats else str(self.external_nats)
+        # this user's tools (the run state, mode 0600) use the operator's user; each service its own
+        nats_url = self.nats.url_for(OPERATOR) if self.nats else str(self.external_nats)
         run_id = secrets.token_hex(3)
         specs = plan_children(self.cfg, nats_url=nats_url, config_path=self.config_path, run_id=run_id,
-                              logs_dir=self.logs_dir, services=self.services, workers=self.workers)
+                              logs_dir=self.logs_dir, services=self.services, workers=self.workers,
+                              role_url=self.nats.url_for if self.nats else None)
         self.children = [Child(spec) for spec in specs]
         self.state = RunState(
             launcher_pid=os.getpid(), launcher_create_time=create_time(os.getpid()), nats_url=nats_url,
@@ -187,7 +192,7 @@ class Launcher:
         try:
             self.bus = await Bus.connect(BusSettings(url=nats_url, initial_connect_s=10.0), service="cli")
         except TidalError as exc:
-            self.out(f"tidal: cannot reach NATS at {nats_url}: {exc}")
+            self.out(f"tidal: cannot reach NATS at {redact(nats_url)}: {exc}")
             return False
         first = [c for c in self.children if c.spec.name == "registry"]
         rest = [c for c in self.children if c.spec.name != "registry"]
@@ -235,7 +240,7 @@ class Launcher:
     def _banner(self) -> None:
         assert self.state is not None
         self.out(
-            f"tidal: cluster up: {len(self.children)} service processes on {self.state.nats_url}\n"
+            f"tidal: cluster up: {len(self.children)} service processes on {redact(self.state.nats_url)}\n"
             f"  gateway:  {self.gateway_url} (OpenAI API)\n"
             f"  logs:     {self.logs_dir}/\n"
             f"  status:   tidal status{self._config_flag()}\n"

@@ -23,6 +23,7 @@ from service_procs import ROOT, ServiceProcess
 from shared.bus import Bus, BusSettings
 from shared.events import WorkerState, WorkerStats
 from shared.nats_server import NatsServer
+from shared.nats_users import OPERATOR, NatsUsers
 from shared.subjects import worker_stats
 from tidal.health_probe import gather_health
 
@@ -48,6 +49,7 @@ class ClusterSpec:
     scale_from_zero: bool = False  # [dispatcher] scale_from_zero (requests for a model with no instance wait)
     routing_policy: str = "least_load"  # [dispatcher] routing_policy ("mell": follow the planner's placement hints)
     policies_toml: str = ""  # more [policies] keys (e.g. 'buddy_groups = false')
+    nats_users: bool = False  # per-role NATS users, as `tidal up` gives its embedded server (tools: the operator)
 
 
 def free_port() -> int:
@@ -104,27 +106,28 @@ class E2ECluster:
     @property
     def nats_url(self) -> str:
         assert self.nats is not None
-        return self.nats.url
+        return self.nats.url_for(OPERATOR)
 
     # --- lifecycle --------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> "E2ECluster":
         self.root.mkdir(parents=True, exist_ok=True)
         self.config.write_text(cluster_toml(self.spec, self.assets, self.root / "data", self.port))
-        self.nats = NatsServer(store_dir=self.root / "nats").start()
-        url = self.nats.url
+        users = NatsUsers.generate() if self.spec.nats_users else None
+        self.nats = NatsServer(store_dir=self.root / "nats", users=users).start()
+        url = self.nats.url_for
         m = ("--metrics-port", "0") if self.spec.metrics else ()  # the last --metrics-port wins
-        self.procs["registry"] = ServiceProcess("registry", url, self.config, "registry-e2e", *m).start()
+        self.procs["registry"] = ServiceProcess("registry", url("registry"), self.config, "registry-e2e", *m).start()
         for i in range(self.spec.dispatchers):
             name = "dispatcher" if i == 0 else f"dispatcher-{i}"
-            self.procs[name] = ServiceProcess("dispatcher", url, self.config, f"{name}-e2e", *m).start()
+            self.procs[name] = ServiceProcess("dispatcher", url("dispatcher"), self.config, f"{name}-e2e", *m).start()
         for worker in self.spec.workers:
-            self.procs[worker] = WorkerProcess("gpu_worker", url, self.config, f"gpu_worker-{worker}-e2e",
+            self.procs[worker] = WorkerProcess("gpu_worker", url("gpu_worker"), self.config, f"gpu_worker-{worker}-e2e",
                                                "--worker-id", worker, *m).start()
         if self.spec.gateway:
-            self.procs["gateway"] = ServiceProcess("gateway", url, self.config, "gateway-e2e", *m).start()
+            self.procs["gateway"] = ServiceProcess("gateway", url("gateway"), self.config, "gateway-e2e", *m).start()
         if self.spec.control_plane:
             for name in ("planner", "predictor"):
-                self.procs[name] = ServiceProcess(name, url, self.config, f"{name}-e2e", *m).start()
+                self.procs[name] = ServiceProcess(name, url(name), self.config, f"{name}-e2e", *m).start()
         try:
             asyncio.run(self._wait_healthy(timeout))
             if self.spec.gateway:

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shared.events.worker import WorkerStats
+from shared.url_credentials import redact
 
 if TYPE_CHECKING:
     from tidal.commands.status import StatusReport, WorkerRow
@@ -203,7 +204,7 @@ class ServicesTable:
 
 def status_view(report: "StatusReport") -> Group:
     """The whole report: NATS line, services table, one panel per worker."""
-    head = Text(f"NATS {report.nats_url}")
+    head = Text(f"NATS {redact(report.nats_url)}")
     if report.error:
         head.append(f"  {report.error}", style="red")
     return Group(head, ServicesTable(report), Text("workers", style="italic"),
