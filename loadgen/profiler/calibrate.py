@@ -12,6 +12,12 @@ CPU host the workers share cores, so a step is slower while the others step too)
 simulator's unloaded baseline with the profile gives the same two numbers. The TPOT gap is
 per step, so it goes to `step.overhead_s` (every model); the TTFT gap left after that goes
 to `request_overhead_s`. Neither is allowed below zero.
+
+`calibrate_batch` adds what the live path costs per SEQUENCE in a step (each sequence's chunk
+encoded and published, the gateway relaying its tokens): groups of `k` requests sent at once give
+the live TPOT with k sequences decoding together; the simulator, given the same groups, predicts
+it with the profile; the gap over the k - 1 extra sequences goes to `decode_per_seq_s`. Batches
+grow under KV pressure, so the pressure check (tidal/bench/fidelity_pressure.py) uses it.
 """
 from __future__ import annotations
 
@@ -57,4 +63,38 @@ def calibrate(profile: CostProfile, trace: Trace, live_unloaded: ReportSummary,
     return out, lines
 
 
-__all__ = ["calibrate"]
+def simulated_groups(trace: Trace, profile: CostProfile, n: int, k: int) -> ReportSummary:
+    """The simulator's view of `live_unloaded_baseline(..., n, parallel=k)`: the same n records,
+    k arriving at once on one idle worker, group after group."""
+    from loadgen.report.metrics import summarize_records
+    from loadgen.sim.run import BASELINE_GAP_S, simulate
+    from loadgen.traces.schema import TraceHeader
+
+    recs = trace.records
+    step = max(1, len(recs) // max(n, 1))
+    picked = recs[::step][:n]
+    timed = [msgspec.structs.replace(r, arrival_s=(j // k) * BASELINE_GAP_S) for j, r in enumerate(picked)]
+    groups = Trace(header=TraceHeader(params=trace.header.params, num_records=len(timed),
+                                      duration_s=len(timed) * BASELINE_GAP_S), records=timed)
+    return summarize_records(simulate(groups, profile, 1, max_run_s=BASELINE_GAP_S).records, per_model=False)
+
+
+def calibrate_batch(profile: CostProfile, trace: Trace, live_groups: ReportSummary, n: int,
+                    k: int) -> tuple[CostProfile, list[str]]:
+    """`profile` with the live path's per-sequence step cost added, from `live_groups` (n requests
+    sent k at a time to one worker, loadgen.runner.baseline.live_unloaded_baseline)."""
+    if k < 2:
+        raise ValueError(f"a per-sequence cost needs groups of at least 2 requests, got {k}")
+    sim = simulated_groups(trace, profile, n, k)
+    gap = max(0.0, (_p50(live_groups, "tpot") - _p50(sim, "tpot")) / (k - 1))
+    step = msgspec.structs.replace(profile.step, decode_per_seq_s=profile.step.decode_per_seq_s + gap)
+    models = {name: msgspec.structs.replace(c, decode_per_seq_s=c.decode_per_seq_s + gap)
+              for name, c in profile.models.items()}
+    out = msgspec.structs.replace(profile, step=step, models=models)
+    lines = [f"{k} at once: live TPOT P50 {_p50(live_groups, 'tpot') * 1000:.2f} ms, profile "
+             f"{_p50(sim, 'tpot') * 1000:.2f} ms: per-sequence step cost +{gap * 1000:.3f} ms "
+             f"(now {step.decode_per_seq_s * 1000:.3f} ms)"]
+    return out, lines
+
+
+__all__ = ["calibrate", "calibrate_batch", "simulated_groups"]

@@ -9,7 +9,9 @@ because that is what one simulated step stands for. Two families of steps:
   budget); the median over a few requests per P.
 
 Each sample is the step's features in the simulator's terms (`StepCost.step_s` arguments)
-and its measured seconds. Transfers: a memory copy and a loopback TCP stream are timed for
+and its measured seconds: wall-clock seconds, or with `clock="cpu"` the process's CPU seconds —
+the engine's own cost without the time other processes took the core (a shared host), which the
+live path's calibration (calibrate.py) then adds back as measured at the time of a live run. Transfers: a memory copy and a loopback TCP stream are timed for
 the `shm` and `tcp` links.
 """
 from __future__ import annotations
@@ -35,8 +37,12 @@ def _ids(rng: random.Random, n: int, vocab: int) -> list[int]:
     return [rng.randrange(min(16, vocab - 1), vocab) for _ in range(n)]
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
 def measure_decode(engine, batches: list[int], contexts: list[int], steps: int, vocab: int,  # type: ignore[no-untyped-def]
-                   seed: int = 0) -> list[StepSample]:
+                   seed: int = 0, clock: str = "wall") -> list[StepSample]:
+    now = CLOCKS[clock]
     from services.gpu_worker.engine.sampling_params import SamplingParams
 
     rng = random.Random(seed)
@@ -57,9 +63,9 @@ def measure_decode(engine, batches: list[int], contexts: list[int], steps: int, 
                 if len(running) != b:
                     break
                 ctx_sum = sum(s.num_tokens for s in running)
-                start = time.perf_counter()
+                start = now()
                 engine.step()
-                times.append(time.perf_counter() - start)
+                times.append(now() - start)
                 ctx.append(ctx_sum)
             for rid in ids:
                 engine.abort(rid)
@@ -70,7 +76,9 @@ def measure_decode(engine, batches: list[int], contexts: list[int], steps: int, 
     return samples
 
 
-def measure_prefill(engine, lengths: list[int], repeats: int, vocab: int, seed: int = 1) -> list[StepSample]:  # type: ignore[no-untyped-def]
+def measure_prefill(engine, lengths: list[int], repeats: int, vocab: int, seed: int = 1,  # type: ignore[no-untyped-def]
+                    clock: str = "wall") -> list[StepSample]:
+    now = CLOCKS[clock]
     from services.gpu_worker.engine.sampling_params import SamplingParams
 
     rng = random.Random(seed)
@@ -80,9 +88,9 @@ def measure_prefill(engine, lengths: list[int], repeats: int, vocab: int, seed: 
         times = []
         for r in range(repeats):
             engine.add_request(f"pre-{p}-{r}", _ids(rng, p, vocab), params)
-            start = time.perf_counter()
+            start = now()
             engine.step()  # the whole prompt in one chunk (p <= the step budget)
-            times.append(time.perf_counter() - start)
+            times.append(now() - start)
             while engine.has_unfinished:
                 engine.step()
         samples.append(StepSample(0, 0, p, p * p, statistics.median(times)))

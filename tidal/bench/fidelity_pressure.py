@@ -60,7 +60,7 @@ PRESSURE_DEFAULTS = {"workers": 1, "rate": 2.5, "duration": 60.0, "prompt_tokens
 def run_pressure(args: argparse.Namespace) -> int:
     import msgspec
 
-    from loadgen.profiler.calibrate import calibrate
+    from loadgen.profiler.calibrate import calibrate, calibrate_batch
     from loadgen.profiler.kv_budget import kv_budget
     from loadgen.profiler.profile_engine import ProfileSettings, profile_engine
     from loadgen.report.write import write_report
@@ -93,6 +93,7 @@ def run_pressure(args: argparse.Namespace) -> int:
         max_batch=args.batch, max_batched_tokens=budget_tokens, max_model_len=context,
         contexts=[32, args.prompt_tokens, context - 16], batches=[b for b in (1, 2, 4, 8, 16, 32) if b <= args.batch],
         links=False, prefill=[p for p in (8, 32, 64, 128, 256, 512) if p <= budget_tokens and p < context],
+        passes=args.profile_passes, clock=args.profile_clock,
     )
     profile, lines = profile_engine(Path(model), settings)
     worker = msgspec.structs.replace(profile.worker, kv_blocks=kv.token_blocks, engine_mode=args.mode,
@@ -130,6 +131,11 @@ def run_pressure(args: argparse.Namespace) -> int:
                         if args.workers > 1 else None)
             profile, cal_lines = calibrate(profile, trace, alone, together)
             print("\n".join(cal_lines))
+            k = args.calibration_batch
+            if k > 1 and args.workers == 1:  # sequences decoding together: the per-sequence cost
+                groups = asyncio.run(live_unloaded_baseline(trace.records, runner_config, ctx, n, parallel=k))
+                profile, cal_lines = calibrate_batch(profile, trace, groups, n, k)
+                print("\n".join(cal_lines))
         save_profile(out / "profile.json", profile)
         outcome = asyncio.run(watch.run(cluster.nats_url, args.workers,
                                         lambda: LoadRunner(trace.records, runner_config, context=ctx).run()))
