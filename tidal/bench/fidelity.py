@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "TPOT and preemption counts")
     p.add_argument("--mode", choices=("chunked", "vllm-0.6"), default="chunked",
                    help="--pressure: the live scheduling policy and the simulator's engine mode")
-    p.add_argument("--kv-tokens", type=int, default=1024, help="--pressure: KV per worker, in tokens (both sides)")
+    p.add_argument("--kv-tokens", type=int, default=768, help="--pressure: KV per worker, in tokens (both sides)")
     p.add_argument("--calibration-batch", type=int, default=4, metavar="K",
                    help="--pressure: also send the calibration requests K at a time, for the live path's "
                         "per-sequence step cost (1: off)")
@@ -73,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile-passes", type=int, default=3,
                    help="--pressure: measure the profile this many times, keep each point's fastest (a shared host)")
     p.add_argument("--workers", type=int, default=None, help="default 2 (--pressure: 1)")
-    p.add_argument("--rate", type=float, default=None, help="requests per second (default 3; --pressure: 2.5)")
+    p.add_argument("--rate", type=float, default=None, help="requests per second (default 3; --pressure: 3.5)")
     p.add_argument("--duration", type=float, default=None, help="seconds of trace (default 60)")
     p.add_argument("--prompt-tokens", type=int, default=None, help="default 128")
     p.add_argument("--output-tokens", type=int, default=None, help="default 32 (--pressure: 128)")
