@@ -39,7 +39,7 @@ from shared.logging import get_logger
 from shared.wire import TidalError
 
 if TYPE_CHECKING:
-    from services.gpu_worker.worker import GpuWorker
+    from services.gpu_worker.worker_context import WorkerContext
 
 log = get_logger("tidal.gpu_worker.adapters")
 
@@ -56,8 +56,8 @@ def _install(engine: LLMEngine, adapter: LoRAAdapter, path: str, pinned: bool) -
 
 
 class AdapterControl:
-    def __init__(self, worker: GpuWorker) -> None:
-        self.worker = worker
+    def __init__(self, worker: "WorkerContext") -> None:
+        self.worker = worker  # what it needs of the worker (services/gpu_worker/worker_context.py)
         self.loading: set[str] = set()
         self.evicting: set[str] = set()  # refusing new requests; removed once its running ones end
         self._tasks: set[asyncio.Task[None]] = set()

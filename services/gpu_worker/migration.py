@@ -23,29 +23,16 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-import msgspec
-
-from shared.events import AssignAccepted, AssignReply, Assignment
-from shared.events.ctl import CtlDone, CtlRefused, CtlReply, MigrateIn, MigrateOut, MigrationReport
-from shared.logging import get_logger
-from shared.subjects import worker_assign
-from shared.wire import TidalError
+from services.gpu_worker.migration_tokens import move_by_tokens, refused
+from shared.events.ctl import CtlDone, CtlReply, MigrateIn, MigrateOut
 
 if TYPE_CHECKING:
-    from services.gpu_worker.admission import Active
-    from services.gpu_worker.worker import GpuWorker
+    from services.gpu_worker.worker_context import WorkerContext
 
-log = get_logger("tidal.gpu_worker.migration")
-
-ASSIGN_TIMEOUT_S = 10.0
+__all__ = ["migrate_in", "migrate_out", "refused"]
 
 
-def refused(worker: "GpuWorker", msg: msgspec.Struct, code: str, message: str) -> CtlRefused:
-    return CtlRefused(idempotency_key=msg.idempotency_key, command=type(msg).__name__,  # type: ignore[attr-defined]
-                      worker_id=worker.worker_id, code=code, message=message[:2000])  # type: ignore[arg-type]
-
-
-async def migrate_in(worker: "GpuWorker", msg: MigrateIn) -> CtlReply:
+async def migrate_in(worker: "WorkerContext", msg: MigrateIn) -> CtlReply:
     """A readiness check (a planner's), or a KV migration's reservation (its source's: reserve_tokens > 0)."""
     if msg.instance_id not in worker.instances:
         return refused(worker, msg, "not_found", f"no instance {msg.instance_id} on {worker.worker_id}")
@@ -58,7 +45,7 @@ async def migrate_in(worker: "GpuWorker", msg: MigrateIn) -> CtlReply:
                    detail=f"ready to take {msg.request_id} from {msg.source}")
 
 
-async def migrate_out(worker: "GpuWorker", msg: MigrateOut) -> CtlReply:
+async def migrate_out(worker: "WorkerContext", msg: MigrateOut) -> CtlReply:
     """Run one MigrateOut to its end (a task of its own; see GpuWorker.on_ctl)."""
     started = time.monotonic()
     if msg.destination == worker.worker_id:
@@ -79,48 +66,3 @@ async def migrate_out(worker: "GpuWorker", msg: MigrateOut) -> CtlReply:
         return await move_by_tokens(worker, msg, entry, started)
     finally:
         worker.migrating.discard(msg.request_id)
-
-
-async def move_by_tokens(worker: "GpuWorker", msg: MigrateOut, entry: "Active", started: float, *,
-                         fallback: str = "") -> CtlReply:
-    """Token mode (also KV mode's fallback, `fallback` saying why)."""
-    state = await entry.instance.detach(msg.request_id)
-    if state is None:  # it finished (or was aborted) before the engine thread got to it
-        return refused(worker, msg, "not_found", f"request {msg.request_id} ended before it could move")
-    stopped_at = time.monotonic()
-    tokens, next_seq = state
-    worker.active.pop(msg.request_id, None)
-    a = entry.assignment
-    moved = msgspec.structs.replace(
-        a, idempotency_key=f"{a.request_id}:migrate:{msg.idempotency_key}"[:128],
-        instance_id=msg.destination_instance, resume_token_ids=tokens, next_seq=next_seq, kv_computed_tokens=0,
-    )
-    why = await hand_over(worker, msg.destination, moved)
-    if why is None:
-        log.info("request migrated by tokens", request_id=a.request_id, destination=msg.destination,
-                 tokens=len(tokens), next_seq=next_seq, fallback=fallback or None)
-        now = time.monotonic()
-        report = MigrationReport(requested_mode=msg.mode, mode="tokens", fallback=fallback[:2000],
-                                 tokens=len(a.prompt_token_ids) + len(tokens), downtime_s=now - stopped_at,
-                                 total_s=now - started)
-        return CtlDone(idempotency_key=msg.idempotency_key, command="MigrateOut", worker_id=worker.worker_id,
-                       detail=f"{a.request_id} moved to {msg.destination} with {len(tokens)} tokens to re-prefill",
-                       migration=report)
-    # the destination did not take it: it goes on here, from the same point
-    local = msgspec.structs.replace(moved, instance_id=a.instance_id,
-                                    idempotency_key=f"{a.request_id}:resume:{msg.idempotency_key}"[:128])
-    worker.resume_here(local)
-    log.warning("migration failed; the request continues on the source", request_id=a.request_id,
-                destination=msg.destination, error=why)
-    return refused(worker, msg, "busy", f"destination {msg.destination} did not take it ({why}); it continues here")
-
-
-async def hand_over(worker: "GpuWorker", destination: str, moved: Assignment) -> str | None:
-    """None when the destination accepted the assignment, else why not."""
-    try:
-        reply = await worker.bus.request(worker_assign(destination), moved, AssignReply, timeout=ASSIGN_TIMEOUT_S)
-    except (TidalError, OSError) as exc:
-        return repr(exc)
-    if isinstance(reply, AssignAccepted):
-        return None
-    return f"{reply.reason}: {reply.message}"

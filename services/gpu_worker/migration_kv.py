@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from services.gpu_worker.migration import hand_over, move_by_tokens, refused
+from services.gpu_worker.migration_tokens import hand_over, move_by_tokens, refused
 from services.gpu_worker.transfer import TrafficClass, TransferFailed
 from shared.events import AssignAccepted, AssignReply
 from shared.events.ctl import (
@@ -42,7 +42,7 @@ from shared.wire import DeadlineExceeded, TidalError
 if TYPE_CHECKING:
     from services.gpu_worker.admission import Active
     from services.gpu_worker.instance_kv import KvSnapshot, Stopped
-    from services.gpu_worker.worker import GpuWorker
+    from services.gpu_worker.worker_context import WorkerContext
 
 log = get_logger("tidal.gpu_worker.migration")
 
@@ -71,7 +71,7 @@ class _Ended(Exception):
 
 
 class KvMove:
-    def __init__(self, worker: "GpuWorker", msg: MigrateOut, entry: "Active", started: float) -> None:
+    def __init__(self, worker: "WorkerContext", msg: MigrateOut, entry: "Active", started: float) -> None:
         self.worker, self.msg, self.entry, self.started = worker, msg, entry, started
         self.inst = entry.instance
         self.rid = msg.request_id

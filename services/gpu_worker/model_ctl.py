@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import Counter
 
@@ -50,7 +50,10 @@ from shared.logging import get_logger
 from shared.metrics import REGISTRY
 
 if TYPE_CHECKING:
-    from services.gpu_worker.worker import GpuWorker
+    from services.gpu_worker.admission import Active
+    from services.gpu_worker.adapter_ctl import AdapterControl
+    from shared.bus import Bus
+    from shared.events import PoolBreakdown
 
 log = get_logger("tidal.gpu_worker.models")
 
@@ -63,8 +66,31 @@ DRAIN_POLL_S = 0.05
 MAX_DETAIL = 1000
 
 
+class ModelHost(Protocol):
+    """What model commands need of the worker (GpuWorker is one): its instances come and go through it."""
+
+    worker_id: str
+    instances: "dict[str, ModelInstance]"
+    active: "dict[str, Active]"
+    draining: bool
+    adapter_ctl: "AdapterControl"
+
+    @property
+    def bus(self) -> "Bus": ...
+
+    async def add_instance(self, inst: ModelInstance) -> None: ...
+
+    def remove_instance(self, inst: ModelInstance) -> None: ...
+
+    def catalog_state(self, inst: ModelInstance, state: str) -> None: ...
+
+    def pool_breakdown(self) -> "PoolBreakdown": ...
+
+    async def publish_stats(self) -> None: ...
+
+
 class ModelControl:
-    def __init__(self, worker: GpuWorker, cfg: ClusterConfig, spec: WorkerSpec, pool: MemoryPool, threads: int) -> None:
+    def __init__(self, worker: ModelHost, cfg: ClusterConfig, spec: WorkerSpec, pool: MemoryPool, threads: int) -> None:
         self.worker, self.cfg, self.spec, self.pool, self.threads = worker, cfg, spec, pool, threads
         self.prewarm_enabled = cfg.policies.prewarm
         self.grace_s = float(spec.grace_period) if self.prewarm_enabled else 0.0

@@ -44,6 +44,7 @@ from services.gpu_worker.group_ctl import GROUP_COMMANDS, GroupControl
 from services.gpu_worker.catalog import CatalogWriter
 from services.gpu_worker.dataplane import WorkerDataPlane
 from services.gpu_worker.migration_dest import KvInbound
+from services.gpu_worker.worker_context import WorkerContext
 from services.gpu_worker.instance import ModelInstance
 from services.gpu_worker.instance_snapshot import InstanceSnapshot
 from services.gpu_worker.stats import StatsBuilder, pool_breakdown
@@ -89,9 +90,16 @@ class GpuWorker(Actor):
         self._stats: StatsBuilder = StatsBuilder(worker_id, device, [])
         self.chunks = ChunkPublisher(finished=lambda request_id: self.active.pop(request_id, None))
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.adapter_ctl = AdapterControl(self)  # LoadAdapter / EvictAdapter (services/gpu_worker/adapter_ctl.py)
         self.announcer: Announcer | None = None  # publishes the data-plane address (set by __main__)
         self.dataplane = WorkerDataPlane(worker_id)
+        self.migrating: set[str] = set()  # requests a MigrateOut is moving away from here
+        # what the control modules need of the worker: none of them imports this module
+        self.ctx = WorkerContext(
+            worker_id, self.instances, self.active, self.migrating, self.dataplane, bus=lambda: self.bus,
+            draining=lambda: self.draining, catalog=lambda: self.catalog, kv_inbound=lambda: self.kv_inbound,
+            spawn_task=self.spawn_task, publish_stats=self.publish_stats, resume_here=self.resume_here,
+            crashed=self._crashed)
+        self.adapter_ctl = AdapterControl(self.ctx)  # LoadAdapter / EvictAdapter (services/gpu_worker/adapter_ctl.py)
         # JoinGroup / DropLayers / LeaveGroup (services/gpu_worker/group_ctl.py)
         self.group_ctl = GroupControl(worker_id, self.instances, self.dataplane, bus=lambda: self.bus,
                                       spawn_task=self.spawn_task, crashed=self._crashed,
@@ -99,7 +107,6 @@ class GpuWorker(Actor):
         self.kv_inbound = KvInbound(  # KV migrations into this worker
             worker_id, self.instances, self.active, self.dataplane, draining=lambda: self.draining,
             heard=self.group_ctl.watch.heard, dead_after=lambda: self.group_ctl.watch.dead_after)
-        self.migrating: set[str] = set()  # requests a MigrateOut is moving away from here
         self._tasks: set[asyncio.Task[Any]] = set()  # migrations under way (answered when done)
         self.model_ctl: Any = None  # LoadModel / EvictModel / Prewarm (model_ctl.ModelControl; set by __main__)
         self.activated = False  # the configured instances (maybe none) are loaded
@@ -278,7 +285,7 @@ class GpuWorker(Actor):
             self.spawn_task(self._migrate_out(msg, _ctx))
             return None
         if isinstance(msg, MigrateIn):
-            return await migration.migrate_in(self, msg)
+            return await migration.migrate_in(self.ctx, msg)
         return CtlRefused(idempotency_key=msg.idempotency_key, command=type(msg).__name__,  # type: ignore[attr-defined]
                           worker_id=self.worker_id, code="unsupported",
                           message=f"{type(msg).__name__} is not implemented by this worker yet")
@@ -295,14 +302,14 @@ class GpuWorker(Actor):
         if isinstance(msg, MigrateKvCancel):
             return await self.kv_inbound.cancel(msg)
         assert isinstance(msg, MigrateIn)
-        return await migration.migrate_in(self, msg)
+        return await migration.migrate_in(self.ctx, msg)
 
     async def _migrate_out(self, msg: MigrateOut, ctx: Delivery) -> None:
         try:
-            reply = await migration.migrate_out(self, msg)
+            reply = await migration.migrate_out(self.ctx, msg)
         except Exception as exc:  # a bug: say so rather than leave the caller waiting
             log.exception("migration failed unexpectedly", request_id=msg.request_id)
-            reply = migration.refused(self, msg, "busy", f"internal error migrating {msg.request_id}: {exc!r}")
+            reply = migration.refused(self.ctx, msg, "busy", f"internal error migrating {msg.request_id}: {exc!r}")
         worker_metrics.record_migration(self.worker_id, msg, reply)
         if ctx.reply:
             await self.bus.respond(ctx, reply)
