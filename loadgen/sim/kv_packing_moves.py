@@ -104,25 +104,66 @@ class MoveLedger:
         self.stats = MoveStats()
         self._flights: dict[str, _Flight] = {}
         self._stranded: dict[str, tuple[str, str]] = {}  # failed move: request -> (where it is, where booked)
-        self._size: dict[str, int] = {}  # current KV size of the requests tracked here
+        self._size: dict[str, int] = {}  # current KV size of the requests in flight or stranded
+        self._extra: dict[str, int] = {}  # device -> bytes there beyond the books (negative: booked, not there)
         self._precopy: dict[int, Precopy] = {}
 
     # --- the op stream -------------------------------------------------------------------
     def update(self, rid: str, size: int) -> None:
-        if rid in self._size:
-            self._size[rid] = size
+        old = self._size.get(rid)
+        if old is None:
+            return
+        self._size[rid] = size  # in place: retries keep the order the moves failed in
+        flight, stranded = self._flights.get(rid), self._stranded.get(rid)
+        if flight is not None:
+            self._add(flight.source, size - old)
+        if stranded is not None:
+            self._add(stranded[0], size - old)
+            self._add(stranded[1], old - size)
 
     def depart(self, rid: str) -> None:
-        if self._size.pop(rid, None) is not None:
-            self._flights.pop(rid, None)
-            self._stranded.pop(rid, None)
+        if rid in self._size:
+            self._untrack(rid)
+
+    # --- bookkeeping of what is physically where ------------------------------------------
+    def _add(self, device: str, nbytes: int) -> None:
+        left = self._extra.get(device, 0) + nbytes
+        if left:
+            self._extra[device] = left
+        else:
+            self._extra.pop(device, None)
+
+    def _track(self, rid: str, size: int, flight: _Flight | None, stranded: tuple[str, str] | None) -> None:
+        self._size[rid] = size
+        if flight is not None:
+            self._flights[rid] = flight
+            self._add(flight.source, size)  # the destination's reservation is on the books already
+        if stranded is not None:
+            self._stranded[rid] = stranded
+            self._add(stranded[0], size)
+            self._add(stranded[1], -size)  # its reservation there was freed
+
+    def _untrack(self, rid: str) -> tuple[_Flight | None, tuple[str, str] | None]:
+        size = self._size.pop(rid)
+        flight, stranded = self._flights.pop(rid, None), self._stranded.pop(rid, None)
+        if flight is not None:
+            self._add(flight.source, -size)
+        if stranded is not None:
+            self._add(stranded[0], -size)
+            self._add(stranded[1], size)
+        return flight, stranded
 
     # --- moves ---------------------------------------------------------------------------
     def move(self, rid: str, size: int, source: str, destination: str, now: float, *, kv: bool,
              used: Callable[[str], int]) -> None:
         """A move the policy decided at `now` (its books already hold r on `destination`)."""
-        start, source = self._physical(rid, source, now)
-        self._size.pop(rid, None)
+        start = now
+        if rid in self._size:
+            flight, stranded = self._untrack(rid)
+            if flight is not None:  # the new move starts when this copy hands over or fails
+                start, source = max(now, flight.ends_at), flight.destination if flight.ok else flight.source
+            elif stranded is not None:
+                source = stranded[0]
         if source == destination:
             return  # r is already there (a round trip, or a retry overtaken)
         if not kv:
@@ -133,23 +174,14 @@ class MoveLedger:
             return
         self._kv_move(rid, size, source, destination, start, used)
 
-    def _physical(self, rid: str, booked: str, now: float) -> tuple[float, str]:
-        """(when a new move of r can start, where r physically is then)."""
-        flight = self._flights.pop(rid, None)
-        if flight is not None:  # the new move starts when this copy hands over or fails
-            return max(now, flight.ends_at), flight.destination if flight.ok else flight.source
-        stranded = self._stranded.pop(rid, None)
-        return now, booked if stranded is None else stranded[0]
-
     def _kv_move(self, rid: str, size: int, source: str, destination: str, start: float,
                  used: Callable[[str], int]) -> None:
         pc = self._precopy.get(size)
         if pc is None:
             pc = self._precopy[size] = self.model.precopy(size)
         self.stats.kv_moves += 1
-        self._size[rid] = size
         end = self.end_s(rid)
-        if used(destination) + self._extra().get(destination, 0) > self.capacity:
+        if used(destination) + self._extra.get(destination, 0) > self.capacity:
             flight = _Flight(source, destination, start, False, "destination full")
         elif not pc.ok:
             flight = _Flight(source, destination, start + pc.precopy_s, False, "did not converge")
@@ -163,25 +195,22 @@ class MoveLedger:
             self.stats.stalls.append(pc.stall_s)
             self.stats.delay[rid] = self.stats.delay.get(rid, 0.0) + pc.stall_s
         if flight.ok:
-            self._flights[rid] = flight
+            self._track(rid, size, flight, None)
             return
         self.stats.failed[flight.reason] += 1
         if flight.ends_at <= start:
-            self._stranded[rid] = (source, destination)  # refused at once: B never held anything
+            self._track(rid, size, None, (source, destination))  # refused at once: B never held anything
         else:
-            self._flights[rid] = flight  # B holds the reservation until the copy fails
-
-    def _settle(self, rid: str, flight: _Flight) -> None:
-        if not flight.ok:
-            self._stranded[rid] = (flight.source, flight.destination)
+            self._track(rid, size, flight, None)  # B holds the reservation until the copy fails
 
     def advance(self, now: float) -> None:
         """Copies that ended by `now`: handed over, or failed (r stays on its source)."""
         for rid in [r for r, f in self._flights.items() if f.ends_at <= now]:
-            flight = self._flights.pop(rid)
-            self._settle(rid, flight)
-            if flight.ok:
-                self._size.pop(rid, None)
+            size = self._size[rid]
+            flight, _ = self._untrack(rid)
+            assert flight is not None
+            if not flight.ok:
+                self._track(rid, size, None, (flight.source, flight.destination))
 
     def retry(self, now: float, booked: Callable[[str], str | None], used: Callable[[str], int]) -> None:
         """Re-issue the failed moves toward where the policy has each request now."""
@@ -192,17 +221,7 @@ class MoveLedger:
             self.stats.retries += 1
             self.move(rid, self._size[rid], self._stranded[rid][0], target, now, kv=True, used=used)
 
-    # --- what is physically where --------------------------------------------------------
-    def _extra(self) -> dict[str, int]:
-        """Device -> bytes physically there beyond the policy's books (negative: booked, not there)."""
-        extra: dict[str, int] = {}
-        for rid, f in self._flights.items():
-            extra[f.source] = extra.get(f.source, 0) + self._size[rid]  # the destination's reservation is booked
-        for rid, (device, booked) in self._stranded.items():
-            extra[device] = extra.get(device, 0) + self._size[rid]
-            extra[booked] = extra.get(booked, 0) - self._size[rid]  # its reservation there was freed
-        return extra
-
+    # --- queries -------------------------------------------------------------------------
     def stranded_at(self, rid: str) -> str | None:
         """Where a request whose move failed physically is (None: not stranded)."""
         where = self._stranded.get(rid)
@@ -213,11 +232,11 @@ class MoveLedger:
 
     def held(self, device: str, used: Callable[[str], int]) -> int:
         """Bytes physically on `device`: its books plus copies still leaving it, less reservations freed."""
-        return used(device) + self._extra().get(device, 0)
+        return used(device) + self._extra.get(device, 0)
 
     def occupancy(self, active: Iterable[str], used: Callable[[str], int]) -> tuple[int, bool]:
         """(devices physically in use, whether one holds more than its capacity) after the books' `active`."""
-        extra = self._extra()
+        extra = self._extra
         devices = set(active) | {d for d, b in extra.items() if b > 0}
         excess = max((used(d) + extra.get(d, 0) - self.capacity for d in devices), default=0)
         if excess > 0:
