@@ -4,6 +4,7 @@ follows the workers' stats during a run (preemptions, KV blocks) as the planner 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -62,6 +63,34 @@ class MultiWorkerCluster(BenchCluster):
                 await asyncio.sleep(0.1)
         finally:
             await bus.close()
+
+
+class HostShare:
+    """CPU the host spent outside this benchmark (its cluster and this process) between two marks:
+    what other processes took from the live run, which the simulator cannot know. Linux /proc/stat."""
+
+    def __init__(self, cluster: BenchCluster) -> None:
+        self.cluster = cluster
+        self._mark = self._now()
+
+    def _now(self) -> tuple[float, float, float]:
+        import psutil
+
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        hz = os.sysconf("SC_CLK_TCK")
+        busy = (sum(fields) - fields[3] - fields[4]) / hz  # all but idle and iowait
+        me = psutil.Process().cpu_times()
+        ours = sum(self.cluster.cpu_seconds().values()) + me.user + me.system
+        return time.monotonic(), busy, ours
+
+    def others(self) -> float:
+        """Cores used by other processes since the last call (or since made); marks now."""
+        now = self._now()
+        wall = now[0] - self._mark[0]
+        cores = max(0.0, (now[1] - self._mark[1]) - (now[2] - self._mark[2])) / wall if wall > 0 else 0.0
+        self._mark = now
+        return cores
 
 
 @dataclass
@@ -125,4 +154,4 @@ class StatsWatch:
             await bus.close()
 
 
-__all__ = ["MultiWorkerCluster", "StatsWatch", "WorkerKv"]
+__all__ = ["HostShare", "MultiWorkerCluster", "StatsWatch", "WorkerKv"]

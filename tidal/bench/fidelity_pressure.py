@@ -70,7 +70,7 @@ def run_pressure(args: argparse.Namespace) -> int:
     from loadgen.traces.generate import generate
     from loadgen.traces.schema import PoissonParams
     from tidal.bench.fidelity import model_dir
-    from tidal.bench.fidelity_cluster import MultiWorkerCluster, StatsWatch
+    from tidal.bench.fidelity_cluster import HostShare, MultiWorkerCluster, StatsWatch
     from tidal.bench.fidelity_compare import Side, summary_line, table
     from tidal.bench.gateway import _free_port
 
@@ -84,7 +84,6 @@ def run_pressure(args: argparse.Namespace) -> int:
     model = model_dir(args, root)
     context = args.prompt_tokens + args.output_tokens + 64
     budget_tokens = max(args.budget, args.batch)
-    load_before = os.getloadavg()[0]
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     kv = kv_budget(Path(model), kv_tokens=args.kv_tokens, block_size=BLOCK, max_batch=args.batch,
                    max_batched_tokens=budget_tokens, max_model_len=context)
@@ -122,6 +121,7 @@ def run_pressure(args: argparse.Namespace) -> int:
     watch = StatsWatch()
     try:
         cluster.start(gateway_url=url)
+        share = HostShare(cluster)
         ctx = served_context(url)
         runner_config = RunnerConfig(url=url, seed=args.seed)
         if not args.no_calibrate:
@@ -137,8 +137,10 @@ def run_pressure(args: argparse.Namespace) -> int:
                 profile, cal_lines = calibrate_batch(profile, trace, groups, n, k)
                 print("\n".join(cal_lines))
         save_profile(out / "profile.json", profile)
+        others_calibration = share.others()
         outcome = asyncio.run(watch.run(cluster.nats_url, args.workers,
                                         lambda: LoadRunner(trace.records, runner_config, context=ctx).run()))
+        others_run = share.others()
     finally:
         cluster.stop()
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -160,10 +162,11 @@ def run_pressure(args: argparse.Namespace) -> int:
     print("\n".join(table(live_side, sim_side)))
     if args.workers == 1:
         print(_replay_line(trace, profile, sim_side))
-    busy = max(os.getloadavg()[0], load_before)
-    if busy > (os.cpu_count() or 1):
-        print(f"WARNING: load average {busy:.1f} on {os.cpu_count()} cores: other processes took CPU from the live "
-              f"run, which the simulator cannot know; compare on a quiet host")
+    print(f"other processes on this host used {others_calibration:.2f} cores during the calibration, "
+          f"{others_run:.2f} during the run (of {os.cpu_count()})")
+    if max(others_calibration, others_run) > 0.25 * (os.cpu_count() or 1):
+        print("WARNING: other processes took CPU from the live run (and the calibration), which the simulator "
+              "cannot know; compare on a quiet host")
     print(summary_line(live_side, sim_side) + (f"; {failed} live requests failed" if failed else ""))
     tmp.cleanup()
     return 0 if failed == 0 else 1
