@@ -16,7 +16,7 @@ with the source held until the hand-over, a stall, and failures (retried); a res
 
 BF and WF do not migrate, so they reserve each request's final KV footprint at admission
 (mell_footprint.py); BF-restart and WF-restart, an ablation outside the paper, admit at the
-current size and restart the newest requests of an overflowing GPU elsewhere (free repacking).
+current size and restart the newest requests of an overflowing GPU elsewhere (repacking by re-prefill).
 """
 from __future__ import annotations
 

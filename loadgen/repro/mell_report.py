@@ -98,7 +98,7 @@ def scenario_table(scenarios: list[Scenario]) -> str:
 
 
 def restart_table(scenarios: list[Scenario]) -> str:
-    """The restart ablation: what free repacking (preempt the newest, restart elsewhere) buys BF and WF."""
+    """The restart ablation: what repacking by restarts (preempt the newest, re-prefill elsewhere) buys BF and WF."""
     rows = []
     for s in scenarios:
         r = s.results
