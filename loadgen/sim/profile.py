@@ -49,7 +49,10 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_prefill_chunk: int = 0  # 0: a chunk may take the whole remaining budget
     max_model_len: int = 8192  # prompt + output
     max_resident_adapters: int = 16  # LoRA adapters held at once (LRU beyond that)
-    adapter_load_s: float = 0.02  # loading a cold adapter delays the step that admits it
+    # A flat load per cold adapter, delaying the step that admits it: what the generic SimWorker charges
+    # (`tidal sim`, the live repros' Cached comparison). LoraSimWorker with adapter load times (the
+    # CaraServe repro) charges MovementCosts.load_s of each adapter's bytes instead.
+    adapter_load_s: float = 0.02
     # How the engine builds a step (loadgen/sim/engine_modes.py): "chunked" is our engine's
     # scheduler (decodes first, then prefill chunks within the token budget); "vllm-0.6" is what
     # the papers' baselines ran (prefill-first, whole prompts, recompute preemption).
