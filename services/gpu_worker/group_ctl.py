@@ -22,9 +22,9 @@
   and nothing joins.
 * A member collapses the group here (the engine restores every layer and runs alone, its requests
   recomputed token-exact: `GroupMember.collapse`; the record is marked `dissolved`) as soon as a
-  peer is lost (`group/peer_watch.py`): its worker restarted (a new `incarnation` in its heartbeat),
-  fell silent for `dead_after`, never joined within `JOIN_TIMEOUT_S`, or left while this member still
-  routes through it. The dead worker's own requests are the dispatcher's to re-dispatch. A
+  peer is lost (`group/peer_watch.py` decides, `group/member_loss.py` acts): its worker restarted
+  (a new `incarnation` in its heartbeat), fell silent for `dead_after`, never joined within
+  `JOIN_TIMEOUT_S`, or left while this member still routes through it. The dead worker's own requests are the dispatcher's to re-dispatch. A
   LeaveGroup answers `CtlDone` for a member that collapsed out of the group, and collapses at once
   a member whose blocker can never clear (a lost peer).
 
@@ -41,16 +41,14 @@ from typing import TYPE_CHECKING, Any
 from services.gpu_worker.group.dataplane_transport import GroupRouter
 from services.gpu_worker.group.member import GroupMember, Stage
 from services.gpu_worker.group.member_check import check_members
-from services.gpu_worker.group.peer_watch import PeerLost, PeerWatch
+from services.gpu_worker.group.member_loss import MemberLoss
+from services.gpu_worker.group.records import Change, with_state, write_record
 from shared.events.ctl import (
     CtlDone, CtlRefused, CtlRefusedCode, CtlReply, DropLayers, JoinGroup, LeaveGroup, RestoreLayers,
 )
-from shared.events.worker import WorkerHeartbeat, WorkerStats
-from shared.events.registry import Bucket, GroupRecord
+from shared.events.registry import GroupRecord
 from shared.logging import get_logger
 from shared.registry_client import RegistryClient
-from shared.subjects import worker_heartbeat, worker_stats
-from shared.wire import TidalError
 
 if TYPE_CHECKING:
     from services.gpu_worker.dataplane import WorkerDataPlane
@@ -63,10 +61,6 @@ GROUP_COMMANDS = (JoinGroup, DropLayers, LeaveGroup, RestoreLayers)
 MEMORY = 10_000
 RESTORE_TIMEOUT_S = 120.0  # a restore waiting this long for KV to free is refused (insufficient_memory)
 RESTORE_POLL_S = 0.05
-WATCH_S = 0.2  # how often the members' liveness is checked
-# A peer not shown in the group by its worker's stats this long after the join never joined (the
-# planner sends JoinGroup member by member, each between two engine steps).
-JOIN_TIMEOUT_S = 10.0
 
 
 class GroupControl:
@@ -79,12 +73,12 @@ class GroupControl:
                  crashed: Callable[[str, BaseException], None],
                  publish_stats: "Callable[[], Coroutine[Any, Any, None]]", dead_after: float = 3.0) -> None:
         self.worker_id, self.instances, self.dataplane = worker_id, instances, dataplane
-        self._bus, self._spawn, self._crashed, self._publish_stats = bus, spawn_task, crashed, publish_stats
+        self._bus, self._publish_stats = bus, publish_stats
         self._router: GroupRouter | None = None
         self._done: OrderedDict[str, CtlReply] = OrderedDict()
-        self.watch = PeerWatch(dead_after=dead_after, join_timeout=JOIN_TIMEOUT_S)
-        self._collapsed: dict[str, tuple[str, str]] = {}  # member instance -> (group it collapsed out of, why)
-        self._watching = False
+        self.loss = MemberLoss(worker_id, instances, router=lambda: self.router, bus=bus, spawn_task=spawn_task,
+                               crashed=crashed, publish_stats=publish_stats, dead_after=dead_after)
+        self.watch = self.loss.watch  # the other workers' heartbeats (a KV migration's destination asks too)
 
     def set_dead_after(self, dead_after: float) -> None:
         """The registry's `dead_after` (from the config): a peer silent this long is lost."""
@@ -105,7 +99,7 @@ class GroupControl:
         now on, so a peer's incarnation is known before it joins a group with us."""
         if self.dataplane.plane is not None:
             self.router.install()
-        await self.bus.subscribe(worker_heartbeat(), WorkerHeartbeat, self._on_heartbeat)
+        await self.loss.start()
 
     async def handle(self, msg: GroupCommand) -> CtlReply:
         seen = self._done.get(msg.idempotency_key)
@@ -163,11 +157,8 @@ class GroupControl:
             self.router.forget(msg.instance_id)
             return self._refused(msg, "invalid", str(exc))
         self.router.activate(msg.instance_id)
-        self._collapsed.pop(msg.instance_id, None)
-        self.watch.watch(msg.instance_id, msg.group_id, {m.instance_id: m.worker_id for m in msg.members
-                                                          if m.worker_id != self.worker_id},
-                         time.monotonic(), checked.incarnations)
-        await self._watch()
+        await self.loss.joined(msg.instance_id, msg.group_id, {m.instance_id: m.worker_id for m in msg.members
+                                                               if m.worker_id != self.worker_id}, checked.incarnations)
         await self._publish_stats()  # the other members see this one joined
         await self._record(msg.group_id, lambda r: r or GroupRecord(
             group_id=msg.group_id, model=inst.model, members=msg.members, state="active", plan_id=msg.plan_id,
@@ -189,7 +180,7 @@ class GroupControl:
             freed = await inst.run_on_engine(lambda _e: member.drop_layers(msg.layers.start, msg.layers.end))
         except RuntimeError as exc:
             return self._refused(msg, "busy", str(exc))
-        await self._record(msg.group_id, lambda r: _with_state(r, "active") if r and r.state == "restoring" else None)
+        await self._record(msg.group_id, lambda r: with_state(r, "active") if r and r.state == "restoring" else None)
         return self._done_reply(msg, f"released {freed} bytes of weights to the KV pool")
 
     async def _restore(self, msg: RestoreLayers) -> CtlReply:
@@ -199,7 +190,7 @@ class GroupControl:
         member = inst.group
         if member is not None and member.group_id is not None:
             group_id = member.group_id
-            await self._record(group_id, lambda r: _with_state(r, "restoring") if r and r.state == "active" else None)
+            await self._record(group_id, lambda r: with_state(r, "restoring") if r and r.state == "active" else None)
         start, end = msg.layers.start, msg.layers.end
 
         def restore(engine: object) -> bool:
@@ -227,8 +218,8 @@ class GroupControl:
     async def _leave(self, msg: LeaveGroup) -> CtlReply:
         inst = self.instances.get(msg.instance_id)
         if inst is not None and inst.group is not None and inst.group.group_id == msg.group_id:
-            await self._check_peers()  # a lost peer: the member collapses now instead of refusing `busy`
-        collapsed = self._collapsed.get(msg.instance_id)
+            await self.loss.check()  # a lost peer: the member collapses now instead of refusing `busy`
+        collapsed = self.loss.collapsed(msg.instance_id)
         if inst is not None and inst.group is None and collapsed is not None and collapsed[0] == msg.group_id:
             return self._done_reply(msg, f"left {msg.group_id}: {collapsed[1]}; it runs alone again "
                                          "(every layer resident, its requests recomputed)")
@@ -252,7 +243,7 @@ class GroupControl:
         except (RuntimeError, MemoryError) as exc:
             return self._refused(msg, "busy" if isinstance(exc, RuntimeError) else "insufficient_memory", str(exc))
         self.router.forget(msg.instance_id)
-        self.watch.forget(msg.instance_id)
+        self.loss.left(msg.instance_id)
         await self._publish_stats()  # the other members see this one left
         left = msg.instance_id
 
@@ -262,88 +253,19 @@ class GroupControl:
             members = [m for m in r.members if m.instance_id != left]
             if len(members) >= 2:
                 return None  # the record keeps its members until the group dissolves
-            return _with_state(r, "dissolved")
+            return with_state(r, "dissolved")
 
         await self._record(msg.group_id, dissolve)
         return self._done_reply(msg, f"left {msg.group_id}; every layer is resident again")
 
-    # --- a member's death -------------------------------------------------------------------
     def _model_here(self, instance_id: str) -> str | None:
         inst = self.instances.get(instance_id)
         return inst.model if inst is not None else None
 
-    async def _watch(self) -> None:
-        if self._watching:
-            return
-        self._watching = True
-        await self.bus.subscribe(worker_stats(), WorkerStats, self._on_stats)
-        self._spawn(self._watchdog())
-
-    async def _on_heartbeat(self, msg: WorkerHeartbeat, _ctx: object) -> None:
-        for lost in self.watch.heartbeat(msg.worker_id, msg.incarnation, time.monotonic()):
-            await self._lost(lost)  # a restarted worker holds no group: no need to wait for silence
-
-    async def _on_stats(self, msg: WorkerStats, _ctx: object) -> None:
-        if msg.worker_id != self.worker_id:
-            self.watch.stats(msg.worker_id, {i.instance_id: i.group_id for i in msg.instances})
-
-    async def _watchdog(self) -> None:
-        while True:
-            await asyncio.sleep(WATCH_S)
-            await self._check_peers()
-
-    async def _check_peers(self) -> None:
-        for lost in self.watch.due(time.monotonic()):
-            await self._lost(lost)
-
-    async def _lost(self, lost: PeerLost) -> None:
-        inst = self.instances.get(lost.instance_id)
-        if lost.reason == "left" and inst is not None and inst.group is not None and inst.group.solo:
-            self.watch.drop_peer(lost.instance_id, lost.peer)  # it runs every layer itself: nothing lost
-            return
-        await self._collapse(lost)
-
-    async def _collapse(self, lost: PeerLost) -> None:
-        instance_id, peer = lost.instance_id, lost.peer
-        inst = self.instances.get(instance_id)
-        self.watch.forget(instance_id)
-        if inst is None or inst.group is None:
-            return
-        group_id = inst.group.group_id or ""
-        log.warning("buddy group member lost: running alone again", group=group_id, instance=instance_id,
-                    lost=peer, worker=lost.worker, reason=lost.reason, detail=lost.detail)
-        transport = self.router.members.get(instance_id)
-        if transport is not None:
-            transport[1].fail_peer(peer)  # a remote-attention call waiting on it ends now
-
-        def collapse(_engine: object) -> None:
-            if inst.group is not None:
-                inst.group.collapse()
-                inst.group = None
-
-        try:
-            await inst.run_on_engine(collapse)
-        except (RuntimeError, MemoryError) as exc:  # the engine's state is unknown: the worker must go
-            self._crashed(instance_id, exc)
-            return
-        self.router.forget(instance_id)
-        self._collapsed[instance_id] = (group_id, f"member {peer} lost ({lost.reason}: {lost.detail})")
-        await self._publish_stats()
-        await self._record(group_id, lambda r: _with_state(r, "dissolved") if r and r.state != "dissolved" else None)
-
-    async def _record(self, group_id: str, change) -> None:  # type: ignore[no-untyped-def]
-        try:
-            await RegistryClient(self.bus, timeout=2.0).modify(Bucket.GROUPS, group_id, change)
-        except (TidalError, OSError) as exc:  # the member runs; the planner's view catches up
-            log.warning("group record not written", group=group_id, error=repr(exc))
+    async def _record(self, group_id: str, change: Change) -> None:
+        await write_record(self.bus, group_id, change)
 
     def close(self) -> None:
         if self._router is not None:
             self._router.close()
 
-
-def _with_state(r: GroupRecord | None, state: str) -> GroupRecord | None:
-    if r is None:
-        return None
-    return GroupRecord(group_id=r.group_id, model=r.model, members=r.members, state=state,  # type: ignore[arg-type]
-                       plan_id=r.plan_id, created_ts=r.created_ts)
