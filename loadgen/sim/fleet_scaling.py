@@ -7,7 +7,7 @@
 3. partial: free GPUs still loading a replica of it: ready when both the load and the
    start-up are done (counted as a miss);
 4. cold: D free GPUs on one server, evicting the least score (then the fewest replicas):
-   hit_start_s + T_c (the checkpoint from host memory).
+   hit_start_s + T_c (the checkpoint from host memory, or from disk first: FleetProfile.load_s).
 Returns False when there is no room (the requests wait; the next tick retries).
 """
 from __future__ import annotations
