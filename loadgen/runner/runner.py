@@ -240,6 +240,7 @@ class LoadRunner:
             conn.close()
             if not self._stop.is_set():
                 raise  # not ours: the caller is going away
+            prog.tokens += conn.events  # streamed before the cut: the live count never goes back
             record = _record(p, None, arrival, t0, f"aborted: still running {self.config.drain_s:g} s after the stop",
                              "aborted")
         except Exception as exc:  # a client bug must cost one record, not the run

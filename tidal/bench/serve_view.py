@@ -23,12 +23,19 @@ from loadgen.runner.runner import RunProgress
 
 
 RATE_WINDOW_S = 5.0
-COLUMNS = ("sent", "in flight", "streaming", "done", "ok", "failed", "tok/s", "TTFT P50 ms", "TTFT P99 ms",
-           "TPOT P50 ms", "TPOT P99 ms")
+COLUMNS = ("sent", "in flight", "streaming", "done", "ok", "failed", "tok/s", "TTFT ms P50/P99",
+           "TPOT ms P50/P99")  # headers wrap at their spaces: the table fits 80 columns
 
 
 def _ms(values: list[float], q: float) -> str:
-    return f"{np.percentile(values, q) * 1000:.1f}" if values else "-"
+    if not values:
+        return "-"
+    ms = float(np.percentile(values, q)) * 1000
+    return f"{ms:.1f}" if ms < 100 else f"{ms:.0f}"
+
+
+def _p50_p99(values: list[float]) -> str:
+    return "-" if not values else f"{_ms(values, 50)}/{_ms(values, 99)}"
 
 
 class RecentRate:
@@ -43,7 +50,7 @@ class RecentRate:
         while len(self.samples) > 2 and now - self.samples[1][0] >= self.window_s:
             self.samples.popleft()
         (t0, n0), (t1, n1) = self.samples[0], self.samples[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else None
+        return max(0.0, (n1 - n0) / (t1 - t0)) if t1 > t0 else None
 
 
 class LiveView:
@@ -63,17 +70,17 @@ class LiveView:
         rate = self.rate.add(time.perf_counter() if now is None else now, s.streamed_tokens)
         ttft = s.streams.first_token_s
         cells = (s.sent, s.in_flight, s.streams.streaming, s.done, s.ok, s.failed,
-                 "-" if rate is None else f"{rate:.1f}", _ms(ttft, 50), _ms(ttft, 99),
-                 _ms(s.recent_tpot_s, 50), _ms(s.recent_tpot_s, 99))
+                 "-" if rate is None else f"{rate:.1f}", _p50_p99(ttft), _p50_p99(s.recent_tpot_s))
         return dict(zip(COLUMNS, map(str, cells)))
 
     def table(self) -> Table:
         s = self.state
         t = Table(title=self.title + (" (stopping: waiting for running streams)" if s.stopping else ""),
-                  show_header=True, header_style="bold")
-        for col in COLUMNS:
-            t.add_column(col, justify="right")
-        t.add_row(*self.row().values())
+                  show_header=True, header_style="bold", box=None, padding=(0, 1), pad_edge=False)
+        row = self.row()
+        for col, value in row.items():  # as wide as its value or its longest header word: headers wrap
+            t.add_column(col, justify="right", width=max(len(value), *(len(w) for w in col.split())))
+        t.add_row(*row.values())
         t.caption = f"tok/s: streamed over the last {RATE_WINDOW_S:.0f} s; TTFT: every first token, running streams too"
         if s.last_error:
             t.caption += f"\nlast error: {s.last_error[:120]}"
