@@ -15,7 +15,6 @@ import asyncio
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import msgspec
