@@ -86,7 +86,12 @@ def adapter_residency(snaps: list[InstanceSnapshot]) -> list[AdapterResidency]:
 
 
 def _layers(inst: ModelInstance, snap: InstanceSnapshot) -> LayerRange:
-    """The layers whose weights the instance holds: fewer than all once it dropped some (a group)."""
+    """A buddy-group member's stage (the layers it runs for the group, whose weights it keeps: the
+    members' stages tile the model, which is how a dispatcher sees a runnable group); else the layers
+    whose weights the instance holds (all, unless a restore is under way)."""
+    member = getattr(inst, "group", None)  # set on the engine thread by JoinGroup, read here as it stands
+    if member is not None and member.group_id is not None and not member.solo:
+        return LayerRange(start=member.layers.start, end=member.layers.stop)
     held = snap.resident_layers or (0, inst.num_layers)
     return LayerRange(start=held[0], end=held[1])
 

@@ -133,7 +133,7 @@ class InstanceStats(Value, kw_only=True):
 
     instance_id: InstanceId
     model: ModelName
-    layers: LayerRange  # the layers whose weights this worker holds
+    layers: LayerRange  # the layers whose weights this worker holds; a buddy-group member: its stage
     group_id: GroupId | None = None
     running: Count = 0  # sequences in the batch
     waiting: Count = 0  # admitted, not yet scheduled

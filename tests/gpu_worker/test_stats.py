@@ -60,3 +60,22 @@ def test_kv_growth_and_token_rate_between_snapshots() -> None:
     assert unchanged.instances[0].kv_growth_blocks_per_s == 0.0 and unchanged.state is WorkerState.DRAINING
     inst.snapshot = snap(11.0, 4, 300)  # an abort freed 10 blocks
     assert builder.build(WorkerState.READY, now=11.1).instances[0].kv_growth_blocks_per_s == -20.0
+
+
+@dataclass
+class Member:  # what StatsBuilder reads of a buddy-group member (group.GroupMember)
+    group_id: str | None
+    layers: range
+    solo: bool = False
+
+
+def test_a_group_member_reports_its_group_and_stage_else_the_layers_it_holds() -> None:
+    alone = Instance("i0", num_layers=4, snapshot=snap(1.0, 0, 0))
+    restoring = Instance("i1", num_layers=4, snapshot=snap(1.0, 0, 0, resident_layers=(0, 3)))
+    member = Instance("i2", num_layers=4, snapshot=snap(1.0, 0, 0, resident_layers=(0, 4)))
+    member.group = Member("g1", range(2, 4))  # type: ignore[attr-defined]  # joined; its weights not dropped yet
+    solo = Instance("i3", num_layers=4, snapshot=snap(1.0, 0, 0, resident_layers=(0, 4)))
+    solo.group = Member("g2", range(0, 2), solo=True)  # type: ignore[attr-defined]  # migrated back: runs all
+    stats = StatsBuilder("w0", "cpu", [alone, restoring, member, solo]).build(WorkerState.READY, now=2.0)  # type: ignore[list-item]
+    got = {i.instance_id: (i.group_id, i.layers.start, i.layers.end) for i in stats.instances}
+    assert got == {"i0": (None, 0, 4), "i1": (None, 0, 3), "i2": ("g1", 2, 4), "i3": ("g2", 0, 4)}
