@@ -66,11 +66,11 @@ class MultiWorkerCluster(BenchCluster):
 
 
 class HostShare:
-    """CPU the host spent outside this benchmark (its cluster and this process) between two marks:
-    what other processes took from the live run, which the simulator cannot know. Linux /proc/stat."""
+    """CPU the host spent outside this benchmark (this process and its descendants: the cluster)
+    between two marks: what other processes took from the live run, which the simulator cannot
+    know. Linux /proc/stat."""
 
-    def __init__(self, cluster: BenchCluster) -> None:
-        self.cluster = cluster
+    def __init__(self) -> None:
         self._mark = self._now()
 
     def _now(self) -> tuple[float, float, float]:
@@ -80,15 +80,24 @@ class HostShare:
             fields = [int(x) for x in f.readline().split()[1:]]
         hz = os.sysconf("SC_CLK_TCK")
         busy = (sum(fields) - fields[3] - fields[4]) / hz  # all but idle and iowait
-        me = psutil.Process().cpu_times()
-        ours = sum(self.cluster.cpu_seconds().values()) + me.user + me.system
+        ours = 0.0
+        me = psutil.Process()
+        for proc in [me, *me.children(recursive=True)]:  # the cluster's processes and their helpers
+            try:
+                t = proc.cpu_times()
+                ours += t.user + t.system
+            except psutil.Error:
+                pass  # gone since listed
         return time.monotonic(), busy, ours
 
     def others(self) -> float:
         """Cores used by other processes since the last call (or since made); marks now."""
         now = self._now()
         wall = now[0] - self._mark[0]
-        cores = max(0.0, (now[1] - self._mark[1]) - (now[2] - self._mark[2])) / wall if wall > 0 else 0.0
+        if wall < 1.0:  # /proc/stat counts in ticks of 10 ms: too short to tell
+            self._mark = now
+            return float("nan")
+        cores = max(0.0, (now[1] - self._mark[1]) - (now[2] - self._mark[2])) / wall
         self._mark = now
         return cores
 

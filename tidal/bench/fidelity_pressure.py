@@ -121,7 +121,7 @@ def run_pressure(args: argparse.Namespace) -> int:
     watch = StatsWatch()
     try:
         cluster.start(gateway_url=url)
-        share = HostShare(cluster)
+        share = HostShare()
         ctx = served_context(url)
         runner_config = RunnerConfig(url=url, seed=args.seed)
         if not args.no_calibrate:
@@ -164,7 +164,7 @@ def run_pressure(args: argparse.Namespace) -> int:
         print(_replay_line(trace, profile, sim_side))
     print(f"other processes on this host used {others_calibration:.2f} cores during the calibration, "
           f"{others_run:.2f} during the run (of {os.cpu_count()})")
-    if max(others_calibration, others_run) > 0.25 * (os.cpu_count() or 1):
+    if max(others_calibration, others_run) > 0.25 * (os.cpu_count() or 1):  # nan (too short to tell): no
         print("WARNING: other processes took CPU from the live run (and the calibration), which the simulator "
               "cannot know; compare on a quiet host")
     print(summary_line(live_side, sim_side) + (f"; {failed} live requests failed" if failed else ""))
