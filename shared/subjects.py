@@ -149,9 +149,9 @@ def _subjects() -> list[Subject]:
           "pre-copy stage's data-plane transfer (MigrateKvStage), release them (MigrateKvCancel).",
           reply=(ev.CtlDone, ev.CtlRefused), stable=False),
         S("worker.stats", f"{PREFIX}.evt.worker.stats", P, (ev.WorkerStats,),
-          frozenset({"gpu_worker"}), worker_readers | {"cli", "gateway", "gpu_worker"},  # cli: `tidal status` shows
-          # the pools; gateway: /v1/models shows where adapters are warm; gpu_worker: a buddy-group member sees
-          # its peers join and leave
+          frozenset({"gpu_worker"}), worker_readers | {"cli", "gateway", "gpu_worker", "predictor"},  # cli: `tidal
+          # status` shows the pools; gateway: /v1/models shows where adapters are warm; gpu_worker: a buddy-group
+          # member sees its peers join and leave; predictor: each model's requests in the system (concurrency)
           "Memory pool by kind, instances' batch/queue/KV use and growth, resident adapters (every 250 ms)."),
         S("worker.heartbeat", f"{PREFIX}.evt.worker.heartbeat", P, (ev.WorkerHeartbeat,),
           frozenset({"gpu_worker"}), frozenset({"registry", "dispatcher", "gpu_worker"}),

@@ -1,9 +1,11 @@
-"""The live predictor: dispatcher stats in, per-model windows kept in JetStream, forecasts out.
+"""The live predictor: dispatcher and worker stats in, per-model windows kept in JetStream, forecasts out.
 
-Every `DispatchStats` is counted into its window (services/predictor/windows.py). Once a window
-has ended and late stats from other dispatchers can no longer come (two stats intervals), it is
-closed: each known model's avg and peak rate is appended to its history, the history is
-written to JetStream, and then the CSP forecast (shared/policy/warmserve_predictor.py) of the
+Every `DispatchStats` is counted into its window (services/predictor/windows.py), and every
+`WorkerStats` (with the dispatchers' queues) sampled into its concurrency. Once a window has
+ended and late stats from other dispatchers can no longer come (two stats intervals), it is
+closed: each known model's avg and peak rate and concurrency are appended to its history, the
+history is written to JetStream, and then the ensemble's forecast (shared/policy/forecast_outlook.py:
+CSP, last value, seasonal naive and EWMAs weighted by their recent errors, with P50/P90) of the
 window now starting is published on `tidal.v1.predict.<model>`. Known models: the config's,
 those with a stored history, those seen in stats. The windows still filling are flushed every
 second while they change, and at shutdown, so a restart (or a crash, less the last second)
@@ -20,10 +22,14 @@ from shared.actors import Actor
 from shared.bus import Delivery
 from shared.config import ClusterConfig
 from shared.events.dispatch import DispatchStats
-from shared.events.predict import Forecast
+from shared.events.predict import Forecast, LoadQuantiles, MemberWeight
+from shared.events.worker import WorkerStats
 from shared.logging import get_logger
-from shared.policy.warmserve_predictor import CspParams, forecast
-from shared.subjects import dispatch_stats, predict_forecast
+from shared.policy.forecast_ensemble import EnsembleForecast, EnsembleParams
+from shared.policy.forecast_members import MemberParams
+from shared.policy.forecast_outlook import LoadOutlook, outlook
+from shared.policy.warmserve_predictor import CspParams
+from shared.subjects import dispatch_stats, predict_forecast, worker_stats
 from shared.wire import TidalError
 
 from services.predictor import metrics
@@ -43,7 +49,8 @@ class Predictor(Actor):
         self.window_s = float(p.window)
         self.keep = int(p.history_windows)
         self.replicas = int(config.registry.replicas)
-        self.params = CspParams.for_windows(self.window_s, float(p.season), lookback=int(p.lookback))
+        csp = CspParams.for_windows(self.window_s, float(p.season), lookback=int(p.lookback))
+        self.params = EnsembleParams(MemberParams(windows_per_season=csp.windows_per_season, lookback=csp.lookback))
         stats_interval = float(config.dispatcher.stats_interval)
         self.book = WindowBook(self.window_s, float(p.peak_slot), grace_s=2 * stats_interval)
         if float(p.peak_slot) < stats_interval:
@@ -67,6 +74,7 @@ class Predictor(Actor):
                  windows=sum(len(h.avg) for h in self.histories.values()),
                  open_windows=len(self.book.state.windows))
         await self.bind(dispatch_stats(), DispatchStats, self.on_stats)
+        await self.bind(worker_stats(), WorkerStats, self.on_worker_stats)
         self.spawn("windows", self._window_loop)
 
     async def on_stop(self) -> None:
@@ -81,6 +89,11 @@ class Predictor(Actor):
         metrics.STATS.inc()
         self.models.update(m.model for m in msg.models if m.admitted + m.rejected)
         self.open_dirty = True
+
+    async def on_worker_stats(self, msg: WorkerStats, _ctx: Delivery) -> None:
+        if self.book.add_worker(msg, time.time()) is None:  # a late or future sample is only a sample: not counted
+            self.models.update(i.model for i in msg.instances if i.running + i.waiting)
+            self.open_dirty = True
 
     async def _window_loop(self) -> None:
         while True:
@@ -109,7 +122,7 @@ class Predictor(Actor):
                 continue  # stored before a crash that came ahead of the open windows' flush
             load = None if loads is None else loads.get(model)
             history.append(w, None if load is None else load.avg_rps, None if load is None else load.peak_rps,
-                           self.keep)
+                           self.keep, None if load is None else load.concurrency)
             self.unsaved.add(model)
         self.models |= set(loads or {})
 
@@ -129,24 +142,57 @@ class Predictor(Actor):
             return False
         return True
 
+    def _outlooks(self, w: int) -> dict[str, tuple[LoadOutlook, LoadOutlook | None]]:
+        """Each model's rate and concurrency outlook for window w (pure CPU: run off the event loop)."""
+        out = {}
+        for model, h in self.histories.items():
+            k = w - h.first_window
+            rate = outlook(h.avg, h.peak, k, self.params)
+            seen = any(v is not None for v in h.conc_avg)
+            out[model] = (rate, outlook(h.conc_avg, h.conc_peak, k, self.params) if seen else None)
+        return out
+
     async def _publish(self, w: int, now: float) -> list[Forecast]:
         out = []
-        for model in sorted(self.histories):
+        outlooks = await asyncio.to_thread(self._outlooks, w)
+        for model in sorted(outlooks):
             h = self.histories[model]
-            fc = forecast(h.avg, h.peak, w - h.first_window, self.params)
-            last = h.avg[-1] if h.avg and h.next_window() == w else None
-            msg = Forecast(model=model, predictor_id=self.instance, issued_ts=now, window_start_ts=w * self.window_s,
-                           window_s=self.window_s, avg_rps=fc.avg, peak_rps=fc.peak, observed_rps=last)
+            rate, conc = outlooks[model]
+            msg = _forecast(model, self.instance, now, w, self.window_s, rate, conc, h)
             try:
                 await self.bus.publish(predict_forecast(model), msg)
             except _IO_ERRORS as exc:  # NATS away: this window's forecast is lost, the history is not
                 log.warning("forecast not published", model=model, error=repr(exc))
                 continue
             metrics.FORECASTS.labels(model).inc()
-            metrics.FORECAST_RPS.labels(model, "avg").set(fc.avg)
-            metrics.FORECAST_RPS.labels(model, "peak").set(fc.peak)
+            metrics.FORECAST_RPS.labels(model, "avg").set(msg.avg_rps)
+            metrics.FORECAST_RPS.labels(model, "peak").set(msg.peak_rps)
+            if msg.avg_rps_quantiles is not None:
+                metrics.FORECAST_RPS.labels(model, "p90").set(msg.avg_rps_quantiles.p90)
+            if msg.avg_concurrency is not None:
+                metrics.FORECAST_CONCURRENCY.labels(model, "avg").set(msg.avg_concurrency)
             out.append(msg)
         return out
+
+
+def _quantiles(fc: EnsembleForecast) -> LoadQuantiles:
+    return LoadQuantiles(p50=fc.quantile(0.5), p90=fc.quantile(0.9))
+
+
+def _forecast(model: str, instance: str, now: float, w: int, window_s: float, rate: LoadOutlook,
+              conc: LoadOutlook | None, h: ModelHistory) -> Forecast:
+    current = h.next_window() == w
+    last = h.avg[-1] if h.avg and current else None
+    last_conc = h.conc_avg[-1] if h.conc_avg and current else None
+    members = [MemberWeight(name=m.name, weight=min(1.0, max(0.0, m.weight)), avg_rps=max(0.0, m.forecast))
+               for m in rate.avg.members]
+    return Forecast(
+        model=model, predictor_id=instance, issued_ts=now, window_start_ts=w * window_s, window_s=window_s,
+        avg_rps=rate.avg.point, peak_rps=rate.peak.point, observed_rps=last, avg_rps_quantiles=_quantiles(rate.avg),
+        avg_concurrency=None if conc is None else conc.avg.point,
+        peak_concurrency=None if conc is None else conc.peak.point,
+        concurrency_quantiles=None if conc is None else _quantiles(conc.avg),
+        observed_concurrency=last_conc, members=members)
 
 
 __all__ = ["Predictor"]

@@ -21,6 +21,12 @@ PERSIST_ERRORS = Counter(
     registry=REGISTRY,
 )
 FORECAST_RPS = Gauge(
-    "tidal_predictor_forecast_rps", "The latest forecast per model: avg or peak requests/s of the next window",
+    "tidal_predictor_forecast_rps",
+    "The latest forecast per model: avg, peak or p90 (of the avg) requests/s of the next window",
+    ["model", "kind"], registry=REGISTRY,
+)
+FORECAST_CONCURRENCY = Gauge(
+    "tidal_predictor_forecast_concurrency",
+    "The latest forecast per model: avg requests in the system over the next window",
     ["model", "kind"], registry=REGISTRY,
 )

@@ -1,16 +1,19 @@
 """An online ensemble of load forecasters, weighted by each member's recent error, with quantiles (pure).
 
 For window w, every member (shared/policy/forecast_members.py) forecasts the load; the ensemble's
-point forecast is their weighted mean. A member's weight is the inverse of its recent mean
-squared relative error,
+point forecast is their weighted mean, with the weights of the minimum-variance combination
+(Bates and Granger) of their recent relative errors e = (f - a) / a:
 
-    score_i(w) = sum_k g^k e_i(w-1-k)^2 / sum_k g^k,   k < error_windows, e = (f - a) / a, a > 0
-    weight_i(w) = (1 / score_i) / sum_j (1 / score_j)
+    M_ij(w) = sum_k g^k e_i(w-1-k) e_j(w-1-k) / sum_k g^k,   k < error_windows, windows with a > 0
+    C = M with its off-diagonal shrunk by (1 - shrinkage)
+    weights = argmin w'Cw over w >= 0, sum w = 1  (C x = 1 on the members kept, those with x <= 0 dropped)
 
-(Bates and Granger's inverse-MSE combination, discounted by g = `error_discount` so that a member
-that turns good or bad is followed within a few windows; the relative error makes a busy and an
-idle model alike, as the bench scores them). Windows with no load or not observed carry no error;
-before any error every member weighs the same. A member with no error at all takes every weight.
+With shrinkage 1 this is the inverse-MSE combination; below 1 it sees that members whose errors
+move together (last value and CSP share the last window's noise) add little to each other. The
+discount g = `error_discount` follows a member that turns good or bad; relative errors make a busy
+and an idle model alike, as the bench scores them. Windows with no load or not observed carry no
+error; before any error every member weighs the same; a member with no error takes every weight.
+Defaults were chosen on the Azure-like synthetic weeks, not on the real traces (docs/benchmarks.md).
 
 Quantiles come from the ensemble's own recent residuals, relative to its point forecast:
 r = (a - f) / max(f, floor) over the last `residual_windows` observed windows, floor =
@@ -34,10 +37,11 @@ from shared.policy.warmserve_predictor import Series
 @dataclass(frozen=True)
 class EnsembleParams:
     members: MemberParams
-    error_windows: int = 12  # recent windows whose errors weigh the members
-    error_discount: float = 0.85  # g: an error k windows older weighs g^k
+    error_windows: int = 48  # recent windows whose errors weigh the members
+    error_discount: float = 0.95  # g: an error k windows older weighs g^k
     residual_windows: int = 96  # recent residuals the quantiles are read from
     floor_fraction: float = 0.1
+    shrinkage: float = 0.25  # of the error covariance towards its diagonal: 1 is inverse MSE
     quantiles: tuple[float, ...] = (0.5, 0.9)
 
     def __post_init__(self) -> None:
@@ -46,6 +50,8 @@ class EnsembleParams:
                              f"{self.error_windows} and {self.residual_windows}")
         if not 0 < self.error_discount <= 1:
             raise ValueError(f"error_discount must be in (0, 1], got {self.error_discount}")
+        if not 0 <= self.shrinkage <= 1:
+            raise ValueError(f"shrinkage must be in [0, 1], got {self.shrinkage}")
         if not self.floor_fraction > 0:
             raise ValueError(f"floor_fraction must be > 0, got {self.floor_fraction}")
         if not self.quantiles or any(not 0 < q < 1 for q in self.quantiles) or list(self.quantiles) != sorted(
@@ -83,32 +89,81 @@ def _observed(series: Series, v: int) -> float | None:
     return series[v] if 0 <= v < len(series) else None
 
 
-def _weights(series: Series, fcs: dict[str, list[float]], v: int, origin: int,
+def _errors(series: Series, fcs: dict[str, list[float]], u: int, origin: int, names: Sequence[str],
+            ) -> list[float] | None:
+    """The members' relative errors on window u; None when it was not observed or had no load."""
+    a = _observed(series, u)
+    if a is None or a <= 0:
+        return None
+    return [(fcs[name][u - origin] - a) / a for name in names]
+
+
+def _weights(errors: dict[int, list[float] | None], v: int, origin: int,
              p: EnsembleParams) -> tuple[list[float], list[float | None]]:
-    """Members' weights for window v (fcs[name][v - origin] is member name's forecast of v)."""
-    names = p.members.members
-    sums = [0.0] * len(names)
+    """Members' weights for window v from the errors of the windows before it (errors[u], u >= origin)."""
+    m = len(p.members.members)
+    moments = [[0.0] * m for _ in range(m)]  # discounted mean products of the relative errors
     used = 0.0
     for k in range(min(p.error_windows, v - origin)):
-        u = v - 1 - k
-        a = _observed(series, u)
-        if a is None or a <= 0:
+        e = errors[v - 1 - k]
+        if e is None:
             continue
         g = p.error_discount ** k
         used += g
-        for i, name in enumerate(names):
-            e = (fcs[name][u - origin] - a) / a
-            sums[i] += g * e * e
+        for i in range(m):
+            gi = g * e[i]
+            row = moments[i]
+            for j in range(i, m):
+                row[j] += gi * e[j]
     if not used:
-        return [1.0 / len(names)] * len(names), [None] * len(names)
-    scores = [s / used for s in sums]
+        return [1.0 / m] * m, [None] * m
+    for i in range(m):
+        for j in range(i, m):
+            moments[i][j] = moments[j][i] = moments[i][j] / used
+    scores = [moments[i][i] for i in range(m)]
     perfect = [i for i, s in enumerate(scores) if s == 0.0]
     if perfect:
-        weights = [1.0 / len(perfect) if i in perfect else 0.0 for i in range(len(names))]
-    else:
-        inv = [1.0 / s for s in scores]
-        weights = [x / sum(inv) for x in inv]
-    return weights, [s ** 0.5 for s in scores]
+        return [1.0 / len(perfect) if i in perfect else 0.0 for i in range(m)], [0.0] * m
+    lam = p.shrinkage
+    cov = [[moments[i][j] * (1.0 if i == j else 1.0 - lam) for j in range(m)] for i in range(m)]
+    return _min_variance(cov), [s ** 0.5 for s in scores]
+
+
+def _min_variance(cov: list[list[float]]) -> list[float]:
+    """argmin w' C w over w >= 0, sum w = 1: solve C x = 1 on the active members, dropping any with x <= 0."""
+    active = list(range(len(cov)))
+    while True:
+        x = _solve([[cov[i][j] for j in active] for i in active], [1.0] * len(active))
+        if x is not None and all(v > 0 for v in x):
+            total = sum(x)
+            w = [0.0] * len(cov)
+            for i, v in zip(active, x):
+                w[i] = v / total
+            return w
+        if x is None or len(active) == 1:  # singular: fall back to inverse mean squared error
+            inv = [1.0 / cov[i][i] for i in range(len(cov))]
+            return [v / sum(inv) for v in inv]
+        active = [i for i, v in zip(active, x) if v > 0] or [min(active, key=lambda i: cov[i][i])]
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None if singular."""
+    n = len(b)
+    rows = [row[:] + [rhs] for row, rhs in zip(a, b)]
+    scale = max(abs(v) for row in a for v in row) or 1.0
+    for c in range(n):
+        pivot = max(range(c, n), key=lambda r: abs(rows[r][c]))
+        if abs(rows[pivot][c]) <= 1e-12 * scale:
+            return None
+        rows[c], rows[pivot] = rows[pivot], rows[c]
+        for r in range(c + 1, n):
+            f = rows[r][c] / rows[c][c]
+            for k in range(c, n + 1):
+                rows[r][k] -= f * rows[c][k]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (rows[r][n] - sum(rows[r][k] * x[k] for k in range(r + 1, n))) / rows[r][r]
+    return x
 
 
 def empirical_quantile(values: Sequence[float], q: float) -> float:
@@ -136,8 +191,12 @@ def _run(series: Series, fcs: dict[str, list[float]], origin: int, first: int, e
     residuals: dict[int, float] = {}
     out = []
     start = max(origin, first - p.residual_windows)
+    errors: dict[int, list[float] | None] = {}
     for v in range(start, end):
-        weights, errors = _weights(series, fcs, v, origin, p)
+        for u in range(max(origin, v - p.error_windows), v):
+            if u not in errors:
+                errors[u] = _errors(series, fcs, u, origin, names)
+        weights, recent = _weights(errors, v, origin, p)
         point = sum(w * fcs[n][v - origin] for w, n in zip(weights, names))
         points[v] = point
         scale = max(point, _floor(series, v, p))
@@ -145,7 +204,7 @@ def _run(series: Series, fcs: dict[str, list[float]], origin: int, first: int, e
             recent = [residuals[u] for u in range(v - p.residual_windows, v) if u in residuals]
             qs = tuple((q, max(0.0, point + scale * empirical_quantile(recent, q)) if recent else point)
                        for q in p.quantiles)
-            members = tuple(MemberForecast(n, fcs[n][v - origin], w, e) for n, w, e in zip(names, weights, errors))
+            members = tuple(MemberForecast(n, fcs[n][v - origin], w, e) for n, w, e in zip(names, weights, recent))
             out.append(EnsembleForecast(point=point, quantiles=qs, members=members))
         a = _observed(series, v)
         if a is not None:

@@ -6,9 +6,10 @@ as in shared/policy/warmserve_predictor.py. Members:
 - `csp`: WarmServe's corrective seasonal predictor (Eqs. 2-4, the text's weighting);
 - `last_value`: the last observed window;
 - `seasonal_naive`: the same window one season ago (the last value while there is none);
-- `ewma`: an exponentially weighted mean of the last `ewma_span` observed windows (smoothing
-  `ewma_alpha`), normalised by the weights of the windows observed; it smooths Poisson noise
-  that `last_value` passes on whole.
+- `ewma`, `ewma_slow`: exponentially weighted means of the last `span` observed windows
+  (smoothing `alpha`: 0.3 and 0.1), normalised by the weights of the windows observed; they
+  smooth the Poisson noise that `last_value` passes on whole, at two time scales (the ensemble
+  leans on the slow one where noise dominates, on the fast one or CSP where the load moves).
 
 Each member has a pointwise form (`member_forecast`, what the live predictor needs for the few
 windows it scores) and a whole-series pass (`member_series`, for benches); both give the same
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from shared.policy.warmserve_predictor import CspParams, Series, last_value, predict, predict_series, seasonal_naive
 
-MEMBERS = ("csp", "last_value", "seasonal_naive", "ewma")
+MEMBERS = ("csp", "last_value", "seasonal_naive", "ewma", "ewma_slow")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class MemberParams:
     lookback: int = 10  # N of CSP's Eq. 3
     ewma_alpha: float = 0.3
     ewma_span: int = 24  # windows the EWMA looks back (0.7^24 < 0.02% of the weight is cut)
+    ewma_slow_alpha: float = 0.1
+    ewma_slow_span: int = 72  # 0.9^72 < 0.1%
     members: tuple[str, ...] = MEMBERS
 
     def __post_init__(self) -> None:
@@ -37,10 +40,10 @@ class MemberParams:
             raise ValueError(f"windows_per_season must be >= 1, got {self.windows_per_season}")
         if self.lookback < 1:
             raise ValueError(f"lookback must be >= 1, got {self.lookback}")
-        if not 0 < self.ewma_alpha <= 1:
-            raise ValueError(f"ewma_alpha must be in (0, 1], got {self.ewma_alpha}")
-        if self.ewma_span < 1:
-            raise ValueError(f"ewma_span must be >= 1, got {self.ewma_span}")
+        for name, alpha, span in (("ewma", self.ewma_alpha, self.ewma_span),
+                                  ("ewma_slow", self.ewma_slow_alpha, self.ewma_slow_span)):
+            if not 0 < alpha <= 1 or span < 1:
+                raise ValueError(f"{name}: alpha must be in (0, 1] and span >= 1, got {alpha} and {span}")
         if not self.members:
             raise ValueError("an ensemble needs at least one member")
         unknown = [m for m in self.members if m not in MEMBERS]
@@ -51,13 +54,13 @@ class MemberParams:
         return CspParams(windows_per_season=self.windows_per_season, lookback=self.lookback)
 
 
-def ewma(series: Series, w: int, p: MemberParams) -> float:
-    """The weighted mean of the observed windows among the last `ewma_span` before w (0 before any)."""
+def ewma(series: Series, w: int, alpha: float, span: int) -> float:
+    """The weighted mean of the observed windows among the last `span` before w (0 before any)."""
     total = used = 0.0
-    for k in range(min(p.ewma_span, w)):
+    for k in range(min(span, w)):
         v = series[w - 1 - k] if w - 1 - k < len(series) else None
         if v is not None:
-            wt = (1.0 - p.ewma_alpha) ** k
+            wt = (1.0 - alpha) ** k
             total += wt * v
             used += wt
     return total / used if used else 0.0
@@ -72,7 +75,9 @@ def member_forecast(name: str, series: Series, w: int, p: MemberParams) -> float
     if name == "seasonal_naive":
         return seasonal_naive(series, w, p.windows_per_season)
     if name == "ewma":
-        return ewma(series, w, p)
+        return ewma(series, w, p.ewma_alpha, p.ewma_span)
+    if name == "ewma_slow":
+        return ewma(series, w, p.ewma_slow_alpha, p.ewma_slow_span)
     raise ValueError(f"unknown ensemble member {name!r} (known: {', '.join(MEMBERS)})")
 
 
