@@ -14,8 +14,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from shared.nats_users import NatsUsers
+if TYPE_CHECKING:  # (not imported at run time: the catalog behind it is heavy for a fixture or the CLI)
+    from shared.nats_users import NatsUsers
 
 
 def nats_server_binary() -> str:
@@ -59,7 +61,7 @@ class NatsServer:
     jetstream: bool = True
     log_file: Path | None = None
     extra_config: str = ""
-    users: NatsUsers | None = None  # per-role users (clients must authenticate); None: open to anyone
+    users: "NatsUsers | None" = None  # per-role users (clients must authenticate); None: open to anyone
     proc: subprocess.Popen | None = field(default=None, init=False)
 
     @property
