@@ -5,9 +5,11 @@ and the group's record ends `dissolved`, never left `active`:
 * JoinGroup naming a member that does not exist (an unknown worker, or a real worker without that
   instance) is refused `not_found` before anything joins;
 * a member whose JoinGroup never comes: the joined one rolls back after `JOIN_TIMEOUT_S`;
-* a member SIGKILLed and restarted before the registry's `dead_after` (as `tidal up` restarts a
-  worker in under 3 s): its heartbeat's new incarnation tells the survivor at once (silence never
-  would), which restores every layer and runs alone; LeaveGroup is answered, never `busy`.
+* a member of a group the planner formed (its `apply_effect`: FormGroup, DropInstanceLayers) SIGKILLed
+  and restarted before the registry's `dead_after` (as `tidal up` restarts a worker in under 3 s):
+  its heartbeat's new incarnation tells the survivor at once (silence never would), which restores
+  every layer and runs alone; LeaveGroup is answered, never `busy`, and the planner's DissolveGroup
+  applies at its first attempt.
 
 `dead_after` is 30 s here, so only the incarnation can end the third case within the test.
 """
@@ -26,10 +28,13 @@ from shared.bus import Bus
 from shared.events import WorkerHeartbeat, WorkerStats
 from shared.events.common import GroupMember, LayerRange
 from shared.events.ctl import CtlDone, CtlRefused, JoinGroup, LeaveGroup
+from shared.events.plan import DissolveGroup, DropInstanceLayers, FormGroup, PlanApplied
+from shared.planner import Decision, make_effect
 from shared.events.registry import Bucket, GroupRecord
 from shared.registry_client import RegistryClient
 from shared.subjects import worker_heartbeat, worker_stats
-from test_buddy_group_restore import decoding, form, members
+from services.planner.apply import apply_effect
+from test_buddy_group_restore import decoding, members
 from test_buddy_group_workers import ctl, expected, start, tokens
 
 pytestmark = pytest.mark.timeout(300)
@@ -40,6 +45,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MigrationClust
     with migration_cluster(tmp_path_factory.mktemp("buddy-faults"), ("w0", "w1"), max_context=2048,
                            step_token_budget=64, dead_after="30s") as running:
         yield running
+
+
+async def planner_applies(bus: Bus, plan_id: str, action: object) -> object:
+    """The planner's way: one effect through `services.planner.apply` (registry record, ctl commands)."""
+    effect = make_effect(plan_id, Decision(action=action, trigger="kv_pressure"), 1.0)  # type: ignore[arg-type]
+    return await apply_effect(bus, effect, timeout_s=30.0)
 
 
 async def group_state(bus: Bus, group: str) -> str | None:
@@ -99,7 +110,12 @@ async def test_member_killed_and_restarted_is_a_new_incarnation(bus: Bus, refere
     reqs = {"r0": ("w0", PROMPT * 3, None), "r1": ("w0", PROMPT * 2, 4)}
     streams = {rid: await start(bus, w, rid, p, s) for rid, (w, p, s) in reqs.items()}
     await decoding(streams)
-    await form(bus, "gr", ms)
+    formed = await planner_applies(bus, "p-form", FormGroup(group_id="gr", model="tiny", members=ms))
+    assert isinstance(formed, PlanApplied) and formed.commands == 2, formed
+    for i, (m, other) in enumerate(zip(ms, reversed(ms))):
+        dropped = await planner_applies(bus, f"p-drop-{i}", DropInstanceLayers(
+            worker_id=m.worker_id, instance_id=m.instance_id, group_id="gr", layers=other.layers))
+        assert isinstance(dropped, PlanApplied), dropped
     late = {"r2": ("w0", PROMPT + [5, 6], 7), "r3": ("w0", PROMPT * 2 + [8], None)}  # run across both stages
     for rid, (w, p, s) in late.items():
         streams[rid] = await start(bus, w, rid, p, s)
@@ -120,5 +136,7 @@ async def test_member_killed_and_restarted_is_a_new_incarnation(bus: Bus, refere
     assert len(incarnations) == 2, incarnations  # the restarted process is another incarnation
     gone = await ctl(bus, "w1", LeaveGroup(idempotency_key="leave-gr-w1", group_id="gr", instance_id="w1-tiny"))
     assert isinstance(gone, CtlRefused) and gone.code == "not_found", gone  # the new process holds no group
+    dissolved = await planner_applies(bus, "p-dissolve", DissolveGroup(group_id="gr"))
+    assert isinstance(dissolved, PlanApplied), dissolved  # at once: no member answers `busy`
     alone = await start(bus, "w0", "r-alone", PROMPT, None)
     assert await tokens(alone) == expected(reference, PROMPT, None)
