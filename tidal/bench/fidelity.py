@@ -73,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile-passes", type=int, default=3,
                    help="--pressure: measure the profile this many times, keep each point's fastest (a shared host)")
     p.add_argument("--workers", type=int, default=None, help="default 2 (--pressure: 1)")
-    p.add_argument("--rate", type=float, default=None, help="requests per second (default 3; --pressure: 3.5)")
+    p.add_argument("--rate", type=float, default=None, help="requests per second (default 3; --pressure: 2.5)")
     p.add_argument("--duration", type=float, default=None, help="seconds of trace (default 60)")
     p.add_argument("--prompt-tokens", type=int, default=None, help="default 128")
     p.add_argument("--output-tokens", type=int, default=None, help="default 32 (--pressure: 128)")

@@ -53,7 +53,7 @@ log_level = "warning"
 """
 BLOCK = 16
 # the defaults of a pressure run (the light check's are in fidelity.py's register())
-PRESSURE_DEFAULTS = {"workers": 1, "rate": 3.5, "duration": 60.0, "prompt_tokens": 128, "output_tokens": 128,
+PRESSURE_DEFAULTS = {"workers": 1, "rate": 2.5, "duration": 60.0, "prompt_tokens": 128, "output_tokens": 128,
                      "batch": 16, "budget": 512}
 
 
