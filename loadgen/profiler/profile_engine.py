@@ -95,10 +95,13 @@ def profile_engine(model_dir: Path, s: ProfileSettings) -> tuple[CostProfile, li
     if s.links:
         shm_lat, shm_bw = measure_copy()
         tcp_lat, tcp_bw = measure_tcp()
-        links = [LinkSpec(name="tcp", latency_s=tcp_lat, bandwidth_bytes_per_s=tcp_bw),
-                 LinkSpec(name="shm", latency_s=shm_lat, bandwidth_bytes_per_s=shm_bw)]
+        measured = [LinkSpec(name="tcp", latency_s=tcp_lat, bandwidth_bytes_per_s=tcp_bw),
+                    LinkSpec(name="shm", latency_s=shm_lat, bandwidth_bytes_per_s=shm_bw)]
+        kept = [link for link in links if link.name not in ("tcp", "shm")]  # e.g. "disk": not measured here
+        links = measured + kept
         lines.append(f"links: tcp {tcp_bw / 1e9:.2f} GB/s + {tcp_lat * 1e6:.0f} us, "
-                     f"shm {shm_bw / 1e9:.2f} GB/s + {shm_lat * 1e6:.1f} us (loopback, this host)")
+                     f"shm {shm_bw / 1e9:.2f} GB/s + {shm_lat * 1e6:.1f} us (loopback, this host)"
+                     + (f"; {', '.join(l.name for l in kept)}: the defaults, not measured" if kept else ""))
     profile = CostProfile(
         name=s.name, description=f"fitted by `tidal profile` from {model_dir} ({s.threads} thread(s))",
         request_overhead_s=s.request_overhead_s, step=step, worker=worker, links=links,
