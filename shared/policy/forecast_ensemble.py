@@ -34,6 +34,9 @@ from shared.policy.forecast_members import MemberParams, member_forecast, member
 from shared.policy.warmserve_predictor import Series
 
 
+MAX_ERROR = 1e3
+
+
 @dataclass(frozen=True)
 class EnsembleParams:
     members: MemberParams
@@ -95,7 +98,8 @@ def _errors(series: Series, fcs: dict[str, list[float]], u: int, origin: int, na
     a = _observed(series, u)
     if a is None or a <= 0:
         return None
-    return [(fcs[name][u - origin] - a) / a for name in names]
+    # clamped: a forecast 1000x off is as bad as it gets (and the moments stay finite)
+    return [max(-MAX_ERROR, min(MAX_ERROR, (fcs[name][u - origin] - a) / a)) for name in names]
 
 
 def _weights(errors: dict[int, list[float] | None], v: int, origin: int,
@@ -196,7 +200,7 @@ def _run(series: Series, fcs: dict[str, list[float]], origin: int, first: int, e
         for u in range(max(origin, v - p.error_windows), v):
             if u not in errors:
                 errors[u] = _errors(series, fcs, u, origin, names)
-        weights, recent = _weights(errors, v, origin, p)
+        weights, member_errors = _weights(errors, v, origin, p)
         point = sum(w * fcs[n][v - origin] for w, n in zip(weights, names))
         points[v] = point
         scale = max(point, _floor(series, v, p))
@@ -204,7 +208,8 @@ def _run(series: Series, fcs: dict[str, list[float]], origin: int, first: int, e
             recent = [residuals[u] for u in range(v - p.residual_windows, v) if u in residuals]
             qs = tuple((q, max(0.0, point + scale * empirical_quantile(recent, q)) if recent else point)
                        for q in p.quantiles)
-            members = tuple(MemberForecast(n, fcs[n][v - origin], w, e) for n, w, e in zip(names, weights, recent))
+            members = tuple(MemberForecast(n, fcs[n][v - origin], w, e)
+                            for n, w, e in zip(names, weights, member_errors))
             out.append(EnsembleForecast(point=point, quantiles=qs, members=members))
         a = _observed(series, v)
         if a is not None:

@@ -81,6 +81,12 @@ async def test_forecasts_from_dispatcher_admissions_and_history_survives_a_kill(
         await sender
         last = seen[-1]
         assert last.avg_rps > 0 and last.peak_rps >= last.avg_rps
+        # the ensemble: its members' weights, P50 <= P90, and the concurrency (the dispatcher's queue, sampled:
+        # no instance and no scale from zero, so every request is refused at once and none waits)
+        assert {m.name for m in last.members} >= {"csp", "last_value", "ewma"}
+        assert abs(sum(m.weight for m in last.members) - 1.0) < 1e-9
+        assert last.avg_rps_quantiles is not None and last.avg_rps_quantiles.p50 <= last.avg_rps_quantiles.p90
+        assert last.avg_concurrency == 0.0 and last.concurrency_quantiles is not None
         assert last.window_s == 2.0 and last.window_start_ts % 2.0 == 0
         assert last.predictor_id == "predictor-p1"
         idle = [f for f in forecasts if f.model == "idle"]
