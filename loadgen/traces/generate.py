@@ -4,11 +4,12 @@ from __future__ import annotations
 from loadgen.traces.azure import generate_azure
 from loadgen.traces.burstgpt import generate_burstgpt
 from loadgen.traces.maf import generate_maf
+from loadgen.traces.mixed import generate_mixed
 from loadgen.traces.poisson import generate_poisson
-from loadgen.traces.schema import AzureParams, BurstGPTParams, MAFParams, PoissonParams, Trace
+from loadgen.traces.schema import AzureParams, BurstGPTParams, MAFParams, MixedParams, PoissonParams, Trace
 
 
-def generate(params: BurstGPTParams | AzureParams | MAFParams | PoissonParams) -> Trace:
+def generate(params: BurstGPTParams | AzureParams | MAFParams | PoissonParams | MixedParams) -> Trace:
     if params.duration_s <= 0:
         raise ValueError(f"duration must be > 0, got {params.duration_s}")
     if isinstance(params, BurstGPTParams):
@@ -19,4 +20,6 @@ def generate(params: BurstGPTParams | AzureParams | MAFParams | PoissonParams) -
         return generate_maf(params)
     if isinstance(params, PoissonParams):
         return generate_poisson(params)
+    if isinstance(params, MixedParams):
+        return generate_mixed(params)
     raise TypeError(f"no generator for {type(params).__name__}")

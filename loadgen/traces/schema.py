@@ -88,6 +88,40 @@ class PoissonParams(msgspec.Struct, frozen=True, kw_only=True, tag_field="genera
     output_tokens: int | None = None
 
 
+class ModelBurst(msgspec.Struct, frozen=True, kw_only=True):
+    """A burst of one model's load: its rate is `magnitude` x its diurnal rate while it lasts."""
+
+    model: str
+    start_s: float
+    duration_s: float
+    magnitude: float
+    ramp_s: float = 2.0  # linear rise (and fall) time
+
+
+class MixedParams(msgspec.Struct, frozen=True, kw_only=True, tag_field="generator", tag="mixed"):
+    """Many models with power-law popularity, Zipf adapters on some, diurnal drift, bursts, short and long requests."""
+
+    seed: int = 0
+    duration_s: float = 3600.0
+    rate: float = 10.0  # mean requests per second over all models (bursts come on top)
+    models: list[str] = msgspec.field(default_factory=lambda: [f"model-{i}" for i in range(8)])
+    alpha: float = 1.0  # model i (1-based, in the list's order) gets a share proportional to i ** -alpha
+    period_s: float = 86_400.0  # the diurnal period (shorten it to see days in a short trace)
+    daily_amplitude: float = 0.5  # rate_i(t) ~ 1 + A cos(2 pi (t / period - phase_i))
+    phase_spread: float = 0.25  # per-model phase, uniform in +-this fraction of a period: popularity drifts
+    cv: float = 1.5  # coefficient of variation of inter-arrival gaps (gamma; 1 = Poisson)
+    bursts: list[ModelBurst] = []
+    adapter_models: list[str] = []  # the models that carry adapters
+    adapters_per_model: int = 100
+    zipf_s: float = 1.0  # within a model, the adapter at popularity rank k is invoked ~ k ** -zipf_s
+    adapter_fraction: float = 0.8  # share of an adapter model's requests that name an adapter
+    ranks: list[int] = msgspec.field(default_factory=lambda: [8, 16, 32, 64])  # adapter ranks, drawn uniformly
+    dataset: LengthDataset = "azureconv"  # lengths of the short requests
+    long_fraction: float = 0.1  # share of long requests: a draw of `dataset` scaled by the factors below
+    long_prompt_factor: float = 8.0
+    long_output_factor: float = 4.0
+
+
 class CsvImportParams(msgspec.Struct, frozen=True, kw_only=True, tag_field="generator", tag="csv"):
     source: str  # path of the CSV as given
     format: Literal["burstgpt", "azure"]
@@ -97,7 +131,7 @@ class CsvImportParams(msgspec.Struct, frozen=True, kw_only=True, tag_field="gene
     duration_s: float | None = None
 
 
-GeneratorParams = BurstGPTParams | AzureParams | MAFParams | PoissonParams | CsvImportParams
+GeneratorParams = BurstGPTParams | AzureParams | MAFParams | PoissonParams | MixedParams | CsvImportParams
 
 
 class TraceHeader(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,4 +1,4 @@
-"""`tidal trace burstgpt|azure|maf|poisson [options] --out FILE` and `tidal trace info FILE`.
+"""`tidal trace burstgpt|azure|maf|poisson|mixed [options] --out FILE` and `tidal trace info FILE`.
 
 Writes a seeded trace as JSONL (docs/loadgen.md). `burstgpt --csv` and `azure --csv`
 import the public trace files instead of generating. Requests name the models of the
@@ -141,6 +141,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", choices=datasets, default="burstgpt")
     p.set_defaults(func=run_maf)
 
+    p = kinds.add_parser("mixed", help="many models (power law), Zipf adapters on some, diurnal drift, bursts, "
+                                       "short and long requests")
+    _common(p, rate=10.0, dur="1h")
+    p.add_argument("--models", type=int, default=8, help="models, named model-0.. (default 8)")
+    p.add_argument("--model-names", type=_names, default=None, help="comma-separated model names (overrides --models)")
+    p.add_argument("--alpha", type=float, default=1.0, help="power-law exponent of model popularity")
+    p.add_argument("--period", type=duration, default=3600.0, help="diurnal period (default 1h: a compressed day)")
+    p.add_argument("--daily-amplitude", type=float, default=0.5)
+    p.add_argument("--phase-spread", type=float, default=0.25, help="per-model phase, +- this fraction of a period")
+    p.add_argument("--cv", type=float, default=1.5, help="coefficient of variation of gaps (1 = Poisson)")
+    p.add_argument("--bursts", type=int, default=3, help="bursts, each on a seeded model (default 3)")
+    p.add_argument("--burst-duration", type=duration, default=60.0)
+    p.add_argument("--burst-magnitude", type=float, default=8.0, help="the model's rate multiplier in a burst")
+    p.add_argument("--adapter-models", type=int, default=2, help="models carrying adapters, a seeded choice")
+    p.add_argument("--adapter-model-names", type=_names, default=None, help="comma-separated (overrides the count)")
+    p.add_argument("--adapters-per-model", type=int, default=100)
+    p.add_argument("--zipf-s", type=float, default=1.0, help="adapter popularity exponent")
+    p.add_argument("--adapter-fraction", type=float, default=0.8, help="share of an adapter model's requests "
+                                                                       "naming an adapter")
+    p.add_argument("--ranks", type=_names, default=["8", "16", "32", "64"])
+    p.add_argument("--dataset", choices=datasets, default="azureconv", help="lengths of short requests")
+    p.add_argument("--long-fraction", type=float, default=0.1, help="share of long requests")
+    p.add_argument("--long-prompt-factor", type=float, default=8.0)
+    p.add_argument("--long-output-factor", type=float, default=4.0)
+    p.set_defaults(func=run_mixed)
+
     p = kinds.add_parser("poisson", help="plain Poisson arrivals at --rate")
     _common(p, rate=1.0, dur="1m")
     p.add_argument("--model", default=None, help="model name (default: the config's default model)")
@@ -233,6 +259,40 @@ def run_maf(args: argparse.Namespace) -> int:
         return generate(MAFParams(seed=args.seed, duration_s=_duration(args), rate=args.rate, adapters=args.adapters,
                                   zipf_s=args.zipf_s, models=_models(args), ranks=ranks,
                                   base_fraction=args.base_fraction, dataset=args.dataset))
+    return _write(args, make)
+
+
+def run_mixed(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from loadgen.traces.generate import generate
+    from loadgen.traces.mixed import place_model_bursts
+    from loadgen.traces.schema import MixedParams
+
+    def make():
+        models = list(args.model_names) if args.model_names else [f"model-{i}" for i in range(args.models)]
+        if not models:
+            raise ValueError("--models must be >= 1")
+        try:
+            ranks = [int(r) for r in args.ranks]
+        except ValueError:
+            raise ValueError(f"--ranks must be integers, got {args.ranks}") from None
+        if args.adapter_model_names is not None:
+            adapter_models = list(args.adapter_model_names)
+        else:
+            if not 0 <= args.adapter_models <= len(models):
+                raise ValueError(f"--adapter-models {args.adapter_models}: there are {len(models)} models")
+            picked = np.random.default_rng([args.seed, 0xADA]).choice(len(models), args.adapter_models, replace=False)
+            adapter_models = [models[int(i)] for i in sorted(picked)]
+        dur = _duration(args)
+        bursts = place_model_bursts(args.seed, dur, models, args.bursts, args.burst_duration, args.burst_magnitude)
+        return generate(MixedParams(
+            seed=args.seed, duration_s=dur, rate=args.rate, models=models, alpha=args.alpha, period_s=args.period,
+            daily_amplitude=args.daily_amplitude, phase_spread=args.phase_spread, cv=args.cv, bursts=bursts,
+            adapter_models=adapter_models, adapters_per_model=args.adapters_per_model, zipf_s=args.zipf_s,
+            adapter_fraction=args.adapter_fraction, ranks=ranks, dataset=args.dataset,
+            long_fraction=args.long_fraction, long_prompt_factor=args.long_prompt_factor,
+            long_output_factor=args.long_output_factor))
     return _write(args, make)
 
 
