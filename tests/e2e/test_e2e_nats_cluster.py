@@ -3,7 +3,8 @@ all three (`[registry] replicas = 3`). One node — the one every service is con
 leader of the registry's buckets — is killed (SIGKILL) while requests stream and registry entries
 are written: every acknowledged entry is still there, every request admitted completes with all its
 tokens (one the gateway could not hand on while reconnecting is refused with 503 and served when
-resent), and every service answers again without being restarted (they reconnect to the other nodes).
+resent), every service answers again without being restarted (they reconnect to the other nodes), and the
+planner keeps its lease (renewed through the node's death: one planner goes on deciding plans).
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ class ClusteredE2E(E2ECluster):
         self.procs["dispatcher"] = ServiceProcess("dispatcher", url, self.config, "dispatcher-e2e").start()
         self.procs["w0"] = WorkerProcess("gpu_worker", url, self.config, "gpu_worker-w0-e2e", "--worker-id", "w0").start()
         self.procs["gateway"] = ServiceProcess("gateway", url, self.config, "gateway-e2e").start()
+        self.procs["planner"] = ServiceProcess("planner", url, self.config, "planner-e2e").start()
         try:
             asyncio.run(self._wait_healthy(timeout))
             self._warm_up(timeout)
@@ -98,7 +100,7 @@ async def write_entries(bus: Bus, names: list[str], acked: list[str], pause_s: f
 
 
 async def test_a_killed_node_and_leader_loses_no_entry_or_request(clustered: ClusteredE2E) -> None:
-    buckets = [f"KV_{kv_bucket(b)}" for b in (Bucket.MODELS, Bucket.WORKERS, Bucket.SERVICES)]
+    buckets = [f"KV_{kv_bucket(b)}" for b in (Bucket.MODELS, Bucket.WORKERS, Bucket.SERVICES, Bucket.LEASES)]
     admin = await nats.connect(clustered.nats_nodes.url_of("n1"))  # not on the node that dies
     try:
         for stream in buckets:  # replicated on every node; the seed node leads them
@@ -115,11 +117,14 @@ async def test_a_killed_node_and_leader_loses_no_entry_or_request(clustered: Clu
     try:
         before = [f"before-{i}" for i in range(5)]
         await write_entries(bus, before, acked, 0.0)
+        lease = await RegistryClient(bus, timeout=5.0).get(Bucket.LEASES, "planner")
+        assert lease is not None and lease.record.holder == "planner-e2e", lease  # type: ignore[union-attr]
         load = asyncio.ensure_future(LoadRunner(trace, RunnerConfig(url=clustered.base_url, request_timeout_s=120))
                                      .run())
         writes = asyncio.ensure_future(write_entries(bus, [f"during-{i}" for i in range(20)], acked, 0.2))
         await asyncio.sleep(2.0)
         clustered.nats_nodes.kill(SEED)  # every client's node, and the registry buckets' leader
+        killed_at = time.time()
         outcome = await load
         await writes
         # every request admitted completed with every token, through the node's death; one sent while the
@@ -149,8 +154,18 @@ async def test_a_killed_node_and_leader_loses_no_entry_or_request(clustered: Clu
         finally:
             await admin.close()
         assert new_leader != SEED
+        # the planner still holds its lease (the one that decides plans), renewed after the node died
+        deadline = time.monotonic() + 15
+        while True:
+            renewed = await registry.get(Bucket.LEASES, "planner")
+            assert renewed is not None and renewed.record.holder == "planner-e2e", renewed  # type: ignore[union-attr]
+            if renewed.record.renewed_ts > killed_at:  # type: ignore[union-attr]
+                break
+            assert time.monotonic() < deadline, (renewed, clustered.procs["planner"].log()[-3000:])
+            await asyncio.sleep(0.5)
         for service, instance in (("registry", "registry-e2e"), ("dispatcher", "dispatcher-e2e"),
-                                  ("gateway", "gateway-e2e"), ("gpu_worker", "gpu_worker-w0-e2e")):
+                                  ("gateway", "gateway-e2e"), ("gpu_worker", "gpu_worker-w0-e2e"),
+                                  ("planner", "planner-e2e")):
             replies = await gather_health(bus, service, timeout=2.0, expect={instance})
             assert replies.get(instance) is not None and replies[instance].state == "ready", (service, replies)
     finally:
