@@ -117,6 +117,13 @@ def test_up_status_down_leaves_no_process(tmp_path):
             found = tidal("status", "--json", *extra, cwd=elsewhere, home=tmp_path, **env)
             assert found.returncode == 0, (extra, env, found.stderr)
             assert json.loads(found.stdout)["nats_url"] == state.nats_url
+        # bench serve from there too: the running cluster's gateway (not the default port) and its NATS
+        trace = elsewhere / "t.jsonl"
+        assert tidal("trace", "poisson", "--model", "not-served", "--duration", "2", "--out", str(trace),
+                     cwd=elsewhere, home=tmp_path).returncode == 0
+        serve = tidal("bench", "serve", str(trace), "--no-live", "--no-probe", cwd=elsewhere, home=tmp_path)
+        gateway = f"http://127.0.0.1:{load_config(config).gateway.port}"
+        assert serve.returncode == 2 and f"the gateway at {gateway} does not serve" in serve.stderr, serve.stderr
         other_user = tidal("status", cwd=elsewhere)  # another user's state: nothing running, and says where it looked
         assert other_user.returncode == 1 and "no Tidal cluster is running: looked in" in other_user.stderr
         assert str(elsewhere / ".tidal" / "run.json") in other_user.stderr

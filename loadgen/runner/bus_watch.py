@@ -10,14 +10,15 @@ from loadgen.report.records import MemorySample, PlanMarker
 from shared.bus import Bus, BusSettings, Delivery
 from shared.events import WorkerStats
 from shared.events.plan import PlanApplied, PlanDecided, PlanEvent, PlanFailed
+from shared.run_state import RunState
 from shared.subjects import CATALOG, worker_stats
 
 _KINDS = ("weights", "prewarm", "adapter", "kv", "workspace")
 
 
-def find_nats(data_dir: str | os.PathLike[str] | None = None) -> tuple[str | None, str]:
-    """The NATS url of the running `tidal up` cluster, found as `tidal status` finds it
-    (shared/run_locate.py; `data_dir` is --state), or None and where it looked."""
+def find_cluster(data_dir: str | os.PathLike[str] | None = None) -> tuple[RunState | None, str]:
+    """The running `tidal up` cluster's state, found as `tidal status` finds it (shared/run_locate.py;
+    `data_dir` is --state), or None; and where it was found, or where it looked."""
     from shared.config import ConfigError, load_config
     from shared.run_locate import STATE_ENV, locate
     from shared.run_state import read_state
@@ -37,7 +38,13 @@ def find_nats(data_dir: str | os.PathLike[str] | None = None) -> tuple[str | Non
         return None, str(exc)
     if state is None:
         return None, f"no Tidal cluster is running from {located.data_dir}"
-    return state.nats_url, f"the cluster of {located.data_dir}"
+    return state, f"the cluster of {located.data_dir}"
+
+
+def find_nats(data_dir: str | os.PathLike[str] | None = None) -> tuple[str | None, str]:
+    """The NATS url of the running cluster (see `find_cluster`), or None and where it looked."""
+    state, where = find_cluster(data_dir)
+    return (state.nats_url if state is not None else None), where
 
 
 class BusWatch:
@@ -79,4 +86,4 @@ class BusWatch:
         return ([m for m in self.memory if 0 <= m.t_s <= end_s], [p for p in self.plans if 0 <= p.t_s <= end_s])
 
 
-__all__ = ["BusWatch", "find_nats"]
+__all__ = ["BusWatch", "find_cluster", "find_nats"]

@@ -28,11 +28,14 @@ from pathlib import Path
 
 from tidal.bench.output import add_out_argument, out_dir
 
+DEFAULT_URL = "http://127.0.0.1:8000"
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run a trace open-loop against a gateway; writes the SLO report")
     p.add_argument("trace", help="trace file (from `tidal trace`)")
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway (default: the local one)")
+    p.add_argument("--url", default=None, help="the gateway (default: the running `tidal up` cluster's, as "
+                   f"`tidal status` finds it, else {DEFAULT_URL})")
     add_out_argument(p, "serve")  # the report's directory
     p.add_argument("--time-scale", type=float, default=1.0, help="divide the trace's arrival times by this")
     p.add_argument("--limit", type=int, default=None, help="only the first N requests of the trace")
@@ -154,6 +157,11 @@ def run(args: argparse.Namespace) -> int:
     from loadgen.traces.io import TraceFormatError, read_trace, scale_time
 
     started = time.time()
+    if args.url is None:  # the running cluster's gateway (its config may not use port 8000)
+        from loadgen.runner.bus_watch import find_cluster
+
+        state, _where = find_cluster(args.data_dir)
+        args.url = state.gateway_url if state is not None else DEFAULT_URL
     try:
         mapping = parse_model_map(args.model_map)
         loaded = read_trace(args.trace)
