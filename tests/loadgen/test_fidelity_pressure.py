@@ -132,3 +132,22 @@ def test_errors_goals_and_the_summary_line() -> None:
     none = Side(summary=live.summary, preemptions=0, kv_peak=0.5)
     assert not goals_met(errors(none, close))["preemptions"]  # no live pressure: nothing compared
     assert goals_met(errors(none, none))["preemptions"]
+
+
+def test_the_engine_replay_runs_the_real_engine_out_of_kv(tmp_path: Path) -> None:
+    from loadgen.profiler.engine_replay import engine_replay
+    from loadgen.profiler.kv_budget import kv_budget
+    from services.gpu_worker.engine.checkpoint_gen import make_model
+
+    model = make_model(tmp_path / "m", layers=2, hidden=64, heads=4, kv_heads=2, vocab=512, max_position=256)
+    kv = kv_budget(model, kv_tokens=160, block_size=16, max_batch=4, max_batched_tokens=128, max_model_len=128)
+    records = [TraceRecord(arrival_s=0.001 * i, model="m", prompt_tokens=40, output_tokens=40, request_id=f"r{i}")
+               for i in range(6)]  # 4 at a time need 4 x 5 blocks at their end: more than 10
+    trace = Trace(header=TraceHeader(params=PoissonParams(), num_records=6, duration_s=0.01), records=records)
+    res = engine_replay(model, trace, pool_bytes=kv.pool_bytes, block_size=16, max_batch=4, max_batched_tokens=128,
+                        max_model_len=128)
+    assert res.preemptions > 0 and res.kv_peak == 1.0
+    assert all(r.status == "ok" and r.first_token_s is not None for r in res.records)
+    assert all(r.arrival_s <= r.first_token_s < r.finish_s for r in res.records)
+    # FCFS: the first arrival is never the victim, so it is the first to finish
+    assert min(res.records, key=lambda r: r.finish_s).request_id == "r0"

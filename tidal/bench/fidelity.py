@@ -70,6 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile-clock", choices=("cpu", "wall"), default="cpu",
                    help="--pressure: time the profile's steps in CPU seconds (the engine's own cost; calibration adds "
                         "the live path's, contention included) or wall seconds")
+    p.add_argument("--engine-run", action="store_true",
+                   help="--pressure: also run the trace through the engine in process on its CPU-second clock "
+                        "and compare that with the simulator (minutes: the real steps run)")
     p.add_argument("--profile-passes", type=int, default=3,
                    help="--pressure: measure the profile this many times, keep each point's fastest (a shared host)")
     p.add_argument("--workers", type=int, default=None, help="default 2 (--pressure: 1)")

@@ -98,6 +98,7 @@ def run_pressure(args: argparse.Namespace) -> int:
     worker = msgspec.structs.replace(profile.worker, kv_blocks=kv.token_blocks, engine_mode=args.mode,
                                      watermark=0.01 if args.mode == "vllm-0.6" else 0.0)
     profile = msgspec.structs.replace(profile, worker=worker)
+    engine_profile = msgspec.structs.replace(profile, request_overhead_s=0.0)  # the engine alone: no serving path
     if args.request_overhead is not None:
         profile = msgspec.structs.replace(profile, request_overhead_s=args.request_overhead)
     print("\n".join(lines))
@@ -162,6 +163,8 @@ def run_pressure(args: argparse.Namespace) -> int:
     print("\n".join(table(live_side, sim_side)))
     if args.workers == 1:
         print(_replay_line(trace, profile, sim_side))
+    if args.engine_run:
+        print("\n".join(_engine_run_lines(Path(model), trace, engine_profile, kv, args, budget_tokens, context)))
     print(f"other processes on this host used {others_calibration:.2f} cores during the calibration, "
           f"{others_run:.2f} during the run (of {os.cpu_count()})")
     if max(others_calibration, others_run) > 0.25 * (os.cpu_count() or 1):  # nan (too short to tell): no
@@ -185,6 +188,22 @@ def _replay_line(trace, profile, sim: Side) -> str:  # type: ignore[no-untyped-d
     return (f"engine scheduler replayed on the profile's step times: {rp.preemptions} preemptions "
             f"(simulator {sim.preemptions}), P99 TTFT {latency(s, 'ttft', 'p99') * 1000:.1f} ms "
             f"(simulator differs by {ttft:.1%}), KV peak {rp.kv_peak:.0%}")
+
+
+def _engine_run_lines(model: Path, trace, profile, kv, args, budget: int, context: int) -> list[str]:  # type: ignore[no-untyped-def]
+    """--engine-run: the real engine in process on its CPU-second clock vs the simulator with the
+    engine-only profile: the simulator's model of the engine, apart from the serving path and the host."""
+    from loadgen.profiler.engine_replay import engine_replay
+    from loadgen.report.metrics import summarize_records
+    from tidal.bench.fidelity_compare import Side, table
+
+    er = engine_replay(model, trace, pool_bytes=kv.pool_bytes, block_size=BLOCK, max_batch=args.batch,
+                       max_batched_tokens=budget, max_model_len=context, policy=args.mode)
+    sim, peak = _simulate(trace, profile, 1)
+    rows = table(Side(summarize_records(er.records), er.preemptions, er.kv_peak),
+                 Side(summarize_records(sim.records), sim.stats.preemptions, peak))
+    return ["the engine in process on its CPU seconds (first column) vs the simulator, engine-only profile:",
+            *rows[:4], rows[7]]
 
 
 def _simulate(trace, profile, workers: int):  # type: ignore[no-untyped-def]
