@@ -8,7 +8,8 @@ point forecast is their weighted mean, with the weights of the minimum-variance 
     C = M with its off-diagonal shrunk by (1 - shrinkage)
     weights = argmin w'Cw over w >= 0, sum w = 1  (C x = 1 on the members kept, those with x <= 0 dropped)
 
-With shrinkage 1 this is the inverse-MSE combination; below 1 it sees that members whose errors
+Each error is clamped to +-`error_cap` (100%): a burst that every member misses by 700% would
+otherwise rule the weights for `error_windows` windows. With shrinkage 1 this is the inverse-MSE combination; below 1 it sees that members whose errors
 move together (last value and CSP share the last window's noise) add little to each other. The
 discount g = `error_discount` follows a member that turns good or bad; relative errors make a busy
 and an idle model alike, as the bench scores them. Windows with no load or not observed carry no
@@ -34,9 +35,6 @@ from shared.policy.forecast_members import MemberParams, member_forecast, member
 from shared.policy.warmserve_predictor import Series
 
 
-MAX_ERROR = 1e3
-
-
 @dataclass(frozen=True)
 class EnsembleParams:
     members: MemberParams
@@ -44,6 +42,7 @@ class EnsembleParams:
     error_discount: float = 0.95  # g: an error k windows older weighs g^k
     residual_windows: int = 96  # recent residuals the quantiles are read from
     floor_fraction: float = 0.1
+    error_cap: float = 1.0  # |relative error| counted at most this (a burst's 700% error would rule the weights)
     shrinkage: float = 0.25  # of the error covariance towards its diagonal: 1 is inverse MSE
     quantiles: tuple[float, ...] = (0.5, 0.9)
 
@@ -53,6 +52,8 @@ class EnsembleParams:
                              f"{self.error_windows} and {self.residual_windows}")
         if not 0 < self.error_discount <= 1:
             raise ValueError(f"error_discount must be in (0, 1], got {self.error_discount}")
+        if not self.error_cap > 0:
+            raise ValueError(f"error_cap must be > 0, got {self.error_cap}")
         if not 0 <= self.shrinkage <= 1:
             raise ValueError(f"shrinkage must be in [0, 1], got {self.shrinkage}")
         if not self.floor_fraction > 0:
@@ -93,13 +94,12 @@ def _observed(series: Series, v: int) -> float | None:
 
 
 def _errors(series: Series, fcs: dict[str, list[float]], u: int, origin: int, names: Sequence[str],
-            ) -> list[float] | None:
+            cap: float) -> list[float] | None:
     """The members' relative errors on window u; None when it was not observed or had no load."""
     a = _observed(series, u)
     if a is None or a <= 0:
         return None
-    # clamped: a forecast 1000x off is as bad as it gets (and the moments stay finite)
-    return [max(-MAX_ERROR, min(MAX_ERROR, (fcs[name][u - origin] - a) / a)) for name in names]
+    return [max(-cap, min(cap, (fcs[name][u - origin] - a) / a)) for name in names]
 
 
 def _weights(errors: dict[int, list[float] | None], v: int, origin: int,
@@ -199,7 +199,7 @@ def _run(series: Series, fcs: dict[str, list[float]], origin: int, first: int, e
     for v in range(start, end):
         for u in range(max(origin, v - p.error_windows), v):
             if u not in errors:
-                errors[u] = _errors(series, fcs, u, origin, names)
+                errors[u] = _errors(series, fcs, u, origin, names, p.error_cap)
         weights, member_errors = _weights(errors, v, origin, p)
         point = sum(w * fcs[n][v - origin] for w, n in zip(weights, names))
         points[v] = point

@@ -63,7 +63,7 @@ def test_bench_scores_members_and_ensemble_on_every_trace(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert SUMMARY.match(lines[-1]), lines[-1]
-    for name in ("azureconv-like", "azurecode-like", "azure-2023-conv", "azure-2023-code", "user.csv"):
+    for name in ("azureconv-like", "azurecode-like", "mixed", "azure-2023-conv", "azure-2023-code", "user.csv"):
         assert any(line.startswith(f"bench predictor ({name}): ensemble_avg_err=") for line in lines), name
         assert any(line.startswith(f"bench predictor ({name}) concurrency: ") for line in lines), name
     report = (out / "report.md").read_text()

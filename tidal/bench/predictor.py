@@ -5,7 +5,7 @@ naive, EWMA; the ensemble (shared/policy/forecast_ensemble.py) weighs them by th
 and reads P50/P90 from its own recent residuals. Scoring: tidal/bench/predictor_score.py.
 
 Traces: two Azure-like weeks (loadgen/traces/azure.py's curves: AzureConv-like at `--rate`,
-AzureCode-like at a third of it), the real Azure LLM 2023 CSVs found in `--azure-dir` (one hour
+AzureCode-like at a third of it), an hour of `tidal trace mixed` (its defaults, `--seed`), the real Azure LLM 2023 CSVs found in `--azure-dir` (one hour
 each; skipped with a note when the directory is absent), and every `--trace` file (the project's
 JSONL, an Azure or BurstGPT CSV, or a CSV of timestamps with an optional model column). A trace
 spanning two seasons or more is scored in `--window` windows from its second season on; a shorter
@@ -30,7 +30,7 @@ from shared.policy.forecast_ensemble import EnsembleParams
 from shared.policy.forecast_members import MemberParams
 from tidal.bench.output import add_out_argument, out_dir
 from tidal.bench.predictor_score import ENSEMBLE, ScoreSetup, figures, score_trace, summary
-from tidal.bench.predictor_series import ModelRequests, ServiceModel, azure_like
+from tidal.bench.predictor_series import ModelRequests, ServiceModel, azure_like, mixed_hour
 from tidal.bench.predictor_traces import read_requests
 
 AZURE_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "azure-llm-2023"
@@ -78,6 +78,7 @@ def _traces(args: argparse.Namespace) -> tuple[dict[str, tuple[dict[str, ModelRe
     traces = {
         "azureconv-like": (azure_like("conv", args.rate, args.days, args.alpha, args.cv, args.seed), duration),
         "azurecode-like": (azure_like("code", args.rate / 3, args.days, args.alpha, args.cv, args.seed + 1), duration),
+        "mixed": mixed_hour(args.seed),
     }
     notes = []
     azure = Path(args.azure_dir)

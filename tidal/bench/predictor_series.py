@@ -17,8 +17,10 @@ import numpy as np
 
 from loadgen.traces.arrivals import arrivals
 from loadgen.traces.azure import model_rate, power_law_shares
+from loadgen.traces.generate import generate
 from loadgen.traces.lengths import sample_lengths
-from loadgen.traces.schema import AzureParams
+from loadgen.traces.mixed import place_model_bursts
+from loadgen.traces.schema import AzureParams, MixedParams
 from services.predictor.windows import series_from_arrivals
 
 SERIES = ("rate_avg", "rate_peak", "conc_avg", "conc_peak")
@@ -82,5 +84,20 @@ def azure_like(kind: str, rate: float, days: float, alpha: float, cv: float, see
     return out
 
 
+def mixed_hour(seed: int) -> tuple[dict[str, ModelRequests], float]:
+    """`tidal trace mixed` with its defaults (an hour, 8 models, a compressed 1 h day, 3 bursts), per model."""
+    models = [f"model-{i}" for i in range(8)]
+    trace = generate(MixedParams(seed=seed, duration_s=3600.0, period_s=3600.0, models=models,
+                                 bursts=place_model_bursts(seed, 3600.0, models, 3, 60.0, 8.0)))
+    per: dict[str, list[tuple[float, int, int]]] = {}
+    for r in trace.records:
+        per.setdefault(r.model, []).append((r.arrival_s, r.prompt_tokens, r.output_tokens))
+    out = {}
+    for model, rows in per.items():
+        cols = np.asarray(rows, dtype=np.float64)
+        out[model] = ModelRequests(cols[:, 0], cols[:, 1], cols[:, 2])
+    return out, trace.header.duration_s
+
+
 __all__ = ["SERIES", "ModelRequests", "ServiceModel", "azure_like", "busy_integral", "concurrency_series",
-           "load_series"]
+           "load_series", "mixed_hour"]
