@@ -124,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
     from tidal.bench.fidelity_cluster import MultiWorkerCluster
     from tidal.bench.gateway import _free_port
 
+    if not args.pressure and (args.mode != "chunked" or args.engine_run):
+        raise SystemExit("tidal bench fidelity: --mode and --engine-run apply to --pressure runs only")
     if args.pressure:
         from tidal.bench.fidelity_pressure import run_pressure
 

@@ -170,7 +170,9 @@ def run_pressure(args: argparse.Namespace) -> int:
     if max(others_calibration, others_run) > 0.25 * (os.cpu_count() or 1):  # nan (too short to tell): no
         print("WARNING: other processes took CPU from the live run (and the calibration), which the simulator "
               "cannot know; compare on a quiet host")
-    print(summary_line(live_side, sim_side) + (f"; {failed} live requests failed" if failed else ""))
+    if failed:
+        print(f"{failed} live requests failed (reports: {out / 'live'})")
+    print(summary_line(live_side, sim_side))
     tmp.cleanup()
     return 0 if failed == 0 else 1
 
