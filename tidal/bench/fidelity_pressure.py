@@ -62,7 +62,6 @@ def run_pressure(args: argparse.Namespace) -> int:
 
     from loadgen.profiler.calibrate import calibrate, calibrate_batch
     from loadgen.profiler.kv_budget import kv_budget
-    from loadgen.profiler.profile_engine import ProfileSettings, profile_engine
     from loadgen.report.write import write_report
     from loadgen.runner.baseline import live_unloaded_baseline
     from loadgen.runner.runner import LoadRunner, RunnerConfig, served_context
@@ -77,27 +76,20 @@ def run_pressure(args: argparse.Namespace) -> int:
     for name, value in PRESSURE_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    context = args.prompt_tokens + args.output_tokens + 64
+    budget_tokens = max(args.budget, args.batch)
+    if args.mode == "vllm-0.6" and budget_tokens < context:
+        raise SystemExit(f"tidal bench fidelity: --mode vllm-0.6 prefills whole prompts, so --budget ({budget_tokens}) "
+                         f"must be at least the context length {context} (prompt + output + 64)")
     out = out_dir(args, time.time())
     out.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.TemporaryDirectory(prefix="tidal-bench-fidelity-")
     root = Path(tmp.name)
     model = model_dir(args, root)
-    context = args.prompt_tokens + args.output_tokens + 64
-    budget_tokens = max(args.budget, args.batch)
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     kv = kv_budget(Path(model), kv_tokens=args.kv_tokens, block_size=BLOCK, max_batch=args.batch,
                    max_batched_tokens=budget_tokens, max_model_len=context)
-    settings = ProfileSettings(
-        name="fidelity-pressure", threads=1, pool_bytes=int(kv.fixed_bytes + (64 << 20)), block_size=BLOCK,
-        max_batch=args.batch, max_batched_tokens=budget_tokens, max_model_len=context,
-        contexts=[32, args.prompt_tokens, context - 16], batches=[b for b in (1, 2, 4, 8, 16, 32) if b <= args.batch],
-        links=False, prefill=[p for p in (8, 32, 64, 128, 256, 512) if p <= budget_tokens and p < context],
-        passes=args.profile_passes, clock=args.profile_clock,
-    )
-    profile, lines = profile_engine(Path(model), settings)
-    worker = msgspec.structs.replace(profile.worker, kv_blocks=kv.token_blocks, engine_mode=args.mode,
-                                     watermark=0.01 if args.mode == "vllm-0.6" else 0.0)
-    profile = msgspec.structs.replace(profile, worker=worker)
+    profile, lines = _profile(args, Path(model), kv, context, budget_tokens)
     engine_profile = msgspec.structs.replace(profile, request_overhead_s=0.0)  # the engine alone: no serving path
     if args.request_overhead is not None:
         profile = msgspec.structs.replace(profile, request_overhead_s=args.request_overhead)
@@ -175,6 +167,25 @@ def run_pressure(args: argparse.Namespace) -> int:
     print(summary_line(live_side, sim_side))
     tmp.cleanup()
     return 0 if failed == 0 else 1
+
+
+def _profile(args: argparse.Namespace, model: Path, kv, context: int, budget: int):  # type: ignore[no-untyped-def]
+    """This machine's profile of the model (loadgen/profiler), on the run's KV blocks, limits and engine mode."""
+    import msgspec
+
+    from loadgen.profiler.profile_engine import ProfileSettings, profile_engine
+
+    settings = ProfileSettings(
+        name="fidelity-pressure", threads=1, pool_bytes=int(kv.fixed_bytes + (64 << 20)), block_size=BLOCK,
+        max_batch=args.batch, max_batched_tokens=budget, max_model_len=context,
+        contexts=[32, args.prompt_tokens, context - 16], batches=[b for b in (1, 2, 4, 8, 16, 32) if b <= args.batch],
+        links=False, prefill=[p for p in (8, 32, 64, 128, 256, 512) if p <= budget and p < context],
+        passes=args.profile_passes, clock=args.profile_clock,
+    )
+    profile, lines = profile_engine(model, settings)
+    worker = msgspec.structs.replace(profile.worker, kv_blocks=kv.token_blocks, engine_mode=args.mode,
+                                     watermark=0.01 if args.mode == "vllm-0.6" else 0.0)  # vLLM's default
+    return msgspec.structs.replace(profile, worker=worker), lines
 
 
 def _replay_line(trace, profile, sim: Side) -> str:  # type: ignore[no-untyped-def]
