@@ -100,19 +100,19 @@ async def test_the_live_table_counts_streams_and_their_tokens_before_any_request
 
 def test_an_overload_is_warned_and_ctrl_c_writes_the_partial_report(cluster: E2ECluster, tmp_path: Path) -> None:
     trace = burst_trace(tmp_path / "burst.jsonl", 40, 4.0, 900)  # 9000 tokens/s: past a probe of the tiny model
-    proc = subprocess.Popen([sys.executable, "-m", "tidal", "bench", "serve", str(trace), "--url", cluster.base_url,
-                             "--no-bus", "--no-live", "--no-plots", "--drain", "1"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    before = []
-    for line in proc.stderr:  # up to the probe's figures: sending starts right after
-        before.append(line)
-        if line.startswith("capacity:"):
-            break
-    time.sleep(2.0)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    err = "".join(before) + err
+    errors = tmp_path / "stderr.txt"  # a file, not a pipe: read while it runs without losing what follows
+    with open(errors, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "tidal", "bench", "serve", str(trace), "--url",
+                                 cluster.base_url, "--no-bus", "--no-live", "--no-plots", "--drain", "1"],
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        deadline = time.monotonic() + 60
+        while "capacity:" not in errors.read_text():  # the probe's figures: sending starts right after
+            assert proc.poll() is None and time.monotonic() < deadline, errors.read_text()
+            time.sleep(0.1)
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    err = errors.read_text()
     assert proc.returncode == 130, out + err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     warning = next(line for line in err.splitlines() if line.startswith("warning: the trace offers"))
