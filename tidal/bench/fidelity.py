@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tidal.bench.fidelity_model import model_dir
 from tidal.bench.output import add_out_argument, out_dir
 
 CONFIG = """
@@ -92,15 +93,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     add_out_argument(p, "fidelity")  # reports: <out>/live and <out>/sim, plus the profile
     p.set_defaults(func=run)
-
-
-def model_dir(args: argparse.Namespace, root: Path) -> str:
-    if args.model:
-        return args.model
-    from services.gpu_worker.engine.checkpoint_gen import make_model
-
-    return str(make_model(root / "model", arch="llama", layers=4, hidden=256, heads=8, kv_heads=2,
-                          intermediate=704, vocab=2048, max_position=2048, seed=1))
 
 
 def _p50(summary, name: str) -> float:  # type: ignore[no-untyped-def]

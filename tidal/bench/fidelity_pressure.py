@@ -68,7 +68,7 @@ def run_pressure(args: argparse.Namespace) -> int:
     from loadgen.sim.profile import save_profile
     from loadgen.traces.generate import generate
     from loadgen.traces.schema import PoissonParams
-    from tidal.bench.fidelity import model_dir
+    from tidal.bench.fidelity_model import model_dir
     from tidal.bench.fidelity_cluster import HostShare, MultiWorkerCluster, StatsWatch
     from tidal.bench.fidelity_compare import Side, summary_line, table
     from tidal.bench.gateway import _free_port
