@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from shared.config import DEFAULT_CONFIG_PATH, DEVICE_PATTERN, ClusterConfig, ConfigError
+from shared.config_schema import DEFAULT_CONFIG_PATH, DEVICE_PATTERN, ClusterConfig, ConfigError
 from shared.config_units import dec_hook, enc_hook
 from shared.events.base import ID_PATTERN, NAME_PATTERN
 
