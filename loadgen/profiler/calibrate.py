@@ -16,15 +16,17 @@ to `request_overhead_s`. Neither is allowed below zero.
 `calibrate_batch` adds what the live path costs per SEQUENCE in a step (each sequence's chunk
 encoded and published, the gateway relaying its tokens): groups of `k` requests sent at once give
 the live TPOT with k sequences decoding together; the simulator, given the same groups, predicts
-it with the profile; the gap over the k - 1 extra sequences goes to `decode_per_seq_s`. Batches
-grow under KV pressure, so the pressure check (tidal/bench/fidelity_pressure.py) uses it.
+it with the profile (already calibrated on single requests). The gap over the k - 1 extra
+sequences, g, goes to `decode_per_seq_s`, and g comes off `overhead_s` (not below 0), so a
+single sequence's step stays as calibrated: the line through the two live points. Batches grow
+under KV pressure, so the pressure check (tidal/bench/fidelity_pressure.py) uses it.
 """
 from __future__ import annotations
 
 import msgspec
 
 from loadgen.report.metrics import ReportSummary
-from loadgen.sim.profile import CostProfile
+from loadgen.sim.profile import CostProfile, StepCost
 from loadgen.sim.run import unloaded_baseline
 from loadgen.traces.schema import Trace
 
@@ -87,13 +89,15 @@ def calibrate_batch(profile: CostProfile, trace: Trace, live_groups: ReportSumma
         raise ValueError(f"a per-sequence cost needs groups of at least 2 requests, got {k}")
     sim = simulated_groups(trace, profile, n, k)
     gap = max(0.0, (_p50(live_groups, "tpot") - _p50(sim, "tpot")) / (k - 1))
-    step = msgspec.structs.replace(profile.step, decode_per_seq_s=profile.step.decode_per_seq_s + gap)
-    models = {name: msgspec.structs.replace(c, decode_per_seq_s=c.decode_per_seq_s + gap)
-              for name, c in profile.models.items()}
+    def shifted(c: StepCost) -> StepCost:
+        return msgspec.structs.replace(c, decode_per_seq_s=c.decode_per_seq_s + gap, overhead_s=max(0.0, c.overhead_s - gap))
+
+    step = shifted(profile.step)
+    models = {name: shifted(c) for name, c in profile.models.items()}
     out = msgspec.structs.replace(profile, step=step, models=models)
     lines = [f"{k} at once: live TPOT P50 {_p50(live_groups, 'tpot') * 1000:.2f} ms, profile "
              f"{_p50(sim, 'tpot') * 1000:.2f} ms: per-sequence step cost +{gap * 1000:.3f} ms "
-             f"(now {step.decode_per_seq_s * 1000:.3f} ms)"]
+             f"(now {step.decode_per_seq_s * 1000:.3f} ms; step overhead {step.overhead_s * 1000:.2f} ms)"]
     return out, lines
 
 

@@ -46,7 +46,9 @@ def test_the_per_sequence_gap_goes_to_decode_per_seq() -> None:
     tuned, lines = calibrate_batch(profile, trace, live_groups(0.0056, 8), 8, 4)
     gap = (0.0056 - sim.tpot.p50) / 3
     assert tuned.step.decode_per_seq_s == pytest.approx(0.0001 + gap) and gap == pytest.approx(0.0004, rel=0.02)
+    assert tuned.step.overhead_s == pytest.approx(0.004 - gap)  # one sequence's step stays as it was
     assert simulated_groups(trace, tuned, 8, 4).tpot.p50 == pytest.approx(0.0056, rel=0.01)
+    assert simulated_groups(trace, tuned, 8, 1).tpot.p50 == pytest.approx(simulated_groups(trace, profile, 8, 1).tpot.p50)
     assert f"per-sequence step cost +{gap * 1000:.3f} ms" in lines[0]
     # a live path faster than the profile adds nothing (never below the engine's own cost)
     same, _ = calibrate_batch(profile, trace, live_groups(0.003, 8), 8, 4)
