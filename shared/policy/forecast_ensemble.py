@@ -9,12 +9,14 @@ point forecast is their weighted mean, with the weights of the minimum-variance 
     weights = argmin w'Cw over w >= 0, sum w = 1  (C x = 1 on the members kept, those with x <= 0 dropped)
 
 Each error is clamped to +-`error_cap` (100%): a burst that every member misses by 700% would
-otherwise rule the weights for `error_windows` windows. With shrinkage 1 this is the inverse-MSE combination; below 1 it sees that members whose errors
-move together (last value and CSP share the last window's noise) add little to each other. The
+otherwise rule the weights for `error_windows` windows. With shrinkage 1 this is the inverse-MSE
+combination; below 1 it sees that members whose errors move together (last value and CSP share the
+last window's noise) add little to each other. The
 discount g = `error_discount` follows a member that turns good or bad; relative errors make a busy
 and an idle model alike, as the bench scores them. Windows with no load or not observed carry no
 error; before any error every member weighs the same; a member with no error takes every weight.
-Defaults were chosen on the Azure-like synthetic weeks, not on the real traces (docs/benchmarks.md).
+Defaults were chosen on synthetic traces (the Azure-like weeks, the mixed hour), never on the real
+ones (docs/benchmarks.md#predictor).
 
 Quantiles come from the ensemble's own recent residuals, relative to its point forecast:
 r = (a - f) / max(f, floor) over the last `residual_windows` observed windows, floor =
