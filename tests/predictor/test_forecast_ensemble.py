@@ -123,3 +123,18 @@ def test_bad_parameters_are_named():
     assert empirical_quantile([3.0, 1.0, 2.0], 0.5) == 2.0
     with pytest.raises(ValueError, match="no values"):
         empirical_quantile([], 0.5)
+
+
+def test_a_burst_does_not_rule_the_weights_once_errors_are_capped():
+    # a level series with small wiggles, then a one-window spike: the window after it, last value
+    # forecasts the spike (700% off) while the EWMAs are off less; uncapped, that one window would
+    # keep last value's weight near 0 for the next 48 windows
+    series = [100.0 + (3.0 if w % 3 == 0 else -1.0) for w in range(60)]
+    series[40] = 800.0
+    members = ("last_value", "ewma")
+
+    def last_value_weight(cap: float) -> float:
+        fc = ensemble_series(series, params(members=members, error_cap=cap))[46]
+        return next(m.weight for m in fc.members if m.name == "last_value")
+
+    assert last_value_weight(1.0) > 2 * last_value_weight(1e3)
