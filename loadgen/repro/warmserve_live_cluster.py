@@ -24,7 +24,6 @@ stats_interval = "1s"
 interval = "500ms"
 ctl_timeout = "30s"
 autoscale = true
-scale_down_after = "{scale_down_after_s}s"
 request_time = "{request_time_s}s"
 
 [predictor]
@@ -54,11 +53,9 @@ class WarmLiveClusterSpec:
     lookback: int = 2
     batch: int = 2
     request_time_s: float = 1.0
-    scale_down_after_s: float = 3.0
 
     def toml(self, prewarm: bool, data: Path, port: int) -> str:
-        text = CONFIG.format(data=data, port=port, scale_down_after_s=self.scale_down_after_s,
-                             request_time_s=self.request_time_s, window_s=self.window_s, lookback=self.lookback,
+        text = CONFIG.format(data=data, port=port, request_time_s=self.request_time_s, window_s=self.window_s, lookback=self.lookback,
                              batch=self.batch, prewarm=str(prewarm).lower())
         for name, path in self.models.items():
             text += f'\n[[models]]\nname = "{name}"\npath = "{path}"\ndtype = "float32"\nmax_context = 512\n'

@@ -1,23 +1,24 @@
 """The fleet simulator: many models on a GPU cluster whose instances come and go (WarmServe §7).
 
-Discrete-event, no wall clock. Arrivals wait in a per-model queue (the wait counts in TTFT)
-and go to the ready instance with the fewest outstanding requests below its batch size B.
-Each instance is a SimWorker engine (continuous batching, KV blocks) with the model's step
-costs on its GPUs (loadgen/sim/fleet_profile.py).
+Discrete-event, no wall clock. Each instance is a SimWorker engine (continuous batching, KV
+blocks) with the model's step costs on its GPUs (loadgen/sim/fleet_profile.py).
 
-Autoscaler (SLLM-GPU and WarmServe alike, §2.1): a model needs ceil(demand / B) instances,
-demand = queued + outstanding on its non-draining instances. Short of that, it scales up
-(loadgen/sim/fleet_scaling.py): cancel a draining instance's grace period, else a prewarm
-*hit*, else a *partial* (a replica still loading), else a *cold* start. An instance above the
-need for keep_alive_s enters its grace period (no new requests) and is released when it
-drains; with `cache_on_release` its weights stay on its GPUs as a replica. WarmServe's
-prewarm planner (loadgen/sim/fleet_prewarm.py) places replicas from the forecasts.
+Dispatch and autoscaling follow WarmServe's public code (shared/policy/autoscaler.py), the same
+for every autoscaling system: an arriving request goes to the model's instance with the fewest
+requests below B (one still starting included: the request waits for it); when none has room one
+more instance is started at once for it (a direct start), else it waits in the model's queue
+(the wait counts in TTFT). Every `period_s` the autoscaler compares the model's requests in the
+system, averaged over `window_s`, with B x instances: above 0.8 it starts more, below 0.5 it stops
+the least busy ones older than `protect_s` (to zero when idle). A stopped instance takes no new
+request and is released when its requests finish; its weights then stay on its GPUs as a
+replica (`keep_weights`, charged as prewarm) or are freed. Starts (loadgen/sim/fleet_scaling.py)
+come from a prewarmed replica (gpu), one still loading (partial), host memory or storage.
+WarmServe's prewarm planner (loadgen/sim/fleet_prewarm.py) places replicas from the forecasts.
 """
 from __future__ import annotations
 
 import itertools
-import math
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 
@@ -26,13 +27,24 @@ import numpy as np
 from loadgen.sim.fleet_prewarm import Prewarmer
 from loadgen.sim.fleet_profile import FleetProfile
 from loadgen.sim.fleet_scaling import scale_up
-from loadgen.sim.fleet_state import FleetSystem, GpuState, Instance, Replica
+from loadgen.sim.fleet_state import START_SOURCES, FleetSystem, GpuState, Instance, Replica
 from loadgen.sim.request import SimRequest
 from loadgen.sim.worker import SimWorker
 from loadgen.traces.schema import Trace
+from shared.policy.autoscaler import LoadWindow, Member, decide
 from shared.policy.warmserve_predictor import LoadForecast
 
 STEP, READY, TICK, WINDOW = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class StartRecord:
+    id: int  # the instance
+    model: str
+    source: str  # one of START_SOURCES
+    origin: str  # a gpu start: how its replica got there (placed, proactive, kept)
+    at: float  # decided
+    ready_at: float
 
 
 @dataclass
@@ -42,17 +54,29 @@ class FleetResult:
     models: list[str]
     ttft: np.ndarray  # seconds (NaN: never got a token)
     tpot: np.ndarray  # seconds per output token after the first (NaN: one token)
-    starts: dict[str, int]  # instance starts by kind: hit, partial, cold, ungrace
+    starts: list[StartRecord]  # instance starts after t = 0 (initial and static instances are not starts)
+    delayed_by: np.ndarray  # per request: the start it waited for (an index into `starts`), -1: none
     prewarms: int  # replicas placed by the prewarm planner
     proactive: int  # of them, into grace-period instances' KV
     evicted: int  # replicas evicted (by placements or by dedications)
     timeline: dict[str, list[tuple[float, int]]] = field(default_factory=dict)  # model -> (t, instances)
 
+    def by_source(self, model: str | None = None) -> dict[str, int]:
+        c = Counter(s.source for s in self.starts if model is None or s.model == model)
+        return {k: c.get(k, 0) for k in START_SOURCES}
+
+    def hit_origins(self) -> dict[str, int]:
+        return dict(Counter(s.origin for s in self.starts if s.source == "gpu"))
+
     @property
     def hit_rate(self) -> float:
-        """Prewarm hits over instance creations (a cancelled grace period creates none)."""
-        made = self.starts["hit"] + self.starts["partial"] + self.starts["cold"]
-        return self.starts["hit"] / made if made else 1.0
+        """Starts on a complete prewarmed replica over all starts (1.0 when nothing started)."""
+        return self.by_source()["gpu"] / len(self.starts) if self.starts else 1.0
+
+    def model_hit_rate(self, model: str) -> float:
+        src = self.by_source(model)
+        n = sum(src.values())
+        return src["gpu"] / n if n else 1.0
 
 
 class FleetSim:
@@ -74,8 +98,12 @@ class FleetSim:
         self.heap: list[tuple[float, int, int, object, int]] = []
         self.seq = itertools.count()
         self.ids = itertools.count()
-        self.need_seen: dict[str, dict[int, float]] = {m: {} for m in self.models}
-        self.starts = {"hit": 0, "partial": 0, "cold": 0, "ungrace": 0}
+        self.load = {m: LoadWindow(system.scaler.window_s) for m in self.models}
+        self.in_system = dict.fromkeys(self.models, 0)  # requests arrived and not finished
+        self.start_log: list[StartRecord] = []
+        self.start_index: dict[int, int] = {}  # instance id -> index into start_log
+        self.ready_of: dict[int, float] = {}  # instance id -> when it serves
+        self.served_by: list[int] = []  # per request: the instance it was sent to (-1: none)
         self.prewarms = self.proactive = self.evicted = 0
         self.dirty = True  # the prewarm planner should run at the next tick
         self.timeline: dict[str, list[tuple[float, int]]] = {m: [] for m in self.models}
@@ -83,25 +111,30 @@ class FleetSim:
         for s in system.static:
             m = self.models[s.model]
             cost = profile.step_cost(m, tp=len(s.gpus), share=s.share)
-            self._new_instance(s.model, s.gpus, 0.0, "static", cost=cost,
-                               spec=profile.worker_spec(m, kv_blocks=s.kv_blocks, max_batch=s.max_batch), own=False)
+            self._new_instance(s.model, s.gpus, 0.0, 0.0, 0.0, "static", cost=cost, own=False,
+                               spec=profile.worker_spec(m, kv_blocks=s.kv_blocks, max_batch=s.max_batch))
         for name, n in (initial or {}).items():
             for _ in range(n):
-                if not scale_up(self, name, 0.0, initial=True):
+                if scale_up(self, name, 0.0, initial=True) is None:
                     raise ValueError(f"no room for the initial instances of {name}")
 
     # --- instances -----------------------------------------------------------------------
-    def _new_instance(self, model: str, gpus: tuple[int, ...], ready_at: float, start: str, *, cost=None,
-                      spec=None, own: bool = True) -> Instance:
+    def _new_instance(self, model: str, gpus: tuple[int, ...], now: float, ready_at: float, weights_at: float,
+                      source: str, *, origin: str = "", cost=None, spec=None, own: bool = True) -> Instance:
         m = self.models[model]
         spec = spec or self.profile.worker_spec(m)
         iid = next(self.ids)
         engine = SimWorker(iid, f"i{iid}", model, spec, cost or self.profile.step_cost(m), self.max_run_s)
-        inst = Instance(iid, model, gpus, engine, ready_at, start, kv_blocks=spec.kv_blocks)
+        inst = Instance(iid, model, gpus, engine, ready_at, source, started_at=now, weights_at=weights_at,
+                        origin=origin, cap=spec.max_batch, kv_blocks=spec.kv_blocks)
         self.instances[model].append(inst)
+        self.ready_of[iid] = ready_at
         if own:
             for g in gpus:
                 self.gpus[g].instance = inst
+        if source in START_SOURCES:
+            self.start_index[iid] = len(self.start_log)
+            self.start_log.append(StartRecord(iid, model, source, origin, now, ready_at))
         heappush(self.heap, (ready_at, next(self.seq), READY, inst, 0))
         self.dirty = True
         return inst
@@ -121,22 +154,13 @@ class FleetSim:
             self.gpus[g].replicas.append(replica)
         self.dirty = True
 
-    def dedicate(self, model: str, gpus: tuple[int, ...], ready_at: float, start: str) -> Instance:
+    def dedicate(self, model: str, gpus: tuple[int, ...], now: float, ready_at: float, weights_at: float,
+                 source: str, origin: str = "") -> Instance:
         for r in {r for g in gpus for r in self.gpus[g].replicas}:
-            self.evict(r)  # the new instance takes these GPUs whole: other weights go
-        if start != "initial":
-            self.starts[start] += 1
-        return self._new_instance(model, gpus, ready_at, start)
+            self.evict(r)  # the new instance takes these GPUs whole: other weights go (its own become its weights)
+        return self._new_instance(model, gpus, now, ready_at, weights_at, source, origin=origin)
 
-    def ungrace(self, inst: Instance) -> None:
-        inst.grace = False
-        for r in [r for g in inst.gpus for r in self.gpus[g].replicas]:
-            self.evict(r)  # proactive prewarms give the KV back
-        inst.engine.total += inst.kv_lent_blocks
-        inst.kv_lent_blocks = 0
-        self.starts["ungrace"] += 1
-
-    def _begin_grace(self, inst: Instance, now: float) -> None:
+    def _stop(self, inst: Instance, now: float) -> None:
         inst.grace = True
         self.dirty = True
         if inst.outstanding == 0:
@@ -148,70 +172,83 @@ class FleetSim:
             self.gpus[g].instance = None
             for r in self.gpus[g].replicas:
                 r.proactive = False  # now on a universal worker
-        if self.system.cache_on_release:
+        if self.system.keep_weights:
             m = self.models[inst.model]
-            self.add_replica(Replica(inst.model, inst.gpus, self.profile.weights_per_gpu(m), now))
+            self.add_replica(Replica(inst.model, inst.gpus, self.profile.weights_per_gpu(m), inst.weights_at,
+                                     origin="kept"))
         self.dirty = True
         for model, q in self.queues.items():
             if q:
-                self._autoscale(model, now)
+                self._retry(model, now)
 
     # --- requests ------------------------------------------------------------------------
+    def _room(self, model: str) -> Instance | None:
+        best = None
+        for inst in self.instances[model]:
+            if not inst.grace and inst.outstanding < inst.cap and (best is None or inst.outstanding < best.outstanding):
+                best = inst
+        return best
+
     def _send(self, inst: Instance, req: SimRequest, now: float) -> None:
         inst.outstanding += 1
+        self.served_by[req.order] = inst.id
+        if inst.ready_at > now:
+            inst.pending.append(req)  # it waits for the instance to start
+            return
         end = inst.engine.enqueue(req, now)
         if end is not None:
             heappush(self.heap, (end, next(self.seq), STEP, inst, inst.engine.gen))
-        self._collect(inst)
+        self._collect(inst, now)
 
-    def _collect(self, inst: Instance) -> None:
+    def _collect(self, inst: Instance, now: float) -> None:
         fin = inst.engine.finished
         if fin:
-            inst.outstanding -= len(fin)
-            self.done += len(fin)
+            n = len(fin)
+            inst.outstanding -= n
+            self.done += n
             fin.clear()
+            self.in_system[inst.model] -= n
+            self.load[inst.model].record(now, self.in_system[inst.model])
 
     def _pump(self, model: str, now: float) -> None:
         q = self.queues[model]
-        if not q:
-            return
-        live = [i for i in self.instances[model] if not i.grace and i.ready_at <= now]
-        while q and live:
-            best = min(live, key=lambda i: i.outstanding)
-            if best.outstanding >= best.engine.spec.max_batch:
-                break
-            self._send(best, q.popleft(), now)
+        while q:
+            inst = self._room(model)
+            if inst is None:
+                return
+            self._send(inst, q.popleft(), now)
 
-    def _need(self, model: str) -> tuple[int, int]:
-        """(instances needed, non-draining instances)."""
-        live = [i for i in self.instances[model] if not i.grace]
-        demand = len(self.queues[model]) + sum(i.outstanding for i in live)
-        return math.ceil(demand / self.models[model].batch_size), len(live)
-
-    def _autoscale(self, model: str, now: float) -> None:
-        need, have = self._need(model)
-        while have < need and scale_up(self, model, now):
-            have += 1
+    def _retry(self, model: str, now: float) -> None:
+        """Queued requests and no instance with room: try a direct start (the public code retries each
+        waiting request's `schedule` every second; here at once when GPUs free up, and every period)."""
         self._pump(model, now)
+        if self.queues[model] and self.system.autoscale and self._room(model) is None:
+            if scale_up(self, model, now) is not None:
+                self._pump(model, now)
 
-    def _scale_down(self, model: str, now: float) -> None:
-        need, _ = self._need(model)
-        seen = self.need_seen[model]
-        for k in range(1, need + 1):
-            seen[k] = now
-        ready = [i for i in self.instances[model] if not i.grace and i.ready_at <= now]
-        n = len([i for i in self.instances[model] if not i.grace])
-        while ready and n > need and now - seen.get(n, 0.0) >= self.system.keep_alive_s:
-            inst = min(ready, key=lambda i: (i.outstanding, -i.id))
-            ready.remove(inst)
-            self._begin_grace(inst, now)
-            n -= 1
+    def _arrive(self, req: SimRequest, now: float) -> None:
+        model = req.model
+        self.in_system[model] += 1
+        self.load[model].record(now, self.in_system[model])
+        q = self.queues[model]
+        if q:
+            q.append(req)
+            self._retry(model, now)
+            return
+        inst = self._room(model)
+        if inst is None and self.system.autoscale:
+            inst = scale_up(self, model, now)  # direct start: nothing has room, nothing is starting
+        if inst is None:
+            q.append(req)
+        else:
+            self._send(inst, req, now)
 
     # --- the event loop ------------------------------------------------------------------
     def run(self) -> FleetResult:
         recs = self.trace.records
         n = len(recs)
         reqs: list[SimRequest] = []
+        self.served_by = [-1] * n
         self.done = 0
         heap = self.heap
         heappush(heap, (0.0, next(self.seq), TICK, None, 0))
@@ -219,7 +256,8 @@ class FleetSim:
         for w in range(windows):
             heappush(heap, (w * self.window_s, next(self.seq), WINDOW, None, w))
         i, inf = 0, float("inf")
-        while i < n or self.done < n:
+        horizon = self.trace.header.duration_s  # the autoscaler and the planner run until then at least
+        while i < n or self.done < n or (heap and heap[0][0] <= horizon):
             t_arr = recs[i].arrival_s if i < n else inf
             if i >= n and not heap:
                 break  # nothing left can happen: the rest never got an instance
@@ -231,11 +269,11 @@ class FleetSim:
                     if gen != eng.gen:
                         continue
                     eng.complete(t)
-                    self._collect(inst)
+                    self._collect(inst, t)
                     end = eng.plan(t)
                     if end is not None:
                         heappush(heap, (end, next(self.seq), STEP, inst, eng.gen))
-                    self._collect(inst)
+                    self._collect(inst, t)
                     if inst.grace:
                         self.dirty = True  # its KV surplus grew (Eq. 1 is re-checked per finished request)
                         if inst.outstanding == 0:
@@ -243,7 +281,7 @@ class FleetSim:
                     else:
                         self._pump(inst.model, t)
                 elif kind == READY:
-                    self._pump(obj.model, t)  # type: ignore[union-attr]
+                    self._ready(obj, t)  # type: ignore[arg-type]
                 elif kind == WINDOW:
                     self.window, self.dirty = gen, True
                 else:
@@ -256,18 +294,34 @@ class FleetSim:
                              max(1, min(rec.output_tokens, m.max_model_len - prompt)))
             reqs.append(req)
             i += 1
-            self.queues[rec.model].append(req)
-            self._pump(rec.model, t_arr)
-            if self.queues[rec.model] and self.system.autoscale:
-                self._autoscale(rec.model, t_arr)
+            self._arrive(req, t_arr)
         return self._result(reqs)
 
+    def _ready(self, inst: Instance, t: float) -> None:
+        if inst.pending:
+            pending, inst.pending = inst.pending, []
+            end = None
+            for req in pending:
+                e = inst.engine.enqueue(req, t)
+                end = e if e is not None else end
+            if end is not None:
+                heappush(self.heap, (end, next(self.seq), STEP, inst, inst.engine.gen))
+        self._pump(inst.model, t)
+
     def _tick(self, t: float, more: bool) -> None:
+        p = self.system.scaler
         if self.system.autoscale:
             for model in self.models:
-                if self.queues[model]:
-                    self._autoscale(model, t)
-                self._scale_down(model, t)
+                live = [i for i in self.instances[model] if not i.grace]
+                members = [Member(str(i.id), i.started_at, i.outstanding) for i in live]
+                d = decide(self.load[model].mean(t), members, 0, t, p)
+                for _ in range(d.start):
+                    if scale_up(self, model, t) is None:
+                        break
+                by_id = {str(i.id): i for i in live}
+                for iid in d.stop:
+                    self._stop(by_id[iid], t)
+                self._retry(model, t)
         if self.prewarmer is not None and self.dirty:
             self.dirty = False
             self.prewarmer.plan(t)
@@ -275,8 +329,9 @@ class FleetSim:
             tl = self.timeline[model]
             if not tl or tl[-1][1] != len(insts):
                 tl.append((t, len(insts)))
-        if more or any(self.queues.values()) or any(i.outstanding for v in self.instances.values() for i in v):
-            heappush(self.heap, (t + self.system.tick_s, next(self.seq), TICK, None, 0))
+        if more or t + p.period_s <= self.trace.header.duration_s or any(self.queues.values()) or \
+                any(i.outstanding for v in self.instances.values() for i in v):
+            heappush(self.heap, (t + p.period_s, next(self.seq), TICK, None, 0))
 
     def _result(self, reqs: list[SimRequest]) -> FleetResult:
         names = list(self.models)
@@ -285,6 +340,12 @@ class FleetSim:
         ttft = np.array([r.first_token - r.arrival if good else np.nan for r, good in zip(reqs, ok)])
         tpot = np.array([(r.finish - r.first_token) / (r.output - 1) if good and r.output > 1 else np.nan
                          for r, good in zip(reqs, ok)])
+        delayed = np.full(len(reqs), -1, dtype=np.int64)
+        for r in reqs:
+            iid = self.served_by[r.order]
+            k = self.start_index.get(iid)
+            if k is not None and r.arrival < self.ready_of[iid]:
+                delayed[r.order] = k  # it arrived before its instance could serve: it waited for that start
         return FleetResult(self.system.name, np.array([idx[r.model] for r in reqs], dtype=np.int64), names,
-                           ttft, tpot, dict(self.starts), self.prewarms, self.proactive, self.evicted,
+                           ttft, tpot, list(self.start_log), delayed, self.prewarms, self.proactive, self.evicted,
                            self.timeline)

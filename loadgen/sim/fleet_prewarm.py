@@ -3,9 +3,10 @@
 Each round (a new forecast window, or a GPU / grace-period change, at most once per tick):
 1. per model, a `ModelDemand` from the window's CSP forecast (concurrent requests: L_A, L_P),
    its non-draining instances (K), its batch size and T_c (the whole weights' load time);
-2. the replicas already there are re-scored with the model's current top ranks (Eqs. 7-8);
-   extras score 0 (first to go). The demand then counts them as instances, so Alg. 1 only
-   adds what is missing (a simplification: a new replica's rank restarts at 0);
+2. the replicas already there (placed, proactive, or left by a stopped instance) are re-scored with
+   the model's current top ranks (Eqs. 7-8); extras score 0 (first to go). The demand then counts
+   them as instances, so Alg. 1 only adds what is missing (a simplification: a new replica's rank
+   restarts at 0);
 3. `place` (Alg. 1) over the GPUs: idle / universal ones with their free memory, and, with
    proactive prewarming, grace-period ones with their KV surplus above Eq. 1's reservation
    target (`prewarm_room`) - the KV they lend shrinks the draining engine's block budget;
@@ -92,6 +93,7 @@ class Prewarmer:
             inst.engine.total = inst.kv_blocks - inst.kv_lent_blocks
         start = max(sim.gpus[g].link_free(now) for g in gpus)
         ready = start + sim.profile.load_s(sim.models[v.model], v.bytes_per_worker)
-        sim.add_replica(Replica(v.model, gpus, v.bytes_per_worker, ready, proactive=bool(graced), placed=v))
+        sim.add_replica(Replica(v.model, gpus, v.bytes_per_worker, ready, origin="proactive" if graced else "placed",
+                                proactive=bool(graced), placed=v))
         sim.prewarms += 1
         sim.proactive += bool(graced)

@@ -4,10 +4,15 @@ The profile file (loadgen/sim/profiles/fleet/*.toml) holds raw published quantit
 their sources; everything the simulator uses is derived here, so the arithmetic is tested:
 
     weights per GPU     = weights_bytes / tp
-    decode step         = weights per GPU / (hbm x eff) + 2 x layers x tp_allreduce_s  (tp > 1)
+    roofline step(tp)   = weights per GPU / (hbm x eff) + 2 x layers x tp_allreduce_s  (tp > 1)
+    decode step         = decode_step_s (measured at the model's own TP degree; another TP degree
+                          scales it by roofline step(tp) / roofline step(parallel))
                           + per sequence 2 x params / (tp x flops x mfu)
                           + per context token kv_bytes_per_token / tp / (hbm x eff)
-    prefill per token   = 2 x params / (tp x flops x mfu)
+    prefill of n tokens = decode step + n x (prefill_s - decode_step_s) / prefill_tokens, so a
+                          prompt of prefill_tokens takes the measured prefill_s (x parallel / tp)
+    (a model without measured times: roofline step(tp) and 2 x params / (tp x flops x mfu) per
+    prefill token)
     KV blocks           = (memory - reserved - weights per GPU) x tp / kv_bytes_per_token / block
     load (T_c)          = MovementCosts.load_s(weights per GPU): over the host link from host
                           memory, plus the disk link first where checkpoints are not in host
@@ -24,7 +29,7 @@ from pathlib import Path
 
 import msgspec
 
-from loadgen.sim.profile import LinkSpec, StepCost, WorkerSpec
+from loadgen.sim.profile import ENGINE_MODES, LinkSpec, StepCost, WorkerSpec
 from shared.policy.movement import MovementCosts, MovementSpec, movement_costs
 
 FLEET_DIR = Path(__file__).with_name("profiles") / "fleet"
@@ -48,6 +53,14 @@ class GpuSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         return self.hbm_bytes_per_s * self.bandwidth_efficiency
 
 
+class EngineSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The serving engine of every instance (loadgen/sim/engine_modes.py)."""
+
+    mode: str = "chunked"  # "chunked" or "vllm-0.6"
+    max_batched_tokens: int = 0  # per-step token budget (0: max(2048, max_model_len))
+    watermark: float = 0.0
+
+
 class StartupSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     hit_start_s: float  # a new instance on prewarmed weights: until it can run its first step
     engine_init_s: float  # creating the serving engine on demand (systems without an engine pool)
@@ -64,6 +77,9 @@ class FleetModel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     kv_bytes_per_token: int  # all layers, K and V, whole model
     max_model_len: int
     batch_size: int  # concurrent requests per instance (the autoscaler's B)
+    decode_step_s: float = 0.0  # measured decode iteration of one request at `parallel` GPUs (0: roofline)
+    prefill_s: float = 0.0  # measured prefill of `prefill_tokens` tokens
+    prefill_tokens: int = 1024
 
 
 class FleetProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -74,6 +90,7 @@ class FleetProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     gpu: GpuSpec
     startup: StartupSpec
     models: list[FleetModel]
+    engine: EngineSpec = EngineSpec()
     links: list[LinkSpec]  # each GPU's own links (a load runs per GPU, in parallel across an instance's GPUs)
     movement: MovementSpec  # which link carries loads (host_link; disk_link where checkpoints start on disk)
 
@@ -95,17 +112,33 @@ class FleetProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     def weights_per_gpu(self, m: FleetModel, tp: int | None = None) -> int:
         return -(-m.weights_bytes // (tp or m.parallel))
 
+    def _roofline_s(self, m: FleetModel, tp: int) -> float:
+        comm = 2 * m.layers * self.startup.tp_allreduce_s if tp > 1 else 0.0
+        return self.weights_per_gpu(m, tp) / self.gpu.effective_bw + comm
+
     def step_cost(self, m: FleetModel, tp: int | None = None, share: float = 1.0) -> StepCost:
         tp = tp or m.parallel
         if not 0 < share <= 1:
             raise ValueError(f"{m.name}: compute share must be in (0, 1], got {share}")
         bw, flops = self.gpu.effective_bw, self.gpu.fp16_flops * self.gpu.mfu
-        comm = 2 * m.layers * self.startup.tp_allreduce_s if tp > 1 else 0.0
         per_token_flops_s = 2 * m.params / (tp * flops)
-        return StepCost(overhead_s=(self.weights_per_gpu(m, tp) / bw + comm) / share,
-                        decode_per_seq_s=per_token_flops_s / share,
+        if m.decode_step_s > 0:  # measured at its own TP degree
+            overhead = m.decode_step_s * self._roofline_s(m, tp) / self._roofline_s(m, m.parallel)
+            prefill = (m.prefill_s - m.decode_step_s) / m.prefill_tokens * m.parallel / tp
+        else:
+            overhead, prefill = self._roofline_s(m, tp), per_token_flops_s
+        return StepCost(overhead_s=overhead / share, decode_per_seq_s=per_token_flops_s / share,
                         decode_per_ctx_token_s=m.kv_bytes_per_token / tp / bw / share,
-                        prefill_per_token_s=per_token_flops_s / share, prefill_attn_s=0.0)
+                        prefill_per_token_s=prefill / share, prefill_attn_s=0.0)
+
+    def request_s(self, m: FleetModel, prompt: int, output: int) -> float:
+        """A request's time on an instance as the public code's trace generator charges it to find a
+        model's concurrent load (trace_generator.py: prefill_time + GeneratedTokens x decode_time);
+        a model without measured times: its prefill step, then `output` decode steps alone."""
+        if m.decode_step_s > 0:
+            return m.prefill_s + output * m.decode_step_s
+        cost = self.step_cost(m)
+        return cost.step_s(0, 0, prompt) + output * cost.step_s(1, prompt)
 
     def kv_blocks(self, m: FleetModel, tp: int | None = None) -> int:
         """KV blocks of an instance owning its `tp` GPUs whole."""
@@ -117,10 +150,12 @@ class FleetProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         return free // (m.kv_bytes_per_token * BLOCK_TOKENS)
 
     def worker_spec(self, m: FleetModel, kv_blocks: int | None = None, max_batch: int | None = None) -> WorkerSpec:
+        e = self.engine
         return WorkerSpec(kv_blocks=kv_blocks if kv_blocks is not None else self.kv_blocks(m),
                           block_size=BLOCK_TOKENS, kv_bytes_per_token=m.kv_bytes_per_token,
                           weights_bytes=m.weights_bytes, max_batch=max_batch or m.batch_size,
-                          max_batched_tokens=max(2048, m.max_model_len), max_model_len=m.max_model_len)
+                          max_batched_tokens=e.max_batched_tokens or max(2048, m.max_model_len),
+                          max_model_len=m.max_model_len, engine_mode=e.mode, watermark=e.watermark)
 
     def load_s(self, m: FleetModel, nbytes: int | None = None, *, in_host_memory: bool | None = None) -> float:
         """Loading `nbytes` per GPU (default: a whole replica's share, T_c), each GPU in parallel, from
@@ -154,11 +189,17 @@ def load_fleet_profile(source: str | Path) -> FleetProfile:
         costs = profile.movement_costs()
     except ValueError as exc:
         raise ValueError(f"fleet profile {path}: {exc}") from None
+    if profile.engine.mode not in ENGINE_MODES or not 0 <= profile.engine.watermark < 1:
+        raise ValueError(f"fleet profile {path}: engine.mode must be one of {', '.join(ENGINE_MODES)} and "
+                         f"0 <= engine.watermark < 1")
     if not profile.startup.checkpoints_in_host_memory and costs.disk is None:
         raise ValueError(f"fleet profile {path}: checkpoints_in_host_memory is false but movement.disk_link is empty")
     for m in profile.models:
         if m.parallel > profile.gpus_per_server or m.batch_size < 1:
             raise ValueError(f"fleet profile {path}: model {m.name!r} needs 1 <= parallel <= gpus_per_server "
                              f"and batch_size >= 1")
+        if m.decode_step_s < 0 or (m.decode_step_s > 0 and (m.prefill_s < m.decode_step_s or m.prefill_tokens < 1)):
+            raise ValueError(f"fleet profile {path}: model {m.name!r} needs prefill_s >= decode_step_s > 0 "
+                             f"and prefill_tokens >= 1 (or no measured times)")
         profile.kv_blocks(m)  # raises when the weights do not fit
     return profile

@@ -357,7 +357,10 @@ class DispatchCore:
 
     def _expire_queued(self, now: float) -> list[Effect]:
         effects: list[Effect] = []
-        for model in self.queues.models():
+        queued = set(self.queues.models())
+        for model in [m for m in self.no_instance_since if m not in queued]:
+            del self.no_instance_since[model]  # its queue emptied: the next cold spell is timed afresh
+        for model in queued:
             if self.table.views(model, now):
                 self.no_instance_since.pop(model, None)
             else:

@@ -13,7 +13,9 @@ dispatcher's `mell` routing.
 Capacity requests (`tidal.v1.planner.capacity`, queue group `planner`): a dispatcher holds requests
 for a model with no live instance; the leader decides a ScaleUp through the core
 (shared/planner/scale_up.py: prefer a worker holding the model warm), applies it (LoadModel) and
-answers `planned` with its plan id at once; a standby, a disabled planner or no room answers `none`.
+answers `planned` with its plan id at once — or with the plan id of a start of the model already in
+flight (either path, until its instance is in the stats); a standby, a disabled planner or no room
+answers `none`.
 """
 from __future__ import annotations
 
@@ -125,10 +127,13 @@ class Planner(Actor):
         """A dispatcher has requests for `msg.model` and no instance to send them to: scale it up."""
         if not self.config.planner.enabled or self.lease is None or not self.lease.leader:
             return CapacityReply(model=msg.model, outcome="none", retry_after_s=float(self.config.planner.interval))
-        pending = self.scale_up.pending.get(msg.model)
+        view = self.view(time.time())
+        self.scale_up.tracker.refresh(view)
+        # a start of the model already in flight (this path's, or the autoscaler's, or applied and not yet in
+        # the stats): that is the plan; one decision, one LoadModel
+        pending = self.scale_up.pending.get(msg.model) or self.scale_up.tracker.plan_of(msg.model)
         if pending is not None:
             return CapacityReply(model=msg.model, outcome="planned", plan_id=pending)
-        view = self.view(time.time())
         decision = self.scale_up.for_capacity(view, msg.model)
         effects = self.core.submit(self.scale_up, [decision], view) if decision is not None else []
         if not effects:
@@ -137,7 +142,7 @@ class Planner(Actor):
                         queued=msg.queued_requests, known=msg.model in view.models)
             return CapacityReply(model=msg.model, outcome="none", retry_after_s=float(self.config.planner.interval))
         (effect,) = effects
-        self.scale_up.started(msg.model, effect.plan_id)
+        self.scale_up.started(effect)
         self.core.dispatched(effect.plan_id)
         kind = self.kinds[effect.plan_id] = effect_kind(effect)
         metrics.EFFECTS.labels(kind, "decided").inc()
@@ -225,6 +230,7 @@ class Planner(Actor):
     async def _launch(self, effects: list[Effect], ready: list[Effect]) -> None:
         """Publish new effects as decided, then apply those dispatched, each in a task of its own."""
         for effect in effects:
+            self.scale_up.tracker.named(effect)  # a start's plan id (capacity requests are answered with it)
             kind = self.kinds[effect.plan_id] = effect_kind(effect)
             metrics.EFFECTS.labels(kind, "decided").inc()
             log.info("effect decided", plan_id=effect.plan_id, kind=kind, trigger=effect.trigger, reason=effect.reason)

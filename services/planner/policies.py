@@ -10,8 +10,9 @@ earlier ones as busy, so the order is the order in which memory is bought, cheap
    costs pipeline overhead until restored;
 3. MELL (`[policies] migration`): migrate requests to a peer with room — costs link time or a
    re-prefill per request;
-4. scale out (ScaleUpPolicy, on capacity requests; WarmServe with `[planner] autoscale`, from the
-   forecasts, onto prewarmed workers) — costs a startup, least when warm. WarmServe goes last: its
+4. scale out (ScaleUpPolicy, on capacity requests; WarmServe with `[planner] autoscale`: the public
+   code's autoscaler on each model's load, onto prewarmed workers, and prewarms from the forecasts) —
+   costs a startup, least when warm. WarmServe goes last: its
    prewarms take only memory no instance uses (idle, universal and grace-period workers, the last
    capped at Eq. 1's target), which the pool gives back first (rung 1), so they never compete with
    the rungs above; and the others' effects on an instance are busy to it.
@@ -42,11 +43,11 @@ def build_policies(config: ClusterConfig, *, group_prefix: str, scale_up: ScaleU
     policies.append(MellPolicy(migration=pol.migration, kv_high_watermark=p.kv_high_watermark,
                                max_migrations_per_op=p.max_migrations_per_op))
     if p.autoscale:
+        # the public code's autoscaler (shared/policy/autoscaler.py: 0.8 / 0.5 of B per instance over a 5 s
+        # window, 5 s protect period), the rule the fleet simulator runs; B = max_batch_size
         policies.append(WarmServePolicy(WarmServeSettings(
             prewarm=pol.prewarm, batch_size=pol.max_batch_size, mean_request_s=float(p.request_time),
-            scale_down_after_s=float(p.scale_down_after), min_instance_age_s=max(float(p.scale_down_after) / 2, 1.0),
-            min_instances=0 if config.dispatcher.scale_from_zero else 1,
-            scale_out_after_s=float(p.scale_out_after)), capacity=scale_up))
+            min_instances=0 if config.dispatcher.scale_from_zero else 1), capacity=scale_up))
     return policies
 
 

@@ -9,12 +9,19 @@ A `CapacityRequest` (the dispatcher holds requests for a model no live instance 
   other models are given up for a serving instance) + KV reserved but unused; a worker whose room
   cannot hold the model's weights (less what is warm there) is no candidate.
 One scale-up per model is in flight at a time: a second request meanwhile gets the first plan's id.
+
+`StartTracker` holds every start decided (this path's and WarmServe's autoscaler's) until the view
+shows its instance: a LoadModel is answered when the instance serves, but the worker's stats that list
+it may come a moment later, and meanwhile neither path may count the model short of that instance or
+send the same worker a second LoadModel for the model (one decision, one LoadModel).
 """
 from __future__ import annotations
 
 import re
 
-from shared.events.plan import PlanOutcome, ScaleUp
+from dataclasses import dataclass
+
+from shared.events.plan import PlanApplied, PlanOutcome, ScaleUp
 from shared.planner.effects import Decision, Effect, action_of
 from shared.planner.policy import Busy
 from shared.planner.view import ClusterView, WorkerView
@@ -31,6 +38,65 @@ def scale_up_instance_id(worker_id: str, model: str, generation: int | None = No
     return base[:64] if generation is None else f"{base[:52]}-{generation}"[:64]
 
 
+@dataclass
+class _Start:
+    model: str
+    worker_id: str
+    plan_id: str
+    decided_at: float
+    applied_at: float | None = None
+
+
+class StartTracker:
+    """Starts decided and not yet visible as an instance in the view (pure: time is the view's)."""
+
+    def __init__(self, seen_timeout_s: float = 30.0) -> None:
+        self.seen_timeout_s = seen_timeout_s  # an applied start whose instance never shows up is dropped then
+        self._starts: dict[str, _Start] = {}  # instance id -> its start
+
+    def add(self, action: ScaleUp, plan_id: str, now: float) -> None:
+        self._starts[action.instance_id] = _Start(action.model, action.worker_id, plan_id, now)
+
+    def named(self, effect: Effect) -> None:
+        """The core gave a decided start its effect id (the plan a capacity request is answered with)."""
+        action = action_of(effect)
+        start = self._starts.get(action.instance_id) if isinstance(action, ScaleUp) else None
+        if start is not None:
+            start.plan_id = effect.plan_id
+
+    def ended(self, action: ScaleUp, outcome: PlanOutcome) -> None:
+        """Its effect ended: applied (kept until the view shows the instance), else forgotten."""
+        start = self._starts.get(action.instance_id)
+        if start is None:
+            return
+        if isinstance(outcome, PlanApplied):
+            start.applied_at = outcome.ts
+        else:
+            del self._starts[action.instance_id]
+
+    def refresh(self, view: ClusterView) -> None:
+        """Forget the starts whose instance the view shows, and applied ones it never showed in time."""
+        shown = {i.instance_id for w in view.workers.values() for i in w.instances}
+        for iid, start in list(self._starts.items()):
+            worker = view.workers.get(start.worker_id)
+            there = worker is not None and start.applied_at is not None and worker.stats_ts >= start.applied_at \
+                and any(i.model == start.model for i in worker.instances)
+            late = start.applied_at is not None and view.now - start.applied_at > self.seen_timeout_s
+            if iid in shown or there or late or view.now - start.decided_at > SCALE_UP_TTL_S + self.seen_timeout_s:
+                del self._starts[iid]
+
+    def count(self, model: str) -> int:
+        return sum(1 for s in self._starts.values() if s.model == model)
+
+    def workers(self, model: str) -> set[str]:
+        return {s.worker_id for s in self._starts.values() if s.model == model}
+
+    def plan_of(self, model: str) -> str | None:
+        """The plan id of a start of `model` in flight (the oldest), if any."""
+        starts = [s for s in self._starts.values() if s.model == model and s.plan_id]
+        return min(starts, key=lambda s: s.decided_at).plan_id if starts else None
+
+
 def room_bytes(worker: WorkerView) -> int:
     """Bytes a new instance could get there: free, prewarmed (any model), KV reserved but unused."""
     b = worker.pool_bytes
@@ -40,8 +106,9 @@ def room_bytes(worker: WorkerView) -> int:
 class ScaleUpPolicy:
     name = "scale_up"
 
-    def __init__(self) -> None:
+    def __init__(self, tracker: StartTracker | None = None) -> None:
         self.pending: dict[str, str] = {}  # model -> plan id of its scale-up in flight
+        self.tracker = tracker or StartTracker()  # every start in flight, both paths
 
     def decide(self, view: ClusterView, busy: Busy) -> list[Decision]:
         return []  # decides only on a capacity request (`for_capacity`), never on the interval
@@ -52,10 +119,12 @@ class ScaleUpPolicy:
         if record is None:
             return None
         need = record.weight_bytes
+        self.tracker.refresh(view)
+        starting = self.tracker.workers(model)
         best: tuple[tuple[int, int, str], WorkerView] | None = None
         for worker in view.usable_workers():
-            if any(i.model == model for i in worker.instances):
-                continue  # it serves the model already (or is evicting it: it would refuse busy)
+            if any(i.model == model for i in worker.instances) or worker.worker_id in starting:
+                continue  # it serves the model already (or is evicting or starting it: it would refuse busy)
             warm = worker.prewarmed.get(model, 0)
             room = room_bytes(worker)
             if room + warm < need:
@@ -73,13 +142,18 @@ class ScaleUpPolicy:
                                        instance_id=scale_up_instance_id(worker.worker_id, model, int(view.now))),
                         trigger="capacity_request", reason=why, ttl_s=SCALE_UP_TTL_S)
 
-    def started(self, model: str, plan_id: str) -> None:
-        self.pending[model] = plan_id
+    def started(self, effect: Effect) -> None:
+        action = action_of(effect)
+        assert isinstance(action, ScaleUp)
+        self.pending[action.model] = effect.plan_id
+        self.tracker.add(action, effect.plan_id, effect.ts)
 
     def on_outcome(self, effect: Effect, outcome: PlanOutcome) -> None:
         action = action_of(effect)
-        if isinstance(action, ScaleUp) and self.pending.get(action.model) == effect.plan_id:
-            del self.pending[action.model]
+        if isinstance(action, ScaleUp):
+            self.tracker.ended(action, outcome)
+            if self.pending.get(action.model) == effect.plan_id:
+                del self.pending[action.model]
 
 
-__all__ = ["SCALE_UP_TTL_S", "ScaleUpPolicy", "room_bytes", "scale_up_instance_id"]
+__all__ = ["SCALE_UP_TTL_S", "ScaleUpPolicy", "StartTracker", "room_bytes", "scale_up_instance_id"]

@@ -65,3 +65,26 @@ def test_without_scale_from_zero_a_cold_model_is_refused_at_once() -> None:
     two_workers(c, now=1.0)
     reply, effects = c.submit(submit("a", model="q"), 1.0)
     assert isinstance(reply, SubmitRejected) and reply.reason == "no_capacity" and effects == []
+
+
+def test_a_later_cold_spell_is_timed_afresh_not_from_an_earlier_one() -> None:
+    """A model scaled to zero, started, drained and scaled to zero again: its new queued request gets the whole
+    grace, not what was left of the first spell's (the autoscaler scales idle models to zero within seconds)."""
+    from services.dispatcher.core import NO_INSTANCE_GRACE_S
+
+    c = cold_core()
+    two_workers(c, now=1.0)
+    c.submit(submit("a", model="q"), 1.0)
+    c.tick(1.5)  # q is queued with no instance: its cold spell starts
+    c.heartbeat(heartbeat("w2"), 3.0)
+    assert sends(c.worker_stats(stats("w2", instance("i-q", model="q")), 3.0))  # served: the spell is over
+    c.tick(3.5)
+    c.heartbeat(heartbeat("w2"), 5.0)
+    c.worker_stats(stats("w2"), 5.0)  # q's instance is gone again
+    later = 1.5 + NO_INSTANCE_GRACE_S + 1.0
+    c.heartbeat(heartbeat("w0"), later)
+    c.heartbeat(heartbeat("w1"), later)
+    reply, _ = c.submit(submit("b", model="q"), later)
+    assert isinstance(reply, SubmitAccepted)
+    failed = [e for e in c.tick(later + 0.1) if type(e).__name__ == "PublishStreamError"]
+    assert failed == []

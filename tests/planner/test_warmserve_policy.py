@@ -1,6 +1,7 @@
-"""WarmServe as a planner policy (shared/planner/warmserve_policy.py), on constructed views: forecasts ->
-scale-up onto the prewarmed worker, scale-down to the grace period with hysteresis, Alg. 1 prewarms,
-proactive prewarming capped at Eq. 1's target, `prewarm = false`, the lifecycle labels."""
+"""WarmServe as a planner policy (shared/planner/warmserve_policy.py), on constructed views: the public code's
+autoscaler (load over its window -> scale-up onto the prewarmed worker; idle -> scale-down after the protect
+period), one LoadModel per decision, Alg. 1 prewarms from the forecasts, proactive prewarming capped at Eq. 1's
+target, `prewarm = false`, the lifecycle labels."""
 from __future__ import annotations
 
 from types import MappingProxyType
@@ -8,11 +9,12 @@ from types import MappingProxyType
 import pytest
 
 from shared.events.ctl import EvictModel, Prewarm
-from shared.events.plan import PlacePrewarm, ReleasePrewarm, ScaleDown, ScaleUp
+from shared.events.plan import PlacePrewarm, PlanApplied, ReleasePrewarm, ScaleDown, ScaleUp
 from shared.events.predict import Forecast
 from shared.events.registry import ModelRecord
 from shared.planner import PlannerCore, ctl_commands
 from shared.planner.policy import Busy
+from shared.planner.scale_up import ScaleUpPolicy
 from shared.planner.view import ClusterView, InstanceView, WorkerView
 from shared.planner.warmserve_policy import WarmServePolicy, WarmServeSettings
 from shared.planner.warmserve_view import lifecycle_label, lifecycle_of
@@ -21,7 +23,7 @@ from shared.policy.warmserve import reservation_target
 A = ModelRecord(name="a", path="/m/a", num_layers=4, max_context=128, weight_bytes=1000, layer_bytes=200)
 B = ModelRecord(name="b", path="/m/b", num_layers=4, max_context=128, weight_bytes=2000, layer_bytes=400)
 CAP = 10_000  # every worker's pool
-SETTINGS = WarmServeSettings(batch_size=4, mean_request_s=1.0, scale_down_after_s=5.0, min_instance_age_s=0.0)
+SETTINGS = WarmServeSettings(batch_size=4, mean_request_s=1.0)  # the autoscaler: B 4, 0.8 / 0.5, 5 s window and protect
 
 
 def inst(worker: str, model: str, *, running: int = 0, waiting: int = 0, accepting: bool = True,
@@ -46,48 +48,66 @@ def fc(model: str, avg: float, peak: float, now: float = 100.0) -> Forecast:
                     peak_rps=peak)
 
 
-def view(now: float, *workers: WorkerView, forecasts: tuple[Forecast, ...] = ()) -> ClusterView:
+def view(now: float, *workers: WorkerView, forecasts: tuple[Forecast, ...] = (), queued: int = 0) -> ClusterView:
     return ClusterView(now=now, workers={w.worker_id: w for w in workers}, models={"a": A, "b": B},
-                       forecasts={f.model: f for f in forecasts})
+                       forecasts={f.model: f for f in forecasts}, queued={"a": queued} if queued else {})
 
 
 def actions(decisions: list, kind: type) -> list:
     return [d.action for d in decisions if isinstance(d.action, kind)]
 
 
-def test_forecast_rise_scales_up_onto_the_worker_holding_the_model_warm() -> None:
+def test_load_above_80_percent_over_the_window_scales_up_onto_the_worker_holding_it_warm() -> None:
     policy = WarmServePolicy(SETTINGS)
-    cluster = view(100.0, wv("w0", inst("w0", "b", running=1)), wv("w1"), wv("w2", warm={"a": 1000}),
-                   forecasts=(fc("a", avg=6.0, peak=6.0), fc("b", avg=1.0, peak=1.0)))
-    decisions = policy.decide(cluster, Busy(()))
+    workers = (wv("w0", inst("w0", "a", running=4, waiting=2)), wv("w1"), wv("w2", warm={"a": 1000}))
+    for t in (100.0, 101.0, 102.0):  # 6 requests from t = 100: the 5 s average passes 0.8 x 4 = 3.2 at 102.7
+        assert actions(policy.decide(view(t, *workers), Busy(())), ScaleUp) == [], t
+    decisions = policy.decide(view(103.0, *workers), Busy(()))
     ups = actions(decisions, ScaleUp)
-    # L_A = 6 rps x 1 s = 6 concurrent, B = 4: two instances of a; the warm worker first, then the idle one
-    assert [(u.model, u.worker_id) for u in ups] == [("a", "w2"), ("a", "w1")]
-    assert all(d.trigger == "forecast" for d in decisions if isinstance(d.action, ScaleUp))
-    assert policy.counts["scale_up_warm"] == 1 and policy.counts["scale_up_cold"] == 1
-    # in flight: the next interval decides no more (nor do the workers it gives instances get prewarms)
-    again = policy.decide(cluster, Busy(()))
-    assert actions(again, ScaleUp) == [] and not any(p.worker_id in ("w1", "w2") for p in actions(decisions, PlacePrewarm))
+    # load 3.6 -> ceil(3.6 / 0.8 / 4) = 2 instances, 1 serves: one more, on the worker holding a warm
+    assert [(u.model, u.worker_id) for u in ups] == [("a", "w2")]
+    assert policy.counts["scale_up_warm"] == 1
+    assert "load 3.6" in next(d.reason for d in decisions if isinstance(d.action, ScaleUp))
+    # in flight: the next interval decides no more, even at a higher load (it counts as capacity)
+    assert actions(policy.decide(view(104.0, *workers), Busy(())), ScaleUp) == []
 
 
-def test_forecast_fall_scales_down_after_the_hysteresis_to_the_grace_period() -> None:
+def test_one_decision_one_load_model_until_the_stats_list_the_instance() -> None:
+    capacity = ScaleUpPolicy()
+    policy = WarmServePolicy(SETTINGS, capacity=capacity)
+    core = PlannerCore([policy])
+    full = (wv("w0", inst("w0", "a", running=4, waiting=8)), wv("w1"))
+    for t in (100.0, 101.0):
+        core.step(view(t, *full))
+    (effect,) = [e for e in core.step(view(102.0, *full)) if isinstance(e.actions[0], ScaleUp)]
+    capacity.tracker.named(effect)
+    up = effect.actions[0]
+    assert up.worker_id == "w1"
+    assert capacity.tracker.plan_of("a") == effect.plan_id  # a capacity request meanwhile gets this plan
+    # the LoadModel is answered (applied) before w1's stats list the instance: w1 is not picked again, and the
+    # start still counts (load 12 needs ceil(12 / 3.2) = 4 instances: 2 more, on workers that have room)
+    core.on_outcome(PlanApplied(plan_id=effect.plan_id, ts=103.0, duration_s=1.0, commands=1))
+    later = [e.actions[0] for e in core.step(view(103.5, *full)) if isinstance(e.actions[0], ScaleUp)]
+    assert all(a.worker_id != "w1" for a in later)
+    # the stats list it: it is an instance now, not a start
+    shown = (full[0], WorkerView(worker_id="w1", stats_ts=104.0, pool_capacity_bytes=CAP, instances=(
+        InstanceView(instance_id=up.instance_id, model="a", worker_id="w1"),)))
+    core.step(view(104.0, *shown))
+    assert capacity.tracker.count("a") == 0
+
+
+def test_an_idle_instance_stops_after_the_protect_period_never_a_busy_one() -> None:
     policy = WarmServePolicy(SETTINGS)
-    workers = (wv("w0", inst("w0", "a", running=0)), wv("w1", inst("w1", "a", running=1)))
-    low = (fc("a", avg=0.5, peak=1.0, now=100.0),)  # keep max(ceil(1/4), observed 1/4) = 1 of 2
-    assert actions(policy.decide(view(100.0, *workers, forecasts=low), Busy(())), ScaleDown) == []
-    assert actions(policy.decide(view(103.0, *workers, forecasts=low), Busy(())), ScaleDown) == []
-    decisions = policy.decide(view(105.5, *workers, forecasts=low), Busy(()))
+    workers = (wv("w0", inst("w0", "a")), wv("w1", inst("w1", "a", running=1)))
+    # load 1 (w1's request) < 0.5 x 8: keep ceil(1 / 0.5 / 4) = 1; w0 is idle but only seen since 100
+    assert actions(policy.decide(view(100.0, *workers), Busy(())), ScaleDown) == []
+    assert actions(policy.decide(view(104.0, *workers), Busy(())), ScaleDown) == []
+    decisions = policy.decide(view(105.5, *workers), Busy(()))
     downs = actions(decisions, ScaleDown)
     assert [(d.worker_id, d.instance_id) for d in downs] == [("w0", "w0-a")]  # the idle one
     worker, cmd = _command(policy, decisions, ScaleDown)
     assert worker == "w0" and isinstance(cmd, EvictModel) and cmd.drain and cmd.instance_id == "w0-a"
     assert cmd.model == "a"
-    # the load came back before the hysteresis ran out: nothing stops
-    fresh = WarmServePolicy(SETTINGS)
-    fresh.decide(view(100.0, *workers, forecasts=low), Busy(()))
-    high = (fc("a", avg=6.0, peak=8.0, now=104.0),)
-    assert actions(fresh.decide(view(104.0, *workers, forecasts=high), Busy(())), ScaleDown) == []
-    assert actions(fresh.decide(view(106.0, *workers, forecasts=low), Busy(())), ScaleDown) == []
 
 
 def _command(policy: WarmServePolicy, decisions: list, kind: type):
@@ -98,14 +118,12 @@ def _command(policy: WarmServePolicy, decisions: list, kind: type):
     return worker, cmd
 
 
-def test_a_zero_forecast_scales_to_zero_only_when_the_dispatcher_can_scale_from_zero() -> None:
+def test_an_idle_model_scales_to_zero_only_when_the_dispatcher_can_scale_from_zero() -> None:
     workers = (wv("w0", inst("w0", "a")),)
-    zero = (fc("a", avg=0.0, peak=0.0),)
     for floor, expect in ((0, ["w0-a"]), (1, [])):
-        policy = WarmServePolicy(WarmServeSettings(batch_size=4, scale_down_after_s=0.0, min_instance_age_s=0.0,
-                                                   min_instances=floor))
-        assert [d.instance_id for d in actions(policy.decide(view(100.0, *workers, forecasts=zero), Busy(())),
-                                               ScaleDown)] == expect
+        policy = WarmServePolicy(WarmServeSettings(batch_size=4, min_instances=floor))
+        policy.decide(view(100.0, *workers), Busy(()))
+        assert [d.instance_id for d in actions(policy.decide(view(106.0, *workers), Busy(())), ScaleDown)] == expect
 
 
 def test_prewarms_follow_alg1_on_idle_and_universal_workers_only() -> None:
@@ -138,10 +156,12 @@ def test_a_higher_scored_replica_evicts_a_lower_one_when_memory_is_short() -> No
 
 def test_prewarm_false_decides_no_prewarm_but_still_scales() -> None:
     off = WarmServePolicy(WarmServeSettings(prewarm=False, batch_size=4, mean_request_s=1.0))
-    decisions = off.decide(view(100.0, wv("w0"), wv("w1"), forecasts=(fc("a", 2.0, 30.0), fc("b", 0.0, 30.0))),
-                           Busy(()))
+    workers = (wv("w0"), wv("w1"))
+    forecasts = (fc("a", 2.0, 30.0), fc("b", 0.0, 30.0))
+    off.decide(view(100.0, *workers, forecasts=forecasts, queued=10), Busy(()))
+    decisions = off.decide(view(101.0, *workers, forecasts=forecasts, queued=10), Busy(()))
     assert actions(decisions, PlacePrewarm) == [] and actions(decisions, ReleasePrewarm) == []
-    assert [u.model for u in actions(decisions, ScaleUp)] == ["a"]
+    assert [u.model for u in actions(decisions, ScaleUp)] == ["a"]  # 10 queued, no instance: any load starts one
 
 
 def test_proactive_prewarm_on_a_grace_worker_caps_its_kv_at_the_eq1_target() -> None:
@@ -175,39 +195,14 @@ def test_bad_settings_are_refused_naming_them() -> None:
         WarmServeSettings(prewarm_fraction=0.0)
 
 
-def queued_view(now: float, *workers: WorkerView, queued: int, forecasts: tuple[Forecast, ...]) -> ClusterView:
-    return ClusterView(now=now, workers={w.worker_id: w for w in workers}, models={"a": A, "b": B},
-                       forecasts={f.model: f for f in forecasts}, queued={"a": queued} if queued else {})
-
-
-def test_a_sustained_dispatcher_queue_scales_out_within_its_window() -> None:
-    """The instance is full (B = 4 running) and the forecast lags (L_A = 0.5): only the dispatchers'
-    queue says more is needed. A blip shorter than `scale_out_after_s` adds nothing."""
-    policy = WarmServePolicy(WarmServeSettings(batch_size=4, mean_request_s=1.0, scale_out_after_s=3.0))
-    workers = (wv("w0", inst("w0", "a", running=4)), wv("w1"))
-    low = (fc("a", avg=0.5, peak=0.5),)
-    assert actions(policy.decide(queued_view(100.0, *workers, queued=256, forecasts=low), Busy(())), ScaleUp) == []
-    assert actions(policy.decide(queued_view(101.0, *workers, queued=0, forecasts=low), Busy(())), ScaleUp) == []
-    for t in (102.0, 104.0):  # queued again from 102: not yet sustained at 104
-        assert actions(policy.decide(queued_view(t, *workers, queued=256, forecasts=low), Busy(())), ScaleUp) == []
-    ups = actions(policy.decide(queued_view(105.0, *workers, queued=256, forecasts=low), Busy(())), ScaleUp)
-    assert [(u.model, u.worker_id) for u in ups] == [("a", "w1")]
-
-
 def test_never_scales_down_while_requests_run_or_wait() -> None:
     policy = WarmServePolicy(SETTINGS)
     busy_both = (wv("w0", inst("w0", "a", running=1)), wv("w1", inst("w1", "a", waiting=2)))
-    for t in range(100, 140):  # both carry requests all along: neither is stopped, however low the forecast
-        now = (fc("a", avg=0.0, peak=0.0, now=float(t)),)
-        assert actions(policy.decide(view(float(t), *busy_both, forecasts=now), Busy(())), ScaleDown) == []
+    for t in range(100, 140):  # both carry requests all along: neither is stopped, however low the load
+        assert actions(policy.decide(view(float(t), *busy_both), Busy(())), ScaleDown) == []
     one_idle = (wv("w0", inst("w0", "a")), wv("w1", inst("w1", "a", running=1)))
     queued = WarmServePolicy(SETTINGS)
     for t in range(100, 140):  # the dispatchers hold requests of the model: no instance of it stops
-        now = (fc("a", avg=0.0, peak=0.0, now=float(t)),)
-        decided = queued.decide(queued_view(float(t), *one_idle, queued=3, forecasts=now), Busy(()))
-        assert actions(decided, ScaleDown) == []
-    downs = []
-    for t in (140.0, 146.0):  # (a forecast of the moment: an old one is ignored)
-        now = (fc("a", avg=0.0, peak=0.0, now=t),)
-        downs += actions(queued.decide(queued_view(t, *one_idle, queued=0, forecasts=now), Busy(())), ScaleDown)
+        assert actions(queued.decide(view(float(t), *one_idle, queued=1), Busy(())), ScaleDown) == []
+    downs = actions(queued.decide(view(140.0, *one_idle), Busy(())), ScaleDown)
     assert [d.instance_id for d in downs] == ["w0-a"]  # once the queue is gone: the idle one only

@@ -22,14 +22,31 @@ def test_the_testbed_and_table_1(profile) -> None:
     assert 6 * profile.model("llama2-7b-0").weights_bytes <= profile.gpu.memory_bytes  # "six whole 7B models"
 
 
-def test_decode_step_is_the_bandwidth_roofline(profile) -> None:
-    m7, m70 = profile.model("llama2-7b-0"), profile.model("llama2-70b")
-    bw = 3.35e12 * 0.77
-    assert profile.step_cost(m7).overhead_s == pytest.approx(13_476_831_232 / bw)
+def test_step_times_are_the_public_codes_measurements(profile) -> None:
+    m7, m13, m70 = profile.model("llama2-7b-0"), profile.model("llama2-13b"), profile.model("llama2-70b")
+    # trace-generator/common.py time_dict: (prefill, decode) ms = (35, 15), (70, 20), (100, 30)
+    for m, decode, prefill in ((m7, 0.015, 0.035), (m13, 0.020, 0.070), (m70, 0.030, 0.100)):
+        cost = profile.step_cost(m)
+        assert cost.overhead_s == pytest.approx(decode)
+        assert cost.step_s(0, 0, 1024) == pytest.approx(prefill)  # a 1,024-token prompt takes the measured prefill
+        assert cost.step_s(1, 500) == pytest.approx(decode, rel=0.02)  # one request decoding: the measured step
+    bw = 3.35e12 * 0.77  # a batch adds its KV reads and per-token compute (roofline)
     assert profile.step_cost(m7).decode_per_ctx_token_s == pytest.approx(524_288 / bw)
-    # 70B over 4 GPUs: a quarter of the weights per GPU, plus 2 all-reduces per layer
-    assert profile.step_cost(m70).overhead_s == pytest.approx(137_953_306_624 / 4 / bw + 2 * 80 * 1.5e-5)
-    assert profile.step_cost(m7).prefill_per_token_s == pytest.approx(2 * 6_738_415_616 / (989e12 * 0.5))
+    assert profile.step_cost(m7).decode_per_seq_s == pytest.approx(2 * 6_738_415_616 / (989e12 * 0.5))
+    assert profile.step_cost(m7).step_s(32, 32 * 1000) < 0.025  # a full batch: ~22 ms
+    # another TP degree (MuxServe's enlarged parallelism) scales the measured step by the roofline's ratio
+    wide = profile.step_cost(m7, tp=8)
+    roof1 = 13_476_831_232 / bw
+    roof8 = 13_476_831_232 / 8 / bw + 2 * 32 * 1.5e-5
+    assert wide.overhead_s == pytest.approx(0.015 * roof8 / roof1)
+    # the public code's characterisation of a request: prefill_time + output x decode_time
+    assert profile.request_s(m70, 700, 200) == pytest.approx(0.100 + 200 * 0.030)
+
+
+def test_the_engine_is_vllm_0_6_as_the_public_code_starts_it(profile) -> None:
+    spec = profile.worker_spec(profile.model("llama2-7b-0"))
+    assert (spec.engine_mode, spec.max_batched_tokens, spec.watermark, spec.max_batch) == ("vllm-0.6", 100_000, 0.01, 32)
+    assert spec.max_model_len == 2048
 
 
 def test_a_compute_share_slows_every_term(profile) -> None:
@@ -43,12 +60,13 @@ def test_a_compute_share_slows_every_term(profile) -> None:
 def test_load_and_start_times_match_figure_8(profile) -> None:
     m70 = profile.model("llama2-70b")
     assert profile.load_s(m70) == pytest.approx(137_953_306_624 / 4 / 8.1e9)
-    assert profile.cold_start_s(m70) == pytest.approx(0.595 + profile.load_s(m70))
-    prefill = 0.070  # ~1000 prompt tokens on 70B over 4 GPUs
-    assert 0.595 + prefill == pytest.approx(0.665, abs=1e-3)  # §7.2: ~665 ms on a prewarm hit
-    ratio = (profile.cold_start_s(m70) + prefill) / (profile.hit_start_s() + prefill)
+    assert profile.cold_start_s(m70) == pytest.approx(0.634 + profile.load_s(m70))
+    first = profile.step_cost(m70).step_s(0, 0, 16)  # Fig. 8's short prompt: one 70B step
+    assert first == pytest.approx(0.0305, abs=1e-3)
+    assert 0.634 + first == pytest.approx(0.665, abs=1e-3)  # §7.2: ~665 ms on a prewarm hit
+    ratio = (profile.cold_start_s(m70) + first) / (profile.hit_start_s() + first)
     assert 7.0 <= ratio <= 7.8  # Fig. 8: prewarming weights + communication group, 7.0x-7.8x
-    assert profile.hit_start_s(engine_pool=False) == pytest.approx(0.595 + 12.3)
+    assert profile.hit_start_s(engine_pool=False) == pytest.approx(0.634 + 12.3)
 
 
 def test_kv_blocks_are_what_the_weights_leave(profile) -> None:

@@ -1,51 +1,74 @@
-"""`tidal repro warmserve` end to end at a tiny scale: deterministic, a parseable summary line, the files."""
+"""`tidal repro warmserve` end to end at a tiny scale: deterministic, a parseable summary line, the files.
+
+The traces are the fixture in tests/repro/data/azure-llm-2023-sample/ (every tenth request of the real
+Azure LLM 2023 hours, CC-BY 4.0: Patel et al., Splitwise, ISCA 2024), so the tests run without ../shared.
+"""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
 import re
+from pathlib import Path
 
-import pytest
-
-from loadgen.repro.warmserve import SCALES, SYSTEMS, run_point
+from loadgen.repro.warmserve import AUTOSCALED, SCALES, SYSTEMS, run_point
 from loadgen.repro.warmserve_setup import WORKLOADS
 from loadgen.sim.fleet_profile import load_fleet_profile
 from tidal.commands import repro_warmserve
 
-LINE = re.compile(r"^repro warmserve: p99_ttft_vs_sllm=(\d+\.\d)x p99_ttft_vs_no_proactive=(\d+\.\d)x "
-                  r"prewarm_hit=(\d{1,3})%$")
+SAMPLE = Path(__file__).with_name("data") / "azure-llm-2023-sample"
+LINE = re.compile(r"^repro warmserve: p99_ttft_vs_sllm=(\d+\.\d)x p99_ttft_vs_sllm_pool=(\d+\.\d)x "
+                  r"p99_ttft_vs_no_proactive=(\d+\.\d)x prewarm_hit=(\d{1,3})% cold_in_p99=(\d+)$")
 
 
 def test_tiny_run_prints_the_summary_line_and_writes_the_report(tmp_path, capsys) -> None:
     p = argparse.ArgumentParser()
     repro_warmserve.add_arguments(p)
-    assert repro_warmserve.run(p.parse_args(["--scale", "tiny", "--out", str(tmp_path)])) == 0
+    args = p.parse_args(["--scale", "tiny", "--out", str(tmp_path), "--azure-dir", str(SAMPLE)])
+    assert repro_warmserve.run(args) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     m = LINE.match(last)
     assert m, last
-    assert float(m.group(1)) > 1.0  # SLLM-GPU's cold starts cost it the tail
+    assert float(m.group(1)) > 1.0  # SLLM-GPU without an engine pool pays engine creation on every start
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["line"] == last
+    assert summary["line"] == last and "CC-BY 4.0" in summary["trace_attribution"]
     assert {pt["rps"] for pt in summary["points"]} == set(SCALES["tiny"].rps)
+    for pt in summary["points"]:
+        assert set(pt["results"]) == set(SYSTEMS)
+        ws = pt["results"]["WarmServe"]
+        assert set(ws["starts"]) == {"gpu", "partial", "host", "storage"} and set(ws["per_model"]) == {
+            "llama2-7b-0", "llama2-7b-1", "llama2-13b", "llama2-70b"}
     for name in ("report.md", "p99_ttft.png", "prewarm_hit.png", "tpot_cdf.png"):
         assert (tmp_path / name).stat().st_size > 0
-    assert "50.79x" in (tmp_path / "report.md").read_text()  # beside the paper's numbers
+    report = (tmp_path / "report.md").read_text()
+    assert "50.79x" in report and "SLLM-GPU+pool" in report and "CC-BY 4.0" in report  # beside the paper's numbers
 
 
 def test_the_same_seed_gives_the_same_numbers() -> None:
-    cfg = dataclasses.replace(SCALES["tiny"], day_s=240.0, window_s=60.0)
+    cfg = dataclasses.replace(SCALES["tiny"], duration_s=240.0, azure_dir=str(SAMPLE))
     profile = load_fleet_profile(cfg.profile)
-    a, b = (run_point(profile, cfg, WORKLOADS["conv-a0.5"], 8.0) for _ in range(2))
-    for s in SYSTEMS:
+    a, b = (run_point(profile, cfg, WORKLOADS["conv-a0.5"], 8.0, only=AUTOSCALED) for _ in range(2))
+    for s in AUTOSCALED:
         assert (a.results[s].p99_ttft, a.results[s].starts) == (b.results[s].p99_ttft, b.results[s].starts)
         assert a.results[s].requests == b.results[s].requests > 0
 
 
-def test_bad_options_are_refused(capsys) -> None:
+def test_every_autoscaling_system_pays_the_same_start_costs_but_sllm_gpu_creates_engines() -> None:
+    cfg = dataclasses.replace(SCALES["tiny"], duration_s=300.0, azure_dir=str(SAMPLE))
+    profile = load_fleet_profile(cfg.profile)
+    point = run_point(profile, cfg, WORKLOADS["code-a0.5"], 12.0, only=("SLLM-GPU", "SLLM-GPU+pool"))
+    bare, pool = point.results["SLLM-GPU"], point.results["SLLM-GPU+pool"]
+    assert sum(bare.starts.values()) > 0
+    assert bare.p99_ttft > pool.p99_ttft  # the engine pool is the only difference between them
+
+
+def test_bad_options_are_refused(capsys, tmp_path) -> None:
     p = argparse.ArgumentParser()
     repro_warmserve.add_arguments(p)
     assert repro_warmserve.run(p.parse_args(["--scale", "tiny", "--workloads", "nope"])) == 2
     assert "unknown workload" in capsys.readouterr().err
     assert repro_warmserve.run(p.parse_args(["--scale", "tiny", "--rps", "5,-1"])) == 2
     assert "--rps" in capsys.readouterr().err
+    assert repro_warmserve.run(p.parse_args(["--scale", "tiny", "--azure-dir", str(tmp_path),
+                                             "--out", str(tmp_path / "out")])) == 2
+    assert "AzureLLMInferenceTrace_conv.csv" in capsys.readouterr().err

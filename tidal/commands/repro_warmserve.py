@@ -1,10 +1,12 @@
 """`tidal repro warmserve [--scale paper|tiny] [--out DIR]`: WarmServe §7.3 (Figs. 9, 11, 13-15) simulated.
 
-Replays AzureConv/AzureCode-like multi-model traces at rising RPS on WarmServe (forecast ->
-replica counts -> prewarm scores -> evict-aware placement, proactive prewarming), WarmServe
-without proactive prewarming, an SLLM-GPU-like autoscaler and a MuxServe-like static
-co-location over the paper's 16 GPUs; writes report.md, PNG figures and summary.json under
---out and prints the summary line last.
+Replays the real Azure LLM 2023 conversation and code hours (../shared/data/azure-llm-2023/,
+CC-BY 4.0, Patel et al., ISCA 2024) split over four models at rising RPS, uncompressed, on WarmServe
+(forecast -> replica counts -> prewarm scores -> evict-aware placement, proactive prewarming),
+WarmServe without proactive prewarming, SLLM-GPU without and with an engine pool (all four run the
+public code's autoscaler and pay the same start costs) and a MuxServe-like static co-location over
+the paper's 16 GPUs; writes report.md, PNG figures and summary.json under --out and prints the
+summary line last.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-HELP = "WarmServe (multi-LLM prewarming): P50/P99 TTFT, TPOT, prewarm hit rate vs SLLM-GPU and MuxServe"
+HELP = "WarmServe (multi-LLM prewarming): P99 TTFT, starts by source, prewarm hit rate vs SLLM-GPU and MuxServe"
 
 # `--live`: the small version on a local CPU cluster (loadgen/repro/warmserve_live.py): prewarm on vs off.
 
@@ -25,17 +27,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from loadgen.repro.warmserve_setup import WORKLOADS
 
     p.add_argument("--scale", choices=sorted(SCALES), default="paper",
-                   help="paper: 3 workloads x RPS 5-25, an hour each; tiny: one workload, 2 RPS, 10 minutes")
+                   help="paper: 3 workloads x RPS 5-25, the real hour each; tiny: one workload, 2 RPS, 10 minutes")
     p.add_argument("--out", default=None, help="report directory (default runs/repro-warmserve-<timestamp>/)")
     p.add_argument("--seed", type=int, default=None, help="workload seed (default 0)")
     p.add_argument("--workloads", default=None, help=f"comma-separated subset of {','.join(WORKLOADS)}")
     p.add_argument("--rps", default=None, help="comma-separated request rates (default: the scale's)")
     p.add_argument("--no-plots", action="store_true", help="do not draw the PNG figures")
+    p.add_argument("--azure-dir", default=None, metavar="DIR",
+                   help="directory of the Azure LLM 2023 CSVs (default ../shared/data/azure-llm-2023)")
     p.add_argument("--duration", type=float, default=None, metavar="S",
                    help="--live: seconds of the shifting trace (default 60)")
     p.add_argument("--live", action="store_true",
                    help="instead: a local cluster of 4 CPU workers and 5 small models under a shifting trace, "
-                        "prewarm on vs off (P50/P99 TTFT, prewarm hit rate); a few minutes")
+                        "prewarm on vs off (P50/P99 TTFT, prewarm hit rate), then one model driven hard while "
+                        "another idles (the autoscaler's scale-out time); a few minutes")
 
 
 def _changes(args: argparse.Namespace) -> dict[str, object]:
@@ -58,6 +63,8 @@ def _changes(args: argparse.Namespace) -> dict[str, object]:
         if not rates or min(rates) <= 0:
             raise ValueError(f"--rps needs at least one rate, each > 0, got {args.rps!r}")
         out["rps"] = rates
+    if getattr(args, "azure_dir", None):
+        out["azure_dir"] = args.azure_dir
     return out
 
 
@@ -75,7 +82,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else default_out("warmserve")
-    points = run_repro(cfg, progress=lambda line: print(line, flush=True))
+    try:
+        points = run_repro(cfg, progress=lambda line: print(line, flush=True))
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     head = headline(points, cfg)
     argv = sys.argv[3:] if sys.argv[1:3] == ["repro", "warmserve"] else []
     command = ("tidal repro warmserve " + shlex.join(argv)).strip()
