@@ -137,13 +137,12 @@ class PlannerSection(Section, kw_only=True):
     migration_prefill_budget: PositiveInt = 4096
     ctl_timeout: Duration = 30.0  # a control command's deadline (a migration is answered when it is over)
     lease_ttl: Duration = 3.0  # one planner decides: a standby takes over after the lease is this stale
-    # WarmServe (docs/warmserve.md): scale instances up and down from the predictor's forecasts and
-    # prewarm replicas (with [policies] prewarm); off: instances change only on capacity requests
+    # WarmServe (docs/warmserve.md): the autoscaler (shared/policy/autoscaler.py: the public code's
+    # 0.8/0.5 thresholds over a 5 s window, 5 s protect period) scales instances on load, and the
+    # predictor's forecasts prewarm replicas (with [policies] prewarm); off: instances change only
+    # on capacity requests
     autoscale: bool = False
-    scale_down_after: Duration = 10.0  # hysteresis: instances above the forecast this long before one stops
     request_time: Duration = 2.0  # a request's mean time in the system: forecast rps -> concurrent requests
-    # ... a dispatcher queue of the model lasting this long counts as demand: instances are added for it
-    scale_out_after: Duration = 3.0
 
     def __post_init__(self) -> None:
         super().__post_init__()

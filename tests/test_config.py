@@ -247,3 +247,12 @@ def test_metrics_port_layout():
     assert cfg.observability.metrics_port("registry") == 9404
     assert cfg.observability.metrics_port("gpu_worker", 1) == 9411
     assert parse_config("").observability.metrics_port("gateway") == 0
+
+
+def test_the_removed_forecast_scaling_keys_are_refused_by_name() -> None:
+    # the autoscaler's window is the public code's 5 s: the old hysteresis keys would claim a feature
+    from shared.config import ConfigError, parse_config
+
+    for key in ("scale_down_after", "scale_out_after"):
+        with pytest.raises(ConfigError, match=key):
+            parse_config(f'[planner]\n{key} = "10s"\n')
