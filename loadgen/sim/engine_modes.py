@@ -40,8 +40,14 @@ def plan_prefill_first(w: SimWorker, now: float) -> float | None:
     while w.waiting:
         req = w.waiting[0]
         nb = w._blocks(req.to_prefill)
-        if w.total - w._blocks(req.to_prefill + 1) < watermark:  # vLLM's AllocStatus.NEVER
+        if w.total - nb < watermark:  # vLLM's AllocStatus.NEVER: the prompt's blocks could never fit
             w._fail_waiting_head(now)
+            continue
+        if req.to_prefill > spec.max_batched_tokens:  # vLLM ignores a prompt over its prompt limit
+            w.waiting.popleft()
+            w.queued_tokens -= req.to_prefill
+            w._fail(req, now, f"prompt of {req.to_prefill} tokens exceeds the step budget "
+                              f"max_num_batched_tokens={spec.max_batched_tokens} (no chunked prefill)")
             continue
         if seqs >= spec.max_batch or req.to_prefill > budget:
             break  # waits for compute: the batch or the step's token budget is full

@@ -45,16 +45,16 @@ def test_a_vllm_prefill_step_stalls_the_running_decodes() -> None:
     assert chunked["r1"] == vllm["r1"] == pytest.approx(0.15)
 
 
-def test_vllm_admits_whole_prompts_only_within_the_token_budget() -> None:
-    # budget 256: chunked splits a 600-token prompt into 3 steps; vllm-0.6 cannot admit it at all
-    # (vLLM 0.6 without chunked prefill needs max_num_batched_tokens >= the prompt) and it waits
-    # for compute forever -- so the profile for vllm-0.6 must carry the papers' large budget
-    prof = profile("vllm-0.6", max_batched_tokens=256, max_batch=8)
-    sim = Simulator(trace_of((0.0, 600, 2)), prof, 1, make_policy("least-load"))
-    sim.workers[0].timeline = tl = WorkerTimeline(interval_s=0.0)
-    res = sim.run()
-    assert res.records[0].first_token_s is None
-    assert tl.samples and tl.samples[-1].waiting_compute == 1 and tl.samples[-1].waiting_memory == 0
+def test_vllm_refuses_a_prompt_over_its_token_budget() -> None:
+    # budget 256: chunked splits a 600-token prompt into 3 steps; vllm-0.6 (no chunked prefill) ignores
+    # a prompt over max_num_batched_tokens, as vLLM does -- the profile must carry the papers' budget
+    chunked = simulate(trace_of((0.0, 600, 2)), profile("chunked", max_batched_tokens=256, max_batch=8), workers=1)
+    assert chunked.records[0].status == "ok"
+    res = simulate(trace_of((0.0, 600, 2), (0.1, 100, 2)), profile("vllm-0.6", max_batched_tokens=256, max_batch=8),
+                   workers=1)
+    refused, ok = sorted(res.records, key=lambda r: r.request_id)
+    assert refused.status == "error" and "max_num_batched_tokens=256" in refused.error
+    assert ok.status == "ok"  # the queue behind it is not blocked
 
 
 def test_vllm_preempts_the_newest_by_recompute_and_everything_finishes() -> None:
