@@ -1,49 +1,49 @@
 """`tidal repro caraserve`: CaraServe's scheduler study (§7.5, Fig. 19) in the simulator.
 
 The MAF-derived trace (every one of ~40,000 functions an adapter of mixed rank, Zipf popularity,
-~340 RPS aggregate) is routed over 60 simulated Llama-2-7B/A10 servers by rank-aware (Alg. 1),
-MostIdle, Random and FirstFit -- the live policy code (shared/policy/lora_routing.py, routing.py)
+~340 RPS aggregate, bursty arrivals) is routed over 60 simulated Llama-2-7B/A10 servers by rank-aware
+(ours: Alg. 1 plus the new request's own cost), rank-aware-strict (Alg. 1 as published), MostIdle,
+Random and FirstFit -- the live policy code (shared/policy/lora_routing.py, routing.py)
 -- with each LoRA kernel (padded BGMV, segmented MBGMV). Each server's step time is the same
 linear model the router uses (loadgen/sim/lora_worker.py). A cold adapter's first use on a server
 loads it from host memory inside the step that admits it (the one movement cost model: its bytes
 from rank and Llama-2-7B's q/k/v geometry over the profile's PCIe link). SLO: time per token at
-1.5x the HF-PEFT level (merged weights: no LoRA kernel, an unloaded server).
+1.5x the HF-PEFT level (merged weights: no LoRA kernel, an unloaded server), the router's SLO too.
+
+Arrivals: gamma gaps with coefficient of variation `arrival_cv` (MAF's bursts; 1 = Poisson). The
+MAF trace is not in the library: 2.0 is OUR ASSUMPTION, between the Azure LLM inference trace's
+conversation stream (CV 1.09) and its code stream (CV 13.2), both measured here
+(tidal/bench/lora_stats.MAF_CV).
+
+The cold-start experiment (§7.2, one server, Cached / OnDemand / S-LoRA / async / CaraServe) is
+loadgen/repro/caraserve_cold.py; `run_repro` runs it after the routing study.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import msgspec
 import numpy as np
 
 from loadgen.report.metrics import summarize_records
 from loadgen.report.records import RequestRecord
-from loadgen.sim.lora_worker import LoraGeometry, adapter_load_times, lora_worker_factory
+from loadgen.repro.caraserve_setting import (ADAPTER_GEOMETRY, ALPACA_OUTPUT, ALPACA_PROMPT,  # re-exported
+                                             LORA_PROFILE, MAF_CV, MODEL)
+from loadgen.sim.lora_worker import adapter_load_times, lora_worker_factory
 from loadgen.sim.profile import CostProfile, load_profile
 from loadgen.sim.simulator import Simulator
 from loadgen.traces.arrivals import arrivals, constant_rate
 from loadgen.traces.build import make_trace
-from loadgen.traces.lengths import LengthQuantiles, QuantileLengths
+from loadgen.traces.lengths import QuantileLengths
 from loadgen.traces.maf import zipf_probabilities
 from loadgen.traces.schema import AdapterInfo, MAFParams, Trace, TraceHeader, TraceRecord
 from shared.lora_profile_file import load_lora_profile
 from shared.policy.lora_perf_model import KERNELS, Kernel, LoraPerfProfile
-from shared.policy.lora_routing import RoutingOptions
+from shared.policy.lora_routing import RankAware, RoutingOptions
 from shared.policy.routing import make_policy
 
-POLICIES = ("rank-aware", "most-idle", "random", "first-fit")
-LORA_PROFILE = Path(__file__).resolve().parents[1] / "sim" / "profiles" / "lora" / "caraserve-a10-llama2-7b.toml"
-MODEL = "llama2-7b"
-# Alpaca-like lengths (CaraServe §7.1 draws prompts and outputs from Alpaca). The library has no
-# published Alpaca quantiles, so these are OUR ASSUMPTION: short instructions, responses of a
-# paragraph. They set the load per server; the report says so.
-ALPACA_PROMPT = LengthQuantiles(mean=24.0, p50=18.0, p80=34.0, p95=64.0, p99=110.0)
-ALPACA_OUTPUT = LengthQuantiles(mean=90.0, p50=70.0, p80=140.0, p95=240.0, p99=380.0)
-# CaraServe §7.1: adapters on W_q, W_k, W_v of Llama-2-7B (config.json of meta-llama/Llama-2-7b-hf:
-# hidden_size 4096, num_hidden_layers 32), fp16.
-ADAPTER_GEOMETRY = LoraGeometry(hidden=4096, layers=32, targets=3)
+POLICIES = ("rank-aware", "rank-aware-strict", "most-idle", "random", "first-fit")
 
 
 @dataclass(frozen=True)
@@ -58,11 +58,16 @@ class CaraConfig:
     seed: int = 0
     kernels: tuple[str, ...] = KERNELS
     policies: tuple[str, ...] = POLICIES
+    arrival_cv: float = MAF_CV
+    cold_workloads: tuple[str, ...] = ("synthetic-r64", "synthetic-r32", "synthetic-r64-6rps", "maf-128", "maf-256",
+                                       "maf-512")
+    cold_links: tuple[str, ...] = ("pcie-peak", "paper-effective")
+    cold_duration_s: float = 300.0  # §7.1: 5 minutes per workload
 
 
 SCALES: dict[str, CaraConfig] = {
     "paper": CaraConfig(),
-    "tiny": CaraConfig(servers=4, adapters=400, rate=24.0, duration_s=20.0),
+    "tiny": CaraConfig(servers=4, adapters=400, rate=24.0, duration_s=20.0, cold_duration_s=20.0),
 }
 
 
@@ -74,7 +79,7 @@ def build_trace(cfg: CaraConfig) -> Trace:
     popularity = rng.permutation(cfg.adapters)
     ranks = rng.choice(np.asarray(cfg.ranks), cfg.adapters)
     infos = [AdapterInfo(name=names[j], model=MODEL, rank=int(ranks[j])) for j in range(cfg.adapters)]
-    times = arrivals(rng, constant_rate(cfg.rate), cfg.duration_s)
+    times = arrivals(rng, constant_rate(cfg.rate), cfg.duration_s, cv=cfg.arrival_cv)
     n = len(times)
     picked = popularity[rng.choice(cfg.adapters, n, p=zipf_probabilities(cfg.adapters, cfg.zipf_s))]
     prompts = QuantileLengths(ALPACA_PROMPT).sample(rng, n)
@@ -113,6 +118,7 @@ class PolicyResult(msgspec.Struct, kw_only=True):
     wall_s: float
     adapter_loads: int = 0  # cold adapters loaded onto a server
     adapter_load_s: float = 0.0  # the steps' total wait for those loads
+    slo_penalties: int = 0  # rank-aware: candidates priced with the SLO penalty
     tpots: list[float] = []  # per request, for the CDF plot
 
 
@@ -138,7 +144,11 @@ def run_policy(trace: Trace, profile: CostProfile, lora: LoraPerfProfile, cfg: C
                                                   in_host_memory=True)
     options = RoutingOptions(profile=lora, kernel=kernel, tpot_slo_s=slo_s,
                              avg_response_tokens=ALPACA_OUTPUT.mean, cold_load_s=cold_load_s)
-    sim = Simulator(trace, profile, cfg.servers, make_policy(policy, cfg.seed, options),
+    if policy == "rank-aware-strict":
+        router = RankAware.from_options(options, strict=True)
+    else:
+        router = make_policy(policy, cfg.seed, options)
+    sim = Simulator(trace, profile, cfg.servers, router,
                     make_worker=lora_worker_factory(lora.model(kernel), ranks, load_s))
     result = sim.run()
     records = result.records
@@ -152,7 +162,7 @@ def run_policy(trace: Trace, profile: CostProfile, lora: LoraPerfProfile, cfg: C
                         ttft_p50_s=summary.ttft.p50 if summary.ttft else float("nan"),
                         wall_s=time.perf_counter() - started, adapter_loads=result.stats.adapter_loads,
                         adapter_load_s=sum(getattr(w, "adapter_load_total_s", 0.0) for w in sim.workers),
-                        tpots=finite.tolist())
+                        slo_penalties=getattr(router, "slo_penalties", 0), tpots=finite.tolist())
 
 
 @dataclass
@@ -162,6 +172,7 @@ class CaraRun:
     slo_s: float
     peft_tpot_s: float
     results: dict[tuple[str, str], PolicyResult] = field(default_factory=dict)
+    cold: list = field(default_factory=list)  # caraserve_cold.ColdRun per workload and link
 
 
 def run_repro(cfg: CaraConfig, progress=None) -> CaraRun:
@@ -175,8 +186,13 @@ def run_repro(cfg: CaraConfig, progress=None) -> CaraRun:
             res = run_policy(trace, profile, lora, cfg, kernel, policy, run.slo_s)  # type: ignore[arg-type]
             run.results[(kernel, policy)] = res
             if progress:
-                progress(f"{kernel:9s} {policy:10s}: SLO attainment {res.slo_attainment:.3f}, mean TPOT "
+                progress(f"{kernel:9s} {policy:17s}: SLO attainment {res.slo_attainment:.3f}, mean TPOT "
                          f"{res.tpot_mean_s * 1000:.1f} ms ({len(trace.records)} requests, {res.wall_s:.1f} s)")
+    if cfg.cold_workloads:
+        from loadgen.repro.caraserve_cold import run_cold
+
+        run.cold = run_cold(cfg.cold_workloads, cfg.cold_duration_s, cfg.seed, links=cfg.cold_links,
+                            progress=progress)
     return run
 
 
@@ -185,10 +201,11 @@ class Headline:
     kernel: str
     slo_attainment: float
     tpot_vs: dict[str, float]  # baseline -> rank-aware mean TPOT / baseline's - 1
+    cold: str = ""  # the cold-start keys (synthetic rank 64, 9 RPS, PCIe peak), when it ran
 
     def line(self) -> str:
         vs = " ".join(f"tpot_vs_{b.replace('-', '')}={round(100 * v):+d}%" for b, v in self.tpot_vs.items())
-        return f"repro caraserve: slo_attainment={self.slo_attainment:.2f} {vs}"
+        return f"repro caraserve: slo_attainment={self.slo_attainment:.2f} {vs}" + (f" {self.cold}" if self.cold else "")
 
 
 def headline(run: CaraRun, kernel: str = "segmented") -> Headline:
@@ -198,4 +215,9 @@ def headline(run: CaraRun, kernel: str = "segmented") -> Headline:
     ra = run.results[(kernel, "rank-aware")]
     vs = {b: ra.tpot_mean_s / run.results[(kernel, b)].tpot_mean_s - 1
           for b in ("most-idle", "random", "first-fit") if (kernel, b) in run.results}
-    return Headline(kernel=kernel, slo_attainment=ra.slo_attainment, tpot_vs=vs)
+    cold = ""
+    if any(r.workload == "synthetic-r64" and r.link == "pcie-peak" for r in run.cold):
+        from loadgen.repro.caraserve_cold import cold_keys
+
+        cold = cold_keys(run.cold)
+    return Headline(kernel=kernel, slo_attainment=ra.slo_attainment, tpot_vs=vs, cold=cold)

@@ -20,7 +20,11 @@ import msgspec
 import numpy as np
 
 from loadgen.report.records import RequestRecord
-from loadgen.repro.caraserve import POLICIES, tpots
+from loadgen.repro.caraserve import POLICIES as SIM_POLICIES
+from loadgen.repro.caraserve import tpots
+
+# the dispatcher's `routing_policy` names (strict Alg. 1 is a simulator-only arm)
+POLICIES = tuple(p for p in SIM_POLICIES if p != "rank-aware-strict")
 from loadgen.sim.profile import CostProfile, StepCost, WorkerSpec
 from loadgen.traces.build import make_trace
 from loadgen.traces.maf import zipf_probabilities

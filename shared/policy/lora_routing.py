@@ -19,6 +19,9 @@ resident, its load spread over its response, plus a decode step of the new batch
 instance is not free, a fast one wins between idle ones, and a warm one wins unless the cold
 one's batch is cheaper by more than the load. The least total wins; ties go to the smaller id.
 
+`strict=True` (`rank-aware-strict` in the simulator) is Alg. 1 as published: total = score *
+len(exists), no `own` term, so idle instances all cost 0 and tie (smaller id wins).
+
 All four policies ask the admission gate for every instance that can host the adapter
 (`adapter_gate = "hostable"`): the paper's baselines differ from Alg. 1 only in how they pick.
 A load takes the adapter's bytes over the worker's load bandwidth (`load_bandwidth`, from
@@ -76,8 +79,9 @@ class Cost:
 
 def calc_cost(model: LoraPerfModel, request: RequestView, inst: InstanceView, *, slo_s: float | None,
               avg_response_tokens: float = DEFAULT_AVG_RESPONSE_TOKENS,
-              penalty_s: float = DEFAULT_PENALTY_S, load_s: float = 0.0) -> Cost:
-    """Alg. 1's CalcCost; `load_s`: the adapter's load time there (0 when resident)."""
+              penalty_s: float = DEFAULT_PENALTY_S, load_s: float = 0.0, strict: bool = False) -> Cost:
+    """Alg. 1's CalcCost; `load_s`: the adapter's load time there (0 when resident); `strict`: the
+    published total (score x affected) without our `own` term."""
     rank = request.adapter_rank if request.adapter is not None else 0
     queue = _queue(inst)
     exists = [*inst.running_ranks, *inst.waiting_ranks]
@@ -89,7 +93,8 @@ def calc_cost(model: LoraPerfModel, request: RequestView, inst: InstanceView, *,
     score = d_prefill / avg_response_tokens + d_decode + (penalty_s if violates else 0.0)
     own = (prefill_with + load_s) / avg_response_tokens + decode_with
     affected = max(len(exists), inst.running_requests + inst.waiting_requests)
-    return Cost(score=score, own=own, affected=affected, violates=violates, total=score * affected + own)
+    total = score * affected if strict else score * affected + own
+    return Cost(score=score, own=own, affected=affected, violates=violates, total=total)
 
 
 class RankAware:
@@ -99,7 +104,7 @@ class RankAware:
     def __init__(self, model: LoraPerfModel, *, tpot_slo_s: float | None = None, slo_factor: float | None = None,
                  avg_response_tokens: float = DEFAULT_AVG_RESPONSE_TOKENS, penalty_s: float = DEFAULT_PENALTY_S,
                  load_bandwidth: Mapping[str, float] | None = None, default_load_bandwidth: float | None = None,
-                 cold_load_s: float = 0.0) -> None:
+                 cold_load_s: float = 0.0, strict: bool = False) -> None:
         if avg_response_tokens <= 0:
             raise ValueError(f"avg_response_tokens must be > 0, got {avg_response_tokens}")
         bandwidths = dict(load_bandwidth or {})
@@ -119,13 +124,18 @@ class RankAware:
         self.slo_s = tpot_slo_s
         self.avg_response_tokens = avg_response_tokens
         self.penalty_s = penalty_s
+        self.strict = strict
+        self.slo_penalties = 0  # candidates priced with the SLO penalty (DecPerf(exists + r) > SLO)
+        if strict:
+            self.name = "rank-aware-strict"
 
     @classmethod
-    def from_options(cls, options: RoutingOptions) -> RankAware:
+    def from_options(cls, options: RoutingOptions, *, strict: bool = False) -> RankAware:
         return cls(options.profile.model(options.kernel), tpot_slo_s=options.tpot_slo_s,
                    slo_factor=options.slo_factor, avg_response_tokens=options.avg_response_tokens,
                    penalty_s=options.penalty_s, load_bandwidth=options.load_bandwidth,
-                   default_load_bandwidth=options.default_load_bandwidth, cold_load_s=options.cold_load_s)
+                   default_load_bandwidth=options.default_load_bandwidth, cold_load_s=options.cold_load_s,
+                   strict=strict)
 
     def load_s(self, request: RequestView, inst: InstanceView) -> float:
         """How long the adapter takes to load on `inst`: 0 when resident (or no adapter)."""
@@ -138,12 +148,14 @@ class RankAware:
 
     def cost(self, request: RequestView, inst: InstanceView) -> Cost:
         return calc_cost(self.model, request, inst, slo_s=self.slo_s, avg_response_tokens=self.avg_response_tokens,
-                         penalty_s=self.penalty_s, load_s=self.load_s(request, inst))
+                         penalty_s=self.penalty_s, load_s=self.load_s(request, inst), strict=self.strict)
 
     def choose(self, request: RequestView, instances: Sequence[InstanceView], now: float) -> str | None:
         best: tuple[float, str] | None = None
         for inst in hostable(request, instances):
-            key = (self.cost(request, inst).total, inst.instance_id)
+            cost = self.cost(request, inst)
+            self.slo_penalties += cost.violates
+            key = (cost.total, inst.instance_id)
             if best is None or key < best:
                 best = key
         return None if best is None else best[1]

@@ -1,16 +1,18 @@
-"""`tidal bench lora`: its pure parts (pacing, trace, paired overheads, summary) and a tiny real run."""
+"""`tidal bench lora`: its pure parts (pacing, workloads, trace, paired overheads, summary, the core
+split) and a tiny real run."""
 from __future__ import annotations
 
 import re
 import subprocess
+import json
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 
-from tidal.bench.lora_stats import (PAPER_LOAD_OVER_PREFILL, make_trace, paced_bandwidth, paired_overhead,
-                                    round_overheads, summary_line)
+from tidal.bench.lora_drive import split_cores
+from tidal.bench.lora_stats import (PAPER_LOAD_OVER_PREFILL, PAPER_TYPICAL_PREFILL_S, WORKLOADS, make_trace,
+                                    paced_bandwidth, paired_overhead, round_overheads, scaled_rate, summary_line)
 
 SUMMARY = re.compile(r"^bench lora: ttft_overhead_cpu_assist=(-?\d+)% ttft_overhead_ondemand=(-?\d+)% "
                      r"ttft_overhead_slora=(-?\d+)%$")
@@ -33,8 +35,39 @@ def test_trace_marks_each_adapters_first_request_cold_and_reuses_warm():
         seen.add(r.slot)
     warm = sum(not r.cold for r in trace)
     assert 30 < warm < 90 and all(r.cold for r in make_trace(20, 5.0, (8, 16), 100, reuse=0.0, seed=1))
-    with pytest.raises(ValueError, match="--reuse"):
-        make_trace(5, 1.0, (8, 16), 100, reuse=1.0, seed=0)
+    with pytest.raises(ValueError, match="reuse"):
+        make_trace(5, 1.0, (8, 16), 100, reuse=1.5, seed=0)
+
+
+def test_workloads_are_the_papers_and_rates_scale_with_the_prefill():
+    w = WORKLOADS["synthetic-r64"]
+    assert (w.ranks, w.paper_rps, w.cold_fraction) == ((64,), 9.0, 1.0)
+    assert WORKLOADS["synthetic-r32"].ranks == (32,) and WORKLOADS["synthetic-r64-6rps"].paper_rps == 6.0
+    assert [WORKLOADS[f"maf-{n}"].paper_rps for n in (128, 256, 512)] == [1.5, 3.6, 7.7]
+    assert scaled_rate(9.0, PAPER_TYPICAL_PREFILL_S) == pytest.approx(9.0)
+    assert scaled_rate(9.0, 2 * PAPER_TYPICAL_PREFILL_S) == pytest.approx(4.5)  # half the capacity, half the rate
+
+
+def test_trace_ranks_popularity_and_bursts():
+    trace = make_trace(400, 5.0, (8, 16), 100, reuse=0.0, seed=2, ranks=(32, 64))
+    assert {r.rank for r in trace} == {32, 64} and all(r.cold for r in trace)
+    maf = make_trace(400, 5.0, (8, 16), 100, reuse=0.0, seed=2, adapters=64, cv=2.0)
+    slots = [r.slot for r in maf]
+    assert slots.count(0) > slots.count(10) > 0  # Zipf: the first adapter is the most popular
+    assert sum(r.cold for r in maf) == len(set(slots))
+    gaps = [b.at_s - a.at_s for a, b in zip(maf, maf[1:])]
+    mean = sum(gaps) / len(gaps)
+    cv = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
+    assert 1.5 < cv < 2.6 and 0.15 < mean < 0.25  # bursty around the same rate
+
+
+def test_helpers_get_cores_of_their_own_where_there_are_some():
+    assert split_cores((0,)).helpers == ()  # one core: nothing pinned
+    two = split_cores((0, 1))
+    assert two.engine == (0,) and two.helpers == (1,)
+    sixteen = split_cores(tuple(range(16)), 4)
+    assert sixteen.helpers == (12, 13, 14, 15) and len(sixteen.engine) == 12
+    assert "of their own" in sixteen.describe()
 
 
 def _rows(ttfts: list[float], cold: list[bool]) -> list[dict]:
@@ -60,18 +93,18 @@ def test_overheads_pair_the_same_requests_under_cached():
 def test_tiny_bench_run_ends_with_its_summary_line(tmp_path: Path):
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "tidal.cli", "bench", "lora", "--requests", "4", "--rps", "4", "--prompt-len", "16", "32",
-         "--output-len", "3", "--rounds", "1", "--out", str(out)],
+        [sys.executable, "-m", "tidal.cli", "bench", "lora", "--requests", "3", "--prompt-len", "16", "48",
+         "--output-len", "3", "--rounds", "1", "--layers", "2", "--hidden", "128", "--out", str(out)],
         capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert SUMMARY.match(last), last
-    assert "lora_load_bandwidth = " in proc.stdout and "(derived)" in proc.stdout
-    cfg = tomllib.loads((out / "cluster" / "cluster.toml").read_text())
-    assert cfg["policies"]["lora_kernel"] == "segmented"  # one kernel for every mode
-    workers = {w["id"]: w for w in cfg["workers"]}
-    assert len(workers) == 4 and len({w["lora_load_bandwidth"] for w in workers.values()}) == 1
-    assert workers["lora-cpu-assist"]["cpu_lora_processes"] == 2 and workers["lora-ondemand"]["cpu_lora_processes"] == 0
-    assert workers["lora-cached"]["adapters"] and not workers["lora-ondemand"]["adapters"]
-    assert (out / "results.json").is_file()
+    assert "(derived)" in proc.stdout and "cores: " in proc.stdout and "workload synthetic-r64" in proc.stdout
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["rounds"][0]) == {"cached", "ondemand", "slora", "async", "cpu_assist"}
+    assert res["kernels"]["slora"] == "segmented"
+    assert all(r["cold"] and r["rank"] == 64 for r in res["rounds"][0]["cached"])
+    counters = res["engine_counters"]
+    assert counters["ondemand"]["inline_loads"] >= 3 and counters["async"]["inline_loads"] == 0
+    assert counters["cpu_assist"]["cpu_chunks"] >= 1 and counters["cpu_assist"]["fallbacks"] == 0

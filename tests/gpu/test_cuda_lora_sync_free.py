@@ -42,16 +42,18 @@ def helpers_for(base: Path, sync_free: bool):
 def test_invocation_does_not_synchronize_and_computes_x_a_b(assets, sync_free: bool) -> None:
     from services.gpu_worker.engine.cpu_lora_helpers import Segment
     from services.gpu_worker.engine.lora import load_adapter
+    from services.gpu_worker.engine.lora_shared import share
 
     base, adapters = assets
     cfg, helpers = helpers_for(base, sync_free)
     try:
+        for name, path in adapters.items():  # the worker's shared host copies, announced at registration
+            helpers.register(name, share(load_adapter(path, name, cfg, range(cfg.num_layers)))[1])
         n = 96
         x = torch.randn(n, cfg.hidden_size, device="cuda:0")
         x = x * 2 + 1  # a kernel still queued when the invocation is issued
-        segs = [Segment("a0", str(adapters["a0"]), 8, 0, 40), Segment("a1", str(adapters["a1"]), 16, 40, n - 40)]
-        helpers.submit(0, 0, x[:1], segs[:1])  # registers adapters (pipe only) outside the checked call
-        helpers.wait(helpers.submit(0, 0, x[:1], [Segment("a1", str(adapters["a1"]), 16, 0, 1)]))
+        segs = [Segment("a0", 8, 0, 40), Segment("a1", 16, 40, n - 40)]
+        helpers.wait(helpers.submit(0, 0, x[:1], [Segment("a1", 16, 0, 1)]))  # warm, outside the checked call
         torch.cuda.set_sync_debug_mode("error")
         try:
             if sync_free:
@@ -65,7 +67,7 @@ def test_invocation_does_not_synchronize_and_computes_x_a_b(assets, sync_free: b
         y = helpers.wait(ticket).clone()
         xc = x.cpu()
         for seg in segs:
-            ad = load_adapter(seg.path, seg.adapter, cfg, range(cfg.num_layers))
+            ad = load_adapter(adapters[seg.adapter], seg.adapter, cfg, range(cfg.num_layers))
             rows = xc[seg.row:seg.row + seg.count]
             want = torch.cat([(rows @ ad.weights[(1, t)][0].t()) @ ad.weights[(1, t)][1].t()
                               for t in ("q_proj", "k_proj", "v_proj")], dim=1)

@@ -141,3 +141,18 @@ def test_choice_always_serves_the_model_and_can_host_the_adapter(fleet, rank, ke
         best = min(policy.cost(request, i).total for i in fleet if i.instance_id in able)
         chosen = next(i for i in fleet if i.instance_id == policy.choose(request, fleet, 0.0))
         assert policy.cost(request, chosen).total == best
+
+
+def test_strict_alg1_leaves_out_the_new_requests_own_cost() -> None:
+    model = PAPER_PROFILE.model("padded")
+    strict, ours = RankAware(model, strict=True), RankAware(model)
+    views = [inst("a"), inst("b", running=(8,))]  # "a" idle
+    cost = strict.cost(req(rank=64), views[0])
+    assert cost.affected == 0 and cost.total == 0.0  # Alg. 1: nobody there is slowed down
+    assert ours.cost(req(rank=64), views[0]).total == pytest.approx(cost.own)
+    # two idle instances tie at 0 under strict Alg. 1: the smaller id wins whatever they are
+    assert strict.choose(req(), [inst("z"), inst("y")], 0.0) == "y"
+    assert strict.name == "rank-aware-strict" and ours.name == "rank-aware"
+    counted = RankAware(model, tpot_slo_s=1e-3, strict=True)
+    counted.choose(req(), views, 0.0)
+    assert counted.slo_penalties == 2  # every candidate breaks a 1 ms SLO

@@ -13,7 +13,8 @@ from loadgen.repro.caraserve import LORA_PROFILE
 from tidal.cli import main
 
 LINE = re.compile(r"^repro caraserve: slo_attainment=(\d\.\d\d) tpot_vs_mostidle=([+-]\d+)% "
-                  r"tpot_vs_random=([+-]\d+)% tpot_vs_firstfit=([+-]\d+)%$")
+                  r"tpot_vs_random=([+-]\d+)% tpot_vs_firstfit=([+-]\d+)% cold_ttft_overhead_caraserve=(-?\d+)% "
+                  r"cold_ttft_overhead_ondemand=(-?\d+)% cold_ttft_overhead_slora=(-?\d+)%$")
 
 
 def test_cli_tiny_writes_report_and_ends_with_summary_line(tmp_path, capsys):
@@ -24,18 +25,23 @@ def test_cli_tiny_writes_report_and_ends_with_summary_line(tmp_path, capsys):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["line"] == last
     assert (tmp_path / "report.md").read_text().startswith("# CaraServe")
-    assert {p.name for p in tmp_path.glob("*.png")} == {"slo_attainment.png", "tpot_mean.png", "tpot_cdf.png"}
+    assert {p.name for p in tmp_path.glob("*.png")} == {
+        "slo_attainment.png", "tpot_mean.png", "tpot_cdf.png", "cold_fig10_cdf.png", "cold_fig11_iterations.png",
+        "cold_overheads_pcie-peak.png", "cold_overheads_paper-effective.png"}
+    assert {r["workload"] for r in summary["cold_start"]["runs"]} >= {"synthetic-r64", "maf-512"}
+    assert int(m.group(5)) < int(m.group(6)) / 3 or int(m.group(6)) <= 0  # CaraServe below a third of OnDemand
 
 
 def test_tiny_run_is_deterministic():
-    cfg = dataclasses.replace(SCALES["tiny"], kernels=("padded",), policies=("rank-aware", "random"))
+    cfg = dataclasses.replace(SCALES["tiny"], kernels=("padded",), policies=("rank-aware", "random"), cold_workloads=())
     a, b = run_repro(cfg), run_repro(cfg)
     assert headline(a).line() == headline(b).line()
     assert a.results[("padded", "random")].tpots == b.results[("padded", "random")].tpots
 
 
 def test_rank_aware_meets_the_slo_at_least_as_often_as_random_and_first_fit():
-    cfg = dataclasses.replace(SCALES["tiny"], kernels=("padded",), policies=("rank-aware", "random", "first-fit"))
+    cfg = dataclasses.replace(SCALES["tiny"], kernels=("padded",), policies=("rank-aware", "random", "first-fit"),
+                              cold_workloads=())
     run = run_repro(cfg)
     ra = run.results[("padded", "rank-aware")]
     assert ra.slo_attainment >= run.results[("padded", "random")].slo_attainment

@@ -1,138 +1,111 @@
-"""`tidal bench lora`: cold LoRA adapters — Cached vs OnDemand vs S-LoRA-like vs CPU-assisted (CaraServe §7.2).
+"""`tidal bench lora`: CaraServe's cold start (§7.2, Fig. 10/11) — Cached, OnDemand, S-LoRA, our
+asynchronous load, and CPU-assisted prefill — on one engine per mode in this process.
 
-One Poisson trace over many adapters (ranks 8/16/32/64 on q/k/v, made with the make-lora helper for
-a small generated model): most requests ask for an adapter not used before (cold, as in the paper's
-synthetic workload, where every request is), `--reuse` of them for one used earlier in the round
-(warm). One local cluster (real processes) with one CPU worker per mode (lora_cluster.py); all modes
-run the same LoRA kernel (`--kernel`, default segmented, Tidal's default) and differ only in adapter
-management. The trace runs in `--rounds` rounds, each round every mode once in a rotating order, the
-same requests and seeds; each round uses fresh adapter names, so cold requests are cold again.
+Workloads by name (`--workload`, lora_stats.WORKLOADS): the paper's single-server ones, their rate
+scaled to this machine's capacity (as many arrivals per typical prefill as 9 RPS on the A10; the
+prefill is timed here first), or `--rate`. Default `synthetic-r64`: Poisson, rank 64 on q/k/v, every
+request for an adapter not used before (cold). `--ranks`, `--cold-fraction`, `--targets` override.
+The same trace runs in `--rounds` rounds, every mode once per round in a rotating order, with fresh
+adapter names each round (registered before the round: CaraServe's adapters are in host memory
+before their requests come; registration is not the request path).
 
-Loads are paced (`lora_load_bandwidth`): derived at start so that a rank-64 load costs the share of a
-typical prefill it costs in the paper (lora_stats.py has the published numbers); `--load-bandwidth`
-overrides. Reports per mode the median over rounds (with min–max) of each round's median TTFT / TPOT /
-E2E and of each one's overhead against cached, for all, cold and warm requests (paired: the same
-requests under cached); medians, because a shared machine's bursts swamp means (results.json has
-both). The last line, from the cold requests' TTFT:
-`bench lora: ttft_overhead_cpu_assist=NN% ttft_overhead_ondemand=NN% ttft_overhead_slora=NN%`.
+Loads: on a CPU engine a memory copy paced so that a rank-64 load costs the paper's share of a
+typical prefill (lora_stats.py); on CUDA the real host-to-device copy, unpaced. Cores: the CPU
+helpers get cores of their own where there are at least two (half, at most `--processes`), the
+engines (this process) the rest; the run says how many each side had.
+
+Last line, from the paper's selection (all-cold workloads: the cold requests; MAF-like: all), the
+mean TTFT overhead against Cached per round (the paper's "on average"), median over rounds:
+`bench lora: ttft_overhead_cpu_assist=NN% ttft_overhead_ondemand=NN% ttft_overhead_slora=NN%`
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import socket
 import statistics
 import time
 from pathlib import Path
 
-from tidal.bench.lora_cluster import MODES, LoRACluster, adapter_name, config_text, model_name, warm_adapter
-from tidal.bench.lora_stats import (PAPER_LOAD_OVER_PREFILL, PAPER_RANK64_LOAD_S, PAPER_TYPICAL_PREFILL_S,
-                                    TraceRequest, adapter_slots, make_trace, mode_stats, paced_bandwidth,
-                                    round_overheads, spread, summary_line)
-from tidal.bench.output import add_out_argument, out_dir
+from tidal.bench.lora_drive import (MODES, CoreSplit, ModeEngine, drive, make_engine, pin_engine, register_round, split_cores,
+                                    usable_cores)
+from tidal.bench.lora_stats import (PAPER_LOAD_OVER_PREFILL, PAPER_RANK64_LOAD_S, PAPER_TYPICAL_PREFILL_S, WORKLOADS,
+                                    make_trace, mode_stats, paced_bandwidth, round_overheads, scaled_rate, spread,
+                                    summary_line)
+from tidal.bench.output import add_out_argument, out_dir, run_alone
 
-RANKS = (8, 16, 32, 64)
-WARMUPS = 3  # warm-up adapters per mode: the first cold requests also start the CPU helpers
-# S-LoRA's unified pool: weights and workspace, the KV of a few of the longest requests and a few rank-64
-# adapters; adapters and KV compete for the rest, LRU evicts adapters (a reused one may be cold again)
-SLORA_KV_REQUESTS = 4
-SLORA_ADAPTER_ROOM = 4
+WARMUPS = 2  # warm-up requests per mode (lazy initialisation, the first loads, the helpers' first calls)
+TARGETS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
+           "down": "down_proj"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("lora", help="cold adapters: Cached vs OnDemand vs S-LoRA-like vs CPU-assisted (CaraServe)")
+    p = sub.add_parser("lora", help="cold adapters: Cached vs OnDemand vs S-LoRA vs async vs CPU-assisted (CaraServe)")
     add_out_argument(p, "lora")
-    p.add_argument("--requests", type=int, default=8, help="requests per round")
-    p.add_argument("--rps", type=float, default=2.0, help="Poisson arrival rate")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="synthetic-r64",
+                   help="the paper's workload (rate scaled to this machine; default: all cold, rank 64)")
+    p.add_argument("--ranks", help="comma-separated adapter ranks (default: the workload's)")
+    p.add_argument("--rate", type=float, help="arrivals per second here (default: the workload's, scaled)")
+    p.add_argument("--cold-fraction", type=float,
+                   help="share of requests for an adapter not used before (synthetic workloads; default 1)")
+    p.add_argument("--targets", default="q,k,v", help="projections the adapters adapt (default q,k,v: the paper's)")
+    p.add_argument("--requests", type=int, default=24, help="requests per round")
+    p.add_argument("--rounds", type=int, default=4, help="rounds; each runs every mode once, rotating the order")
     p.add_argument("--prompt-len", type=int, nargs=2, default=(64, 192), metavar=("MIN", "MAX"))
     p.add_argument("--output-len", type=int, default=16)
-    p.add_argument("--reuse", type=float, default=0.25, help="share of requests for an adapter used earlier (warm)")
-    p.add_argument("--rounds", type=int, default=8, help="rounds; each runs every mode once, rotating the order")
-    p.add_argument("--kernel", choices=("segmented", "padded"), default="segmented", help="LoRA kernel of every mode")
-    p.add_argument("--load-bandwidth", help='paced adapter load rate, e.g. "200MB/s" (default: derived, see docs)')
-    p.add_argument("--processes", type=int, default=2, help="CPU LoRA processes (cpu_assist)")
-    p.add_argument("--threads", type=int, default=1, help="each worker's engine torch threads")
+    p.add_argument("--kernel", choices=("segmented", "padded"), default="segmented",
+                   help="LoRA kernel of every mode but slora (S-LoRA's own MBGMV: segmented)")
+    p.add_argument("--load-bandwidth", help='adapter load rate, e.g. "200MB/s" (default: derived on CPU, unpaced on CUDA)')
+    p.add_argument("--chunk", type=int, default=32, help="tokens per CPU-assisted prefill chunk (0: whole prompts)")
+    p.add_argument("--processes", type=int, default=None, help="CPU LoRA helpers (default: one per helper core)")
+    p.add_argument("--threads", type=int, default=None, help="engine torch threads (default: the engine's cores)")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
+    p.add_argument("--device", default="cpu", help="cpu or cuda:N")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--kv-heads", type=int, default=None, help="KV heads (default: a quarter of hidden/64)")
+    p.add_argument("--dtype", default="float32", help="the generated model's dtype (bfloat16 for a GPU run)")
+    p.add_argument("--budget", type=int, default=2048, help="step token budget (also the helpers' shared rows)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
 
 
-def make_assets(root: Path, slots: int, seed: int) -> tuple[Path, list[tuple[int, Path]], Path]:
-    """The model, one adapter per slot (ranks cycling 8..64) and a rank-64 one for calibration."""
+def _targets(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in names if t not in TARGETS and t not in TARGETS.values()]
+    if bad or not names:
+        raise SystemExit(f"--targets: unknown {bad or text!r}; choose from {','.join(TARGETS)}")
+    return [t.removesuffix("_proj") for t in names]
+
+
+def make_assets(root: Path, ranks: list[int], targets: list[str], layers: int, hidden: int, seed: int, *,
+                kv_heads: int | None = None, dtype: str = "float32") -> tuple[Path, dict[int, Path]]:
+    """The model and one adapter directory per rank (each round registers fresh names over them)."""
     from services.gpu_worker.engine.checkpoint_gen import make_lora, make_model
 
-    # hidden 512: a typical prefill (~50 ms on one core) well above the serving stack's own TTFT share
-    model = make_model(root / "model", arch="llama", layers=4, hidden=512, heads=8, kv_heads=2, intermediate=1408,
-                       vocab=2048, seed=seed)
-    adapters = [(RANKS[i % len(RANKS)], root / f"lora-{i:03d}") for i in range(slots)]
-    for i, (rank, path) in enumerate(adapters):
-        make_lora(path, model, rank=rank, targets=["q", "k", "v"], seed=seed + 1 + i)
-    rank64 = make_lora(root / "lora-calibrate", model, rank=64, targets=["q", "k", "v"], seed=seed)
-    return model, adapters, rank64
+    heads = max(1, hidden // 64)
+    model = make_model(root / "model", arch="llama", layers=layers, hidden=hidden, heads=heads,
+                       kv_heads=kv_heads or max(1, heads // 4), intermediate=int(hidden * 2.6875) // 8 * 8, vocab=2048,
+                       seed=seed, dtype=dtype)
+    return model, {r: make_lora(root / f"lora-r{r}", model, rank=r, targets=targets, seed=seed + r)
+                   for r in sorted(set(ranks))}
 
 
-async def _post(port: int, body: dict) -> dict[str, float]:
-    from tidal.bench.sse_client import SSEConnection
+def _calibrate(me: ModeEngine, adapter: Path, prompt_len: int, repeats: int = 7) -> float:
+    """Fastest prefill (+ first token) of a typical prompt with a resident adapter of the largest rank."""
+    from services.gpu_worker.engine.sampling_params import SamplingParams
 
-    conn = SSEConnection("127.0.0.1", port)
-    try:
-        t = await conn.post_stream("/v1/completions", {**body, "temperature": 0, "ignore_eos": True, "stream": True,
-                                                        "stream_options": {"include_usage": True}})
-    finally:
-        await conn.close()
-    tokens = max(t.completion_tokens, 1)
-    return {"ttft_s": t.ttft, "tpot_s": (t.done - t.first_token) / max(tokens - 1, 1), "e2e_s": t.done - t.sent}
-
-
-async def _warm_up(port: int, modes: list[str], prompt: list[int]) -> None:
-    """Until each worker serves (its first stats reach the dispatcher), then its warm-up adapters:
-    lazy initialisation, the first loads, the CPU helpers' start."""
-    from tidal.bench.sse_client import BenchHTTPError
-
-    for mode in modes:
-        deadline, done = time.monotonic() + 180, 0
-        while done < 2:
-            try:
-                await _post(port, {"model": model_name(mode), "prompt": prompt, "max_tokens": 2})
-                done += 1
-            except BenchHTTPError:  # 503 no_capacity: the worker's first stats are not in yet
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
-    for j in range(WARMUPS):
-        for mode in modes:
-            await _post(port, {"model": f"{warm_adapter(mode)}-{j}", "prompt": prompt, "max_tokens": 2})
-        await asyncio.sleep(2.0)
-
-
-async def _round(port: int, mode: str, rnd: int, trace: list[TraceRequest], output_len: int) -> list[dict]:
-    start = time.perf_counter()
-
-    async def one(i: int, req: TraceRequest) -> dict:
-        await asyncio.sleep(max(0.0, start + req.at_s - time.perf_counter()))
-        m = await _post(port, {"model": adapter_name(mode, rnd, req.slot), "prompt": req.prompt,
-                               "max_tokens": output_len})
-        return {"request": i, "slot": req.slot, "rank": RANKS[req.slot % len(RANKS)], "cold": req.cold,
-                "prompt": len(req.prompt), **m}
-
-    return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(trace))))
-
-
-async def _drive(port: int, modes: list[str], trace: list[TraceRequest], args: argparse.Namespace) -> list[dict]:
-    await _warm_up(port, modes, trace[0].prompt)
-    rounds = []
-    for rnd in range(args.rounds):
-        order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]
-        rec = {}
-        for mode in order:
-            rec[mode] = await _round(port, mode, rnd, trace, args.output_len)
-            await asyncio.sleep(0.5)  # the last streams' tails, the loader's queue drain
-        rounds.append(rec)
-        print(f"  round {rnd + 1}/{args.rounds} ({' '.join(order)}): cold-request median TTFT "
-              + "  ".join(f"{m} {statistics.median(r['ttft_s'] for r in rec[m] if r['cold']) * 1000:.0f} ms" for m in modes),
-              flush=True)
-    return rounds
+    eng = me.engine
+    eng.add_lora("calibrate", adapter)
+    eng.runner.lora.ensure_resident(["calibrate"])
+    prompt = [1 + (7 * i) % 1000 for i in range(prompt_len)]
+    times = []
+    for i in range(repeats + 2):
+        t0 = time.perf_counter()
+        eng.generate([prompt], SamplingParams(max_tokens=1, temperature=0), adapters=["calibrate"])
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    eng.remove_lora("calibrate")
+    return min(times)
 
 
 def _fmt(values: list[float], scale: float, unit: str) -> str:
@@ -143,89 +116,175 @@ def _fmt(values: list[float], scale: float, unit: str) -> str:
     return f"{med * scale:{sign}.0f}{unit} [{lo * scale:{sign}.0f}..{hi * scale:{sign}.0f}]"
 
 
-def _report(rounds: list[dict], modes: list[str]) -> dict:
-    over = round_overheads(rounds, modes)
-    print("median over rounds [min..max] of each round's median (overheads: of the same requests under cached); "
-          "cold = the round's first request for an adapter")
-    for which in ("cold", "warm", "all"):
+def _report(rounds: list[dict], modes: list[str], steps: dict[str, dict[str, list[float]]]) -> dict:
+    over = round_overheads(rounds, modes, "mean")
+    print("median over rounds [min..max] of each round's mean (overheads: of the same requests under cached)")
+    for which in ("cold", "warm"):
+        if not any(r["cold"] == (which == "cold") for r in rounds[0]["cached"]):
+            continue
         print(f"  {which} requests:")
         for mode in modes:
-            ttft = mode_stats(rounds, mode, "ttft_s", which)
-            if not ttft:
-                continue
-            tpot, e2e = (mode_stats(rounds, mode, k, which) for k in ("tpot_s", "e2e_s"))
-            line = (f"    {mode:<10} TTFT {_fmt(ttft, 1000, ' ms'):<22} TPOT {_fmt(tpot, 1000, ' ms'):<20}"
-                    f" E2E {_fmt(e2e, 1000, ' ms'):<22}")
+            ttft, tpot, e2e = (mode_stats(rounds, mode, k, which, "mean") for k in ("ttft_s", "tpot_s", "e2e_s"))
+            line = f"    {mode:<10} TTFT {_fmt(ttft, 1000, ' ms'):<22} TPOT {_fmt(tpot, 1000, ' ms'):<20} E2E {_fmt(e2e, 1000, ' ms'):<22}"
             if mode != "cached":
                 o = over[mode]
-                ttft_o, tpot_o, e2e_o = (_fmt(o.get(f"{k}_{which}", []), 100, "%") for k in ("ttft_s", "tpot_s", "e2e_s"))
-                line += f" vs cached: TTFT {ttft_o}  TPOT {tpot_o}  E2E {e2e_o}"
+                line += "  vs cached: " + "  ".join(f"{k.split('_')[0].upper()} {_fmt(o.get(f'{k}_{which}', []), 100, '%')}"
+                                                    for k in ("ttft_s", "tpot_s", "e2e_s"))
             print(line)
+    print("  server side (Fig. 11): mean step time with a prefill chunk / decode-only, ms")
+    for mode in modes:
+        pre, dec = steps[mode]["prefill"], steps[mode]["decode"]
+        print(f"    {mode:<10} prefill iteration {statistics.fmean(pre) * 1000 if pre else float('nan'):7.1f}"
+              f"   decode iteration {statistics.fmean(dec) * 1000 if dec else float('nan'):7.1f}")
     return over
 
 
 def run(args: argparse.Namespace) -> int:
-    from shared.config_units import Bandwidth
-    from tidal.bench.lora_calibrate import calibrate
+    import torch
 
+    workload = WORKLOADS[args.workload]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad or "cached" not in modes:
         raise SystemExit(f"--modes: {bad or 'cached is missing'}; choose from {', '.join(MODES)} (cached is the baseline)")
     if args.rounds < 1 or args.requests < 1:
         raise SystemExit(f"--rounds and --requests must be >= 1, got {args.rounds}, {args.requests}")
+    ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else list(workload.ranks)
+    cold = 1.0 if args.cold_fraction is None else args.cold_fraction
+    if not 0.0 < cold <= 1.0:
+        raise SystemExit(f"--cold-fraction must be in (0, 1], got {cold}")
+    if args.cold_fraction is not None and workload.adapters:
+        raise SystemExit("--cold-fraction is for the synthetic workloads (MAF-like: popularity decides)")
+    targets = _targets(args.targets)
+    cuda = args.device.startswith("cuda")
+    split = split_cores(usable_cores(), args.processes)
+    processes = args.processes or max(1, len(split.helpers))
+    pin_engine(split)  # undone at the end (a caller in this process keeps its cores)
+    threads = args.threads or max(1, len(split.engine))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     out = out_dir(args, time.time())
     out.mkdir(parents=True, exist_ok=True)
-    trace = make_trace(args.requests, args.rps, tuple(args.prompt_len), 2048, args.reuse, args.seed)
-    model, adapters, rank64 = make_assets(out / "assets", adapter_slots(trace), args.seed)
-    typical = round(sum(args.prompt_len) / 2)
-    cal = calibrate(model, rank64, prompt_len=typical, kernel=args.kernel, threads=args.threads)
-    derived = paced_bandwidth(cal.rank64_bytes, cal.prefill_s)
-    bandwidth = float(Bandwidth.parse(args.load_bandwidth)) if args.load_bandwidth else derived
-    cold = sum(r.cold for r in trace)
-    print(f"lora bench: {args.requests} requests at {args.rps:g} RPS x {args.rounds} rounds ({cold} cold, "
-          f"{args.requests - cold} warm), ranks {'/'.join(map(str, RANKS))} on q/k/v, output {args.output_len} "
-          f"tokens, {args.kernel} kernel in every mode")
-    print(f"load pacing: prefill of a {typical}-token prompt here {cal.prefill_s * 1000:.1f} ms (fastest of 9, median "
-          f"{cal.prefill_median_s * 1000:.1f} ms; rank-64 adapter resident); paper: rank-64 load "
-          f"{PAPER_RANK64_LOAD_S * 1000:.1f} ms / prefill {PAPER_TYPICAL_PREFILL_S * 1000:.0f} ms"
-          f" = {PAPER_LOAD_OVER_PREFILL:.2f} -> a rank-64 adapter ({cal.rank64_bytes / 1e6:.2f} MB) loads in "
-          f"{cal.rank64_bytes / derived * 1000:.1f} ms: lora_load_bandwidth = {derived / 1e6:.1f} MB/s (derived)"
-          + (f"; --load-bandwidth {args.load_bandwidth} used instead ({cal.rank64_bytes / bandwidth * 1000:.1f} ms)"
-             if args.load_bandwidth else ""), flush=True)
-    kv_tokens = SLORA_KV_REQUESTS * (args.prompt_len[1] + args.output_len + 16)  # KV of a few longest requests
-    memory = {m: 1 << 30 for m in modes}
-    memory["slora"] = cal.fixed_bytes + kv_tokens * cal.kv_bytes_per_token + SLORA_ADAPTER_ROOM * cal.rank64_bytes
-    port = _free_port()
-    root = out / "cluster"
-    root.mkdir(exist_ok=True)
-    warm = [(RANKS[-1], rank64)] * WARMUPS
-    (root / "cluster.toml").write_text(config_text(
-        data=root / "data", port=port, model=model, adapters=adapters, rounds=args.rounds, modes=modes,
-        kernel=args.kernel, bandwidth=bandwidth, processes=args.processes, memory=memory, warmups=warm))
-    cluster = LoRACluster(root, root / "cluster.toml", modes, args.threads)
     try:
-        cluster.start(f"http://127.0.0.1:{port}")
-        rounds = asyncio.run(_drive(port, modes, trace, args))
-    except Exception:
-        for m in modes:
-            print(f"--- worker-{m} log (tail):\n{cluster.log_tail(f'worker-{m}')}")
-        raise
+        return _run(args, workload, modes, ranks, cold, targets, cuda, split, processes, threads, out)
     finally:
-        cluster.stop()
-    over = _report(rounds, modes)
+        torch.set_num_threads(before)
+        pin_engine(CoreSplit(split.machine, split.machine, split.machine))
+
+
+def _run(args, workload, modes, ranks, cold, targets, cuda, split, processes, threads, out) -> int:  # type: ignore[no-untyped-def]
+    import torch
+
+    from shared.config_units import Bandwidth
+
+    model, files = make_assets(out / "assets", ranks, targets, args.layers, args.hidden, args.seed,
+                               kv_heads=args.kv_heads, dtype=args.dtype)
+    ckpt = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+    pool = 2 * ckpt + (1 << 30)
+    max_len = args.prompt_len[1] + args.output_len + 16
+    common = dict(device=args.device, kernel=args.kernel, processes=processes, cores=split.helpers, chunk=args.chunk,
+                  max_model_len=max(256, max_len), budget=args.budget, max_seqs=64)
+    engines: dict[str, ModeEngine] = {}
+    try:
+        engines["cached"] = ModeEngine("cached", make_engine("cached", model, bandwidth=None, pool_bytes=pool, **common))
+        typical = round(sum(args.prompt_len) / 2)
+        prefill_s = _calibrate(engines["cached"], files[max(ranks)], typical)
+        eng = engines["cached"].engine
+        eng.add_lora("size", files[64] if 64 in files else files[max(ranks)])
+        eng.runner.lora.ensure_resident(["size"])
+        big = eng.runner.lora.resident["size"][0].nbytes * (64 / (64 if 64 in files else max(ranks)))
+        eng.remove_lora("size")
+        if args.load_bandwidth:
+            bandwidth: float | None = float(Bandwidth.parse(args.load_bandwidth))
+        else:
+            bandwidth = None if cuda else paced_bandwidth(int(big), prefill_s)
+        rate = args.rate or scaled_rate(workload.paper_rps, prefill_s)
+        for mode in modes:
+            if mode != "cached":
+                engines[mode] = ModeEngine(mode, make_engine(mode, model, bandwidth=bandwidth, pool_bytes=pool, **common))
+        if "cpu_assist" in engines:
+            engines["cpu_assist"].engine.cold.start_helpers(wait=True)
+        reuse = 0.0 if workload.adapters else 1.0 - cold
+        trace = make_trace(args.requests, rate, tuple(args.prompt_len), 2048, reuse, args.seed,
+                           ranks=tuple(ranks), adapters=workload.adapters, cv=workload.cv)
+        n_cold = sum(r.cold for r in trace)
+        print(f"lora bench: workload {workload.name} ({workload.about}); {args.requests} requests x {args.rounds} "
+              f"rounds at {rate:.2f} RPS ({'paper ' + format(workload.paper_rps, 'g') + ' RPS scaled by the prefill here' if not args.rate else '--rate'}"
+              f", arrival CV {workload.cv:g}), {n_cold} cold / {args.requests - n_cold} warm, ranks "
+              f"{'/'.join(map(str, sorted(set(ranks))))} on {','.join(targets)}, output {args.output_len} tokens; "
+              f"device {args.device}, {args.layers} layers, hidden {args.hidden}, {args.dtype}")
+        print(f"{split.describe()}; engine torch threads {threads}, CPU LoRA helpers {processes}")
+        print(f"kernels: {args.kernel} in every mode but slora (S-LoRA's MBGMV = segmented)"
+              + ("; slora and ondemand differ only by noise here (same loading, same kernel)"
+                 if args.kernel == "segmented" and {"slora", "ondemand"} <= set(modes) else ""))
+        if cuda:
+            how = ("real host-to-device copies, unpaced" if bandwidth is None
+                   else f"paced to {bandwidth / 1e9:.2f} GB/s (--load-bandwidth)")
+            print(f"loads: {how}; rank-64 adapter {big / 1e6:.1f} MB; typical ({typical}-token) prefill "
+                  f"{prefill_s * 1000:.1f} ms")
+        else:
+            print(f"load pacing: prefill of a {typical}-token prompt here {prefill_s * 1000:.1f} ms (fastest of 7, adapter "
+                  f"resident); paper: rank-64 load {PAPER_RANK64_LOAD_S * 1000:.1f} ms / prefill "
+                  f"{PAPER_TYPICAL_PREFILL_S * 1000:.0f} ms = {PAPER_LOAD_OVER_PREFILL:.2f} -> a rank-64 adapter "
+                  f"({big / 1e6:.2f} MB) loads in {big / bandwidth * 1000:.1f} ms: {bandwidth / 1e6:.1f} MB/s"
+                  + (" (--load-bandwidth)" if args.load_bandwidth else " (derived)"), flush=True)
+        sync = torch.cuda.synchronize if cuda else None
+        warm = [type(trace[0])(0.0, trace[0].prompt[:32], j, True, max(ranks)) for j in range(WARMUPS)]
+        for mode in modes:
+            me = engines[mode]
+            register_round(me, [(f"{mode}-warm-{j}", files[max(ranks)]) for j in range(WARMUPS)])
+            drive(me.engine, warm, me.names, 2, sync=sync)
+        rounds, steps = [], {m: {"prefill": [], "decode": []} for m in modes}
+        for rnd in range(args.rounds):
+            order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]
+            rec = {}
+            for mode in order:
+                me = engines[mode]
+                names = [f"{mode}-{rnd}-{r.slot}" for r in trace]
+                register_round(me, sorted({(n, files[r.rank]) for n, r in zip(names, trace)}))
+                res = drive(me.engine, trace, names, args.output_len, sync=sync)
+                rec[mode] = res.requests
+                steps[mode]["prefill"] += res.prefill_steps_s
+                steps[mode]["decode"] += res.decode_steps_s
+            rounds.append(rec)
+            print(f"  round {rnd + 1}/{args.rounds} ({' '.join(order)}): mean TTFT "
+                  + "  ".join(f"{m} {statistics.fmean(r['ttft_s'] for r in rec[m]) * 1000:.0f} ms" for m in modes),
+                  flush=True)
+        cold_stats = {m: {k: getattr(engines[m].engine.cold, k) for k in
+                          ("cpu_chunks", "device_takeovers", "fallbacks", "inline_loads", "inline_wait_s")}
+                      for m in modes}
+    finally:
+        for me in engines.values():
+            me.engine.cold.close()
+    which = "all" if workload.adapters else "cold"
+    over = _report(rounds, modes, steps)
+    ca = cold_stats.get("cpu_assist")
+    if ca:
+        print(f"cpu_assist: {ca['cpu_chunks']} prefill chunks on the helpers, {ca['device_takeovers']} prefills taken "
+              f"over by the device mid-prompt, {ca['fallbacks']} fallbacks")
+    inline = next((cold_stats[m] for m in ("ondemand", "slora") if m in cold_stats and cold_stats[m]["inline_loads"]),
+                  None)
+    if ca and inline and steps["cpu_assist"]["prefill"] and steps["cached"]["prefill"]:
+        load_ms = inline["inline_wait_s"] / inline["inline_loads"] * 1000
+        cached_ms, assist_ms = (statistics.fmean(steps[m]["prefill"]) * 1000 for m in ("cached", "cpu_assist"))
+        print(f"what decides it: a load takes {load_ms:.1f} ms inside OnDemand's iteration (the batch waits); a "
+              f"prefill iteration takes {cached_ms:.1f} ms cached, {assist_ms:.1f} ms with CPU-assisted chunks of "
+              f"{args.chunk} tokens (the helpers' x·A·B and a round trip per layer, "
+              f"{len(split.helpers) or 'no'} core(s) of their own)")
     (out / "results.json").write_text(json.dumps({
-        "args": {k: v for k, v in vars(args).items() if k != "func"}, "prefill_s": cal.prefill_s,
-        "prefill_median_s": cal.prefill_median_s,
-        "rank64_bytes": cal.rank64_bytes, "bandwidth": bandwidth, "derived_bandwidth": derived, "memory": memory,
-        "overheads": over, "overheads_of_means": round_overheads(rounds, modes, "mean"), "rounds": rounds}, indent=1))
-    print(f"(files in {out}; paper, Llama2-7B on an A10, every request cold: CPU-assisted +22% TTFT, "
-          f"OnDemand/S-LoRA +412%/+451%)")
-    print(summary_line(over))
+        "args": {k: v for k, v in vars(args).items() if k != "func"}, "workload": workload.name, "rate": rate,
+        "prefill_s": prefill_s, "rank64_bytes": big, "kernels": {m: ("segmented" if m == "slora" else args.kernel)
+                                                                  for m in modes}, "bandwidth": bandwidth, "cores": {
+            "machine": list(split.machine), "engine": list(split.engine), "helpers": list(split.helpers)},
+        "processes": processes, "threads": threads, "engine_counters": cold_stats, "steps": steps,
+        "overheads": over, "overheads_of_medians": round_overheads(rounds, modes), "rounds": rounds}, indent=1))
+    print(f"(files in {out}; paper, Llama2-7B on an A10, rank 64, 9 RPS, every request cold: TTFT +22% CaraServe, "
+          f"+412% OnDemand, +451% S-LoRA)")
+    print(summary_line(over, which))
     return 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+if __name__ == "__main__":  # `python -m tidal.bench.lora ...`: this bench alone (the GPU machine)
+    import sys
+
+    sys.exit(run_alone(register, "lora", sys.argv[1:]))

@@ -1,8 +1,9 @@
 """`tidal repro caraserve [--scale paper|tiny] [--out DIR] [--live]`: CaraServe §7.5 (Fig. 19).
 
-Routes the MAF-derived adapter trace over 60 simulated servers with rank-aware, MostIdle, Random
-and FirstFit under both LoRA kernels, writes report.md, PNG figures and summary.json under --out,
-and prints the summary line last. `--live` runs the small version on a local cluster beside the
+Routes the MAF-derived adapter trace over 60 simulated servers with rank-aware (ours and strict
+Alg. 1), MostIdle, Random and FirstFit under both LoRA kernels, then runs the cold-start experiment
+(§7.2: one server, five modes, the paper's workloads), writes report.md, PNG figures and
+summary.json under --out, and prints the summary line last. `--live` runs the small version on a local cluster beside the
 simulator on the same trace (loadgen/repro/caraserve_live.py).
 """
 from __future__ import annotations
@@ -14,7 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-HELP = "CaraServe (rank-aware LoRA routing): TPOT SLO attainment and mean TPOT vs MostIdle/Random/FirstFit"
+HELP = ("CaraServe: rank-aware routing (TPOT SLO attainment, mean TPOT vs MostIdle/Random/FirstFit) and the cold "
+        "start (TTFT overhead of CaraServe / OnDemand / S-LoRA vs Cached)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,6 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernels", default=None, help="comma-separated subset of padded,segmented")
     p.add_argument("--policies", default=None, help=f"comma-separated subset of {','.join(POLICIES)} (rank-aware is required)")
     p.add_argument("--no-plots", action="store_true", help="do not draw the PNG figures")
+    p.add_argument("--no-cold", action="store_true", help="skip the cold-start experiment (§7.2, one server)")
     live = p.add_argument_group("--live: the small version on a local cluster (real processes, CPU workers)")
     live.add_argument("--live", action="store_true", help="run it live, then the simulator on the same trace")
     live.add_argument("--profile", default=None, metavar="FILE",
@@ -48,7 +51,7 @@ def _subset(text: str | None, known: tuple[str, ...], what: str) -> tuple[str, .
 
 
 def run_live(args: argparse.Namespace) -> int:
-    from loadgen.repro.caraserve import POLICIES
+    from loadgen.repro.caraserve_live_trace import POLICIES  # the dispatcher's (no strict Alg. 1 arm)
     from loadgen.repro.caraserve_live import run_live as live, write_live_report
     from loadgen.repro.caraserve_live_trace import LiveSpec, live_headline
     from loadgen.repro.report import default_out
@@ -90,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         changes = {"seed": args.seed, "duration_s": args.duration,
                    "kernels": _subset(args.kernels, KERNELS, "kernel"),
                    "policies": _subset(args.policies, POLICIES, "policy")}
+        if args.no_cold:
+            changes["cold_workloads"] = ()
         if args.duration is not None and args.duration <= 0:
             raise ValueError(f"--duration must be > 0, got {args.duration}")
         if changes["policies"] and "rank-aware" not in changes["policies"]:

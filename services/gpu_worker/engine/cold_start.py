@@ -7,7 +7,18 @@ adapter's load is started (paced, `lora_loads`), then:
 * a prefill chunk (the request has produced no token yet) goes to the CPU helpers
   (`lora_on_cpu`) when assist is on and a helper is ready: the prefill starts at once;
 * any other chunk — decoding, assist off, no helper, or a request whose helper failed — sits
-  the step out, keeping its KV, until the load lands (OnDemand).
+  the step out, keeping its KV, until the load lands (our asynchronous load without assist).
+
+A CPU-assisted chunk is cut to `cpu_chunk` tokens (the rest of the prompt waits for the next
+step), so a prompt runs in chunks while its adapter loads and the first chunk after the load
+lands runs on the device: the device takes over mid-prefill, not only at the next request.
+
+`load_mode="inline"` is the paper's OnDemand (LightLLM, S-LoRA): the step that needs a cold
+adapter loads it first, and the whole batch waits for the copy (paced on a CPU worker).
+
+The helpers see every adapter from its registration: with assist on, the worker's host copies
+live in shared files (`LoRAManager.share_host`) and each one is announced to the helpers when it
+is registered (or when they start), so no helper reads an adapter file on the request path.
 
 When the helpers fail during a step (`fall_back`), the CPU chunks are removed, their requests
 wait for the load from then on (never a token from half-computed deltas), and the step runs
@@ -19,28 +30,62 @@ before (a memory copy), and starts no helpers.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence as Seq
 
 from .batch import SchedulerOutput
 from .cpu_lora_helpers import CpuLoRAFailed, CpuLoRAHelpers
-from .lora_loads import AdapterLoads
+from .lora_loads import AdapterLoads, paced_seconds
+from .lora_shared import SharedLayout
 from .model_runner import ModelRunner
 from .sequence import Sequence
+
+LOAD_MODES = ("async", "inline")
+CPU_CHUNK = 32  # tokens of a CPU-assisted prefill chunk: the device takes over at the next one
 
 
 class ColdStart:
     def __init__(self, runner: ModelRunner, *, assist: bool, processes: int, bandwidth: float | None,
-                 model_dir: str, dtype: str | None, max_rows: int) -> None:
+                 model_dir: str, dtype: str | None, max_rows: int, load_mode: str = "async",
+                 cpu_chunk: int = CPU_CHUNK, cores: Seq[int] = (),
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if load_mode not in LOAD_MODES:
+            raise ValueError(f"lora load mode {load_mode!r}: one of {', '.join(LOAD_MODES)}")
+        if cpu_chunk < 0:
+            raise ValueError(f"cpu_chunk must be >= 0 (0: whole prompts), got {cpu_chunk}")
+        paced_seconds(1, bandwidth)  # refuse a bad bandwidth now
         self.runner = runner
         self.lora = runner.lora
-        self.assist = assist and processes > 0
+        self.load_mode = load_mode
+        self.bandwidth = bandwidth
+        beside = load_mode == "async" and (bandwidth is not None or runner.device.type == "cuda")
+        self.assist = assist and processes > 0 and beside
         self.processes = processes
-        self.loads = AdapterLoads(self.lora, bandwidth) if bandwidth is not None or runner.device.type == "cuda" else None
+        self.cpu_chunk = cpu_chunk
+        self.cores = tuple(cores)
+        self.loads = AdapterLoads(self.lora, bandwidth) if beside else None
+        self._sleep = sleep
         self._helper_args = (model_dir, dtype, max_rows)
         self.no_assist: set[str] = set()  # requests whose helpers failed: they wait for the load
         self.cpu_chunks = 0  # chunks whose LoRA ran on the helpers
+        self.device_takeovers = 0  # prefills that began on the helpers and went on on the device
         self.fallbacks = 0  # steps re-run without their CPU chunks
+        self.inline_loads = 0  # loads inside a step (load_mode "inline", or an unpaced CPU worker)
+        self.inline_wait_s = 0.0  # what those steps waited for them
         self.last_failure = ""
+        self._on_cpu: set[str] = set()  # requests whose prefill has run on the helpers, not yet on the device
+        if self.assist:
+            self.lora.on_host = self._host_changed
+            self.lora.share_host()  # from registration on: one shared host copy, mapped by every helper
+
+    def _host_changed(self, name: str, layout: SharedLayout | None) -> None:
+        helpers = self.helpers
+        if helpers is None:
+            return  # announced when they start
+        if layout is None:
+            helpers.unregister(name)
+        else:
+            helpers.register(name, layout)
 
     @property
     def helpers(self) -> CpuLoRAHelpers | None:
@@ -52,8 +97,11 @@ class ColdStart:
             return
         if self.runner.cpu_lora is None:
             model_dir, dtype, max_rows = self._helper_args
-            self.runner.cpu_lora = CpuLoRAHelpers(self.runner.cfg, model_dir, dtype, self.runner.layers,
-                                                  self.processes, max_rows)
+            helpers = CpuLoRAHelpers(self.runner.cfg, model_dir, dtype, self.runner.layers, self.processes, max_rows,
+                                     cores=self.cores)
+            for name, layout in self.lora.layouts.items():
+                helpers.register(name, layout)
+            self.runner.cpu_lora = helpers
         if wait:
             self.runner.cpu_lora.wait_ready()
 
@@ -63,14 +111,15 @@ class ColdStart:
         names = {c.adapter for c in out.chunks if c.adapter is not None}
         if not names:
             return set(), ""
-        if self.loads is None:  # in-step copy (a CPU worker, unpaced)
-            try:
-                self.lora.ensure_resident(names)
-                return set(), ""
-            except MemoryError as exc:
-                return names - set(self.lora.resident), str(exc)
+        if self.loads is None:  # in-step copy: OnDemand ("inline"), or a CPU worker unpaced
+            return self._load_inline(names)
         self.loads.poll()
         cold = names - set(self.lora.resident)
+        for c in out.chunks:
+            if c.seq_id in self._on_cpu and c.adapter not in cold:
+                self._on_cpu.discard(c.seq_id)
+                if seq_of(c.seq_id).num_output_tokens == 0:
+                    self.device_takeovers += 1  # mid-prefill: the rest of the prompt on the device
         if not cold:
             return set(), ""
         missing, error = set(), ""
@@ -87,13 +136,36 @@ class ColdStart:
             if c.adapter in cold and c.adapter not in missing:
                 seq = seq_of(c.seq_id)
                 if not (ready and seq.num_output_tokens == 0 and c.seq_id not in self.no_assist
-                        and c.adapter in self.lora.paths):
+                        and self.helpers.registered(c.adapter)):
                     continue  # waits for the load, keeping its KV
                 c.lora_on_cpu = True
+                if self.cpu_chunk and len(c.token_ids) > self.cpu_chunk:
+                    del c.token_ids[self.cpu_chunk:]  # the rest next step: on the device once the load landed
+                    c.sample = False
+                self._on_cpu.add(c.seq_id)
                 self.cpu_chunks += 1
             kept.append(c)
         out.chunks = kept
         return missing, error
+
+    def _load_inline(self, names: set[str]) -> tuple[set[str], str]:
+        """Load the step's cold adapters now, the whole batch waiting (paced to `bandwidth`)."""
+        cold = [n for n in names if n not in self.lora.resident]
+        started = time.perf_counter()
+        try:
+            self.lora.ensure_resident(names)
+        except MemoryError as exc:
+            return names - set(self.lora.resident), str(exc)
+        if cold:
+            moved = sum(self.lora.resident[n][0].nbytes for n in cold)
+            if self.runner.device.type == "cuda":
+                import torch
+
+                torch.cuda.synchronize(self.runner.device)  # the copy is the step's: it waits for it
+            self._sleep(max(0.0, started + paced_seconds(moved, self.bandwidth) - time.perf_counter()))
+            self.inline_loads += len(cold)
+            self.inline_wait_s += time.perf_counter() - started
+        return set(), ""
 
     def fall_back(self, out: SchedulerOutput, exc: CpuLoRAFailed) -> None:
         """The helpers failed this step: its CPU chunks wait for their loads instead."""

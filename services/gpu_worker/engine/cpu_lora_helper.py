@@ -1,9 +1,9 @@
-"""A CPU LoRA helper process (CaraServe §4.1): holds host copies of adapters, computes x·A·B.
+"""A CPU LoRA helper process (CaraServe §4.1): maps the worker's host copies of adapters, computes x·A·B.
 
 Started by `CpuLoRAHelpers` with the "spawn" context (a fresh interpreter: no fork of the
-threaded worker). It maps the two shared regions, reads adapters from their directories (the
-worker's local repository) with the same loader as the engine — so its A and B·scale are the
-engine's bit for bit — and answers COMPUTE records: rows of the input region times the
+threaded worker), pinned to its core when given one. It maps the two shared regions and, on
+REGISTER, the adapter's shared host copy (`lora_shared`: the engine's own A and B·scale, bit for
+bit, in one file for every helper; no directory is read), and answers COMPUTE records: rows of the input region times the
 adapter's A then B, written into its rows of the output region. One core, one thread: the
 parallelism is across helpers (§4.2). It exits when the engine's end of the pipe closes. A COMPUTE record may arrive before its
 input rows (the sync-free invocation): the helper waits for the shared doorbell to reach the
@@ -11,6 +11,7 @@ record's gate before it reads them.
 """
 from __future__ import annotations
 
+import os
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
@@ -18,8 +19,10 @@ from multiprocessing.shared_memory import SharedMemory
 import torch
 
 from .cpu_lora_wire import GROUPS, Kind, Record, Status, decode, group_layout
-from .lora import LoRAAdapter, load_adapter
+from .lora_shared import SharedLayout, attach
 from .model_config import load_model_config
+
+Weights = dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
 
 PROFILE_ROWS, PROFILE_RANK, PROFILE_DIM = 64, 16, 512
 GATE_TIMEOUT_S = 30.0  # the engine's rows never landed: answer ERROR (the engine falls back)
@@ -58,7 +61,12 @@ def wait_for_gate(bell: memoryview, gate: int, timeout_s: float = GATE_TIMEOUT_S
 
 
 def helper_main(conn: Connection, in_name: str, out_name: str, bell_name: str, model_dir: str, dtype: str | None,
-                layer_start: int, layer_stop: int) -> None:
+                layer_start: int, layer_stop: int, core: int = -1) -> None:
+    if core >= 0 and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, {core})
+        except OSError:  # not in this process's cpuset: run where allowed
+            pass
     torch.set_num_threads(1)
     cfg = load_model_config(model_dir, dtype)
     shm_in, shm_out, shm_bell = _attach(in_name), _attach(out_name), _attach(bell_name)
@@ -74,7 +82,7 @@ def helper_main(conn: Connection, in_name: str, out_name: str, bell_name: str, m
 def _serve(conn: Connection, cfg, bell: memoryview, x_region: torch.Tensor, y_region: torch.Tensor,  # type: ignore[no-untyped-def]
            layers: range) -> None:
     layouts = [group_layout(cfg, g) for g in range(len(GROUPS))]
-    adapters: dict[int, LoRAAdapter | None] = {}
+    adapters: dict[int, Weights | None] = {}
     conn.send_bytes(Record(Kind.READY, value=_profile()).encode())
     while True:
         try:
@@ -85,7 +93,7 @@ def _serve(conn: Connection, cfg, bell: memoryview, x_region: torch.Tensor, y_re
             return
         if rec.kind is Kind.REGISTER:
             try:
-                adapters[rec.adapter] = load_adapter(rec.path, f"helper-{rec.adapter}", cfg, layers)
+                adapters[rec.adapter] = attach(SharedLayout.decode(rec.path))
             except Exception:  # noqa: BLE001 - reported on use: COMPUTE answers UNKNOWN_ADAPTER
                 adapters[rec.adapter] = None
         elif rec.kind is Kind.UNREGISTER:
@@ -99,7 +107,7 @@ def _serve(conn: Connection, cfg, bell: memoryview, x_region: torch.Tensor, y_re
             conn.send_bytes(Record(Kind.DONE, seq=rec.seq, status=status, value=time.perf_counter() - t0).encode())
 
 
-def _compute(rec: Record, adapter: LoRAAdapter | None, layouts: list, x_region: torch.Tensor,
+def _compute(rec: Record, adapter: Weights | None, layouts: list, x_region: torch.Tensor,
              y_region: torch.Tensor) -> int:
     if adapter is None:
         return Status.UNKNOWN_ADAPTER
@@ -112,7 +120,7 @@ def _compute(rec: Record, adapter: LoRAAdapter | None, layouts: list, x_region: 
     y = y_region[: end * out_cols].view(end, out_cols)[rec.row:]
     with torch.inference_mode():
         for target, at, width in cols:
-            ab = adapter.weights.get((rec.layer, target))
+            ab = adapter.get((rec.layer, target))
             if ab is None:
                 y[:, at:at + width].zero_()
             else:

@@ -15,6 +15,13 @@ launched behind the copy without a stall. `sync_free=False` is PyTorch's native 
 blocking copy, then the signal), kept for the comparison. On a CPU engine the copy is a
 memory copy and the doorbell a plain store.
 
+Adapters: every adapter the worker registers is announced to every helper at once (REGISTER with
+its `SharedLayout`: the worker's one host copy in a shared file, `lora_shared`), and again to a
+helper that restarts; helpers map it and never read an adapter directory, so nothing on the
+request path touches a file. A dropped adapter is UNREGISTERed.
+
+Cores: `cores` (the CPUs the helpers may use) pins helper i to cores[i % len(cores)].
+
 Faults: a helper that dies (EOF or a broken pipe), hangs past `hang_s`, or answers an error
 makes the call raise `CpuLoRAFailed`; it is killed and restarted at once (usable again once it
 reports READY) and the engine lets those requests wait for their adapter's load instead.
@@ -24,22 +31,20 @@ from __future__ import annotations
 import itertools
 import multiprocessing as mp
 import time
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
-from pathlib import Path
 
 import torch
 
 from .cpu_lora_helper import helper_main
 from .cpu_lora_plan import split_rows, updated_throughput
 from .cpu_lora_wire import Kind, Record, Status, decode, group_layout, region_widths
+from .lora_shared import SharedLayout
 from .model_config import ModelConfig
 
 MIN_ROWS_PER_HELPER = 16
-MAX_ADAPTERS_PER_HELPER = 64  # host copies a helper keeps (LRU); more are re-read on use
 HANG_S = 30.0
 
 
@@ -49,10 +54,9 @@ class CpuLoRAFailed(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """Rows [row, row + count) of the packed cold input belong to `adapter` (its directory `path`)."""
+    """Rows [row, row + count) of the packed cold input belong to `adapter` (registered with the helpers)."""
 
     adapter: str
-    path: str
     rank: int
     row: int
     count: int
@@ -65,7 +69,6 @@ class _Helper:
     conn: Connection
     ready: bool = False
     throughput: float = 0.0
-    registered: OrderedDict[int, None] = field(default_factory=OrderedDict)
 
 
 @dataclass(slots=True)
@@ -75,18 +78,10 @@ class Ticket:
     pending: dict[int, tuple[_Helper, int, int]]  # seq -> (helper, rows, rank)
 
 
-def adapter_key(name: str, path: str) -> tuple[str, str, int]:
-    """Identity of an adapter's weights on disk: a rewritten directory is a new adapter."""
-    try:
-        mtime = (Path(path) / "adapter_model.safetensors").stat().st_mtime_ns
-    except OSError:
-        mtime = 0
-    return name, path, mtime
-
-
 class CpuLoRAHelpers:
     def __init__(self, cfg: ModelConfig, model_dir: str, dtype: str | None, layers: range, processes: int,
-                 max_rows: int, *, hang_s: float = HANG_S, sync_free: bool = True) -> None:
+                 max_rows: int, *, hang_s: float = HANG_S, sync_free: bool = True,
+                 cores: Sequence[int] = ()) -> None:
         if processes < 1:
             raise ValueError(f"cpu_lora_processes must be >= 1, got {processes}")
         self.cfg, self.max_rows, self.hang_s = cfg, max_rows, hang_s
@@ -105,7 +100,9 @@ class CpuLoRAHelpers:
         self._registered: list[torch.Tensor] = []  # host regions page-locked for async copies (CUDA)
         self._bell_dev: dict[torch.device, torch.Tensor] = {}
         self._ctx = mp.get_context("spawn")  # never fork the worker's threads
-        self._ids: dict[tuple[str, str, int], int] = {}
+        self.cores = tuple(cores)
+        self._adapters: dict[str, tuple[int, SharedLayout]] = {}  # name -> (id, its shared host copy)
+        self._next_id = itertools.count(1)
         self._seq = itertools.count(1)
         self.tap: Callable[[str, int, bytes], None] | None = None  # tests: (way, helper, record) of every record
         self.restarts = 0
@@ -114,11 +111,19 @@ class CpuLoRAHelpers:
     # --- processes ------------------------------------------------------------------------
     def _spawn(self, index: int) -> _Helper:
         ours, theirs = self._ctx.Pipe(duplex=True)
+        core = self.cores[index % len(self.cores)] if self.cores else -1
         proc = self._ctx.Process(target=helper_main, name=f"cpu-lora-{index}", daemon=True,
-                                 args=(theirs, self._shm_in.name, self._shm_out.name, self._shm_bell.name, *self._args))
+                                 args=(theirs, self._shm_in.name, self._shm_out.name, self._shm_bell.name, *self._args,
+                                       core))
         proc.start()
         theirs.close()
-        return _Helper(index, proc, ours)
+        helper = _Helper(index, proc, ours)
+        for aid, layout in self._adapters.values():  # every registered adapter, before any COMPUTE
+            try:
+                self._send(helper, Record(Kind.REGISTER, adapter=aid, path=layout.encode()))
+            except OSError:
+                break  # died at once: `ready` restarts it
+        return helper
 
     def _restart(self, helper: _Helper) -> None:
         if helper.proc.is_alive():
@@ -167,18 +172,28 @@ class CpuLoRAHelpers:
             self.tap("received", h.index, data)
         return decode(data)
 
-    def _adapter_id(self, h: _Helper, seg: Segment) -> int:
-        key = adapter_key(seg.adapter, seg.path)
-        aid = self._ids.setdefault(key, len(self._ids) + 1)
-        if aid in h.registered:
-            h.registered.move_to_end(aid)
-            return aid
-        self._send(h, Record(Kind.REGISTER, adapter=aid, path=seg.path))
-        h.registered[aid] = None
-        while len(h.registered) > MAX_ADAPTERS_PER_HELPER:
-            old, _ = h.registered.popitem(last=False)
-            self._send(h, Record(Kind.UNREGISTER, adapter=old))
-        return aid
+    # --- adapters ------------------------------------------------------------------------
+    def register(self, name: str, layout: SharedLayout) -> None:
+        """Announce `name`'s shared host copy to every helper (replacing an earlier one of that name)."""
+        self.unregister(name)
+        aid = next(self._next_id)
+        self._adapters[name] = (aid, layout)
+        self._broadcast(Record(Kind.REGISTER, adapter=aid, path=layout.encode()))
+
+    def unregister(self, name: str) -> None:
+        entry = self._adapters.pop(name, None)
+        if entry is not None:
+            self._broadcast(Record(Kind.UNREGISTER, adapter=entry[0]))
+
+    def registered(self, name: str) -> bool:
+        return name in self._adapters
+
+    def _broadcast(self, rec: Record) -> None:
+        for h in self._helpers:
+            try:
+                self._send(h, rec)
+            except OSError:  # it died: the restart replays every registration
+                pass
 
     # --- one layer's group ----------------------------------------------------------------
     def submit(self, layer: int, group: int, x: torch.Tensor, segments: list[Segment]) -> Ticket:
@@ -191,6 +206,9 @@ class CpuLoRAHelpers:
         helpers = self.ready()
         if not helpers:
             raise CpuLoRAFailed("no CPU LoRA helper is ready")
+        missing = [seg.adapter for seg in segments if seg.adapter not in self._adapters]
+        if missing:
+            raise CpuLoRAFailed(f"adapters {missing} are not registered with the CPU LoRA helpers")
         gate = self._publish(x, n * in_dim)
         ticket = Ticket(n, out_cols, {})
         plan = split_rows(n, [h.throughput for h in helpers], MIN_ROWS_PER_HELPER)
@@ -202,7 +220,7 @@ class CpuLoRAHelpers:
                     continue
                 seq = next(self._seq)
                 try:
-                    aid = self._adapter_id(h, seg)
+                    aid = self._adapters[seg.adapter][0]
                     self._send(h, Record(Kind.COMPUTE, seq=seq, adapter=aid, layer=layer, group=group, row=lo,
                                          count=hi_row - lo, in_dim=in_dim, out_cols=out_cols, gate=gate))
                 except OSError as exc:  # BrokenPipeError: it died
@@ -308,4 +326,4 @@ class CpuLoRAHelpers:
             shm.unlink()
 
 
-__all__ = ["CpuLoRAFailed", "CpuLoRAHelpers", "Segment", "Ticket", "adapter_key"]
+__all__ = ["CpuLoRAFailed", "CpuLoRAHelpers", "Segment", "Ticket"]

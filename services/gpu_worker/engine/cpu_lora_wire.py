@@ -2,7 +2,7 @@
 
 Data never travels here: the layer's input rows and the helpers' deltas live in two shared
 memory regions (`cpu_lora_helpers`). A record is a struct-packed header of fixed size; only
-REGISTER carries a tail (the adapter's directory, UTF-8). Nothing is pickled: the channel is
+REGISTER carries a tail (the adapter's `SharedLayout` as JSON, UTF-8: where its shared host copy lies). Nothing is pickled: the channel is
 a `multiprocessing.connection.Connection` used with `send_bytes`/`recv_bytes` only.
 
 Projection groups: the targets one base matmul feeds with the same input (q|k|v, gate|up),
@@ -23,7 +23,7 @@ GROUP_OF = {t: g for g, targets in enumerate(GROUPS) for t in targets}
 
 class Kind(IntEnum):
     READY = 1  # helper -> engine: started; `value` = its profiled throughput (row-rank products / s)
-    REGISTER = 2  # engine -> helper: read adapter `adapter` from the directory in the tail
+    REGISTER = 2  # engine -> helper: map adapter `adapter`'s shared host copy (layout in the tail)
     UNREGISTER = 3  # engine -> helper: drop adapter `adapter`
     COMPUTE = 4  # engine -> helper: rows [row, row+count) of `group` at `layer` for `adapter`
     DONE = 5  # helper -> engine: `seq` written; `status` 0 ok; `value` = compute seconds
@@ -54,7 +54,7 @@ class Record:
     out_cols: int = 0
     status: int = 0
     value: float = 0.0
-    path: str = ""  # REGISTER only
+    path: str = ""  # REGISTER only: the SharedLayout, encoded
     gate: int = 0  # COMPUTE: wait until the doorbell reads >= gate (the input rows have landed)
 
     def encode(self) -> bytes:

@@ -57,6 +57,9 @@ class EngineConfig:
     cpu_lora_assist: bool = False
     cpu_lora_processes: int = 2
     lora_load_bandwidth: float | None = None  # bytes/s: paces adapter loads (a PCIe-like link on CPU)
+    lora_load_mode: str = "async"  # or "inline": the step that needs a cold adapter loads it, the batch waits
+    cpu_lora_chunk: int = 32  # tokens per CPU-assisted prefill chunk (the device takes over at the next)
+    cpu_lora_cores: tuple[int, ...] = ()  # CPUs the helpers are pinned to (one each, round robin); () unpinned
 
 
 @dataclass(slots=True)
@@ -109,7 +112,8 @@ class LLMEngine(KvHandover):
         self.stalled = False  # the last step scheduled nothing although requests are in (e.g. waiting for KV)
         self.cold = ColdStart(self.runner, assist=config.cpu_lora_assist, processes=config.cpu_lora_processes,
                               bandwidth=config.lora_load_bandwidth, model_dir=config.model_dir, dtype=config.dtype,
-                              max_rows=config.max_num_batched_tokens)
+                              max_rows=config.max_num_batched_tokens, load_mode=config.lora_load_mode,
+                              cpu_chunk=config.cpu_lora_chunk, cores=config.cpu_lora_cores)
 
     # --- requests --------------------------------------------------------------------
     def add_request(

@@ -8,11 +8,15 @@ kind "lora" and its charge released on eviction. A pinned adapter (`pin`) stays 
 device: LRU never evicts it. The host repository may be bounded (`host_limit_bytes`, the
 worker's `lora_host_memory`): beyond it the least recently used adapters that have a
 directory to re-read are spilled (registered still; read again on next use).
+
+With `share_host()` (a worker that runs CPU LoRA helpers) every host copy lives in a shared file
+(`lora_shared`): the helpers map the same copy, and `on_host(name, layout | None)` tells them when
+one appears or goes (registered, re-read after a spill / unregistered, spilled, replaced).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ import torch
 from .adapter_lru import AdapterLRU
 from .lora_adapter import TARGETS, LoRAAdapter, load_adapter, target_shape
 from .lora_batch import LoRABatch, build_lora_batch
+from .lora_shared import SharedLayout, release, share
 from .model_config import ModelConfig
 
 __all__ = ["TARGETS", "LoRAAdapter", "LoRAManager", "load_adapter", "target_shape"]
@@ -51,6 +56,35 @@ class LoRAManager:
         self.host_lru = AdapterLRU()  # host copies held (spilled ones are not); bounded by host_limit_bytes
         self.paths: dict[str, Path] = {}  # where a spilled adapter is read again from
         self.spilled: dict[str, LoRAAdapter] = {}  # registered, weights dropped (name, rank kept)
+        self.shared = False  # host copies in shared files (share_host): the CPU helpers map them
+        self.layouts: dict[str, SharedLayout] = {}  # name -> its shared host copy
+        self.on_host: Callable[[str, SharedLayout | None], None] | None = None
+
+    def share_host(self) -> None:
+        """From now on every host copy is one shared file (those held now are moved there)."""
+        if self.shared:
+            return
+        self.shared = True
+        for name, adapter in list(self.host.items()):
+            if name not in self.spilled:
+                self.host[name] = self._shared(adapter)
+
+    def _shared(self, adapter: LoRAAdapter) -> LoRAAdapter:
+        if not self.shared:
+            return adapter
+        self._drop_shared(adapter.name)
+        moved, layout = share(adapter)
+        self.layouts[adapter.name] = layout
+        if self.on_host is not None:
+            self.on_host(adapter.name, layout)
+        return moved
+
+    def _drop_shared(self, name: str) -> None:
+        layout = self.layouts.pop(name, None)
+        if layout is not None:
+            if self.on_host is not None:
+                self.on_host(name, None)
+            release(layout)
 
     def set_host_limit(self, limit_bytes: int | None) -> None:
         self.host_lru.limit_bytes = limit_bytes
@@ -66,7 +100,7 @@ class LoRAManager:
         name = adapter.name
         self.unregister(name)
         self._hold(adapter)
-        self.host[name] = adapter
+        self.host[name] = self._shared(adapter)
         if path is not None:
             self.paths[name] = Path(path)
         else:
@@ -88,6 +122,7 @@ class LoRAManager:
     def unregister(self, name: str) -> None:
         self._evict(name)
         self.host.pop(name, None)
+        self._drop_shared(name)
         self.pinned.discard(name)
         self.host_lru.remove(name)
         self.paths.pop(name, None)
@@ -178,7 +213,7 @@ class LoRAManager:
         if name in self.spilled:  # cold: read the directory again (it was checked when registered)
             adapter = load_adapter(self.paths[name], name, self.cfg, self.layers)
             self._hold(adapter)
-            self.host[name] = adapter
+            adapter = self.host[name] = self._shared(adapter)
             del self.spilled[name]
         else:
             self.host_lru.touch(name)
@@ -192,6 +227,7 @@ class LoRAManager:
                               f"({self.host_lru.limit_bytes} B, {self.host_lru.bytes} B held by adapters it cannot spill)")
         for victim in victims:
             held = self.host[victim]
+            self._drop_shared(victim)
             self.spilled[victim] = LoRAAdapter(victim, held.rank, {})
             self.host[victim] = self.spilled[victim]
             self.host_lru.remove(victim)
