@@ -41,7 +41,7 @@ from loadgen.traces.schema import AdapterInfo, MAFParams, Trace, TraceHeader, Tr
 from shared.lora_profile_file import load_lora_profile
 from shared.policy.lora_perf_model import KERNELS, Kernel, LoraPerfProfile
 from shared.policy.lora_routing import RankAware, RoutingOptions
-from shared.policy.routing import make_policy
+from shared.policy.routing_policies import make_policy
 
 POLICIES = ("rank-aware", "rank-aware-strict", "most-idle", "random", "first-fit")
 

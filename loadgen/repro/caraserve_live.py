@@ -42,7 +42,7 @@ from loadgen.traces.schema import Trace, TraceRecord
 from shared.lora_profile_file import load_lora_profile
 from shared.policy.lora_perf_model import LoraPerfProfile, encode_profile
 from shared.policy.lora_routing import RoutingOptions
-from shared.policy.routing import make_policy
+from shared.policy.routing_policies import make_policy
 from loadgen.runner.bench_cluster import BenchCluster
 
 STEP_TOKEN_BUDGET = 512

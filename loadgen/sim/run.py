@@ -12,7 +12,7 @@ from loadgen.sim.profile import CostProfile
 from loadgen.sim.simulator import SimResult, SimStats, Simulator
 from loadgen.traces.schema import Trace, TraceHeader
 from shared.policy.lora_routing import RoutingOptions
-from shared.policy.routing import make_policy
+from shared.policy.routing_policies import make_policy
 
 class SimRunInfo(msgspec.Struct, frozen=True, kw_only=True):
     """sim.json: how a simulated run was made and what the simulator counted."""

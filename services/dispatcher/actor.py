@@ -24,7 +24,7 @@ from shared.events import (
 from shared.events.registry import Bucket
 from shared.logging import get_logger, request_id_var
 from shared.lora_profile_file import routing_options
-from shared.policy.routing import make_policy
+from shared.policy.routing_policies import make_policy
 from shared.policy.routing_groups import GroupBatch, profiled_batch, summed_batch
 from shared.policy.routing_mell import OUTCOMES
 from shared.profiles import load_pipeline_profile

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
-if TYPE_CHECKING:
-    from shared.policy.lora_routing import RoutingOptions
 
 
 class RequestView(msgspec.Struct, frozen=True, kw_only=True):
@@ -143,35 +141,3 @@ class HashRandom:
             return None
         digest = hashlib.blake2b(f"{self.seed}:{request.request_id}".encode(), digest_size=8).digest()
         return pool[int.from_bytes(digest, "big") % len(pool)].instance_id
-
-
-def _lora():  # type: ignore[no-untyped-def]
-    from shared.policy import lora_routing  # imports this module: loaded on first use
-
-    return lora_routing
-
-
-def _mell():  # type: ignore[no-untyped-def]
-    from shared.policy import routing_mell  # imports this module: loaded on first use
-
-    return routing_mell
-
-
-POLICIES: dict[str, Callable[[int, "RoutingOptions"], RoutingPolicy]] = {
-    "least-load": lambda seed, opts: LeastOutstandingWork(),
-    "random": lambda seed, opts: HashRandom(seed),
-    "rank-aware": lambda seed, opts: _lora().RankAware.from_options(opts),  # CaraServe Alg. 1
-    "most-idle": lambda seed, opts: _lora().MostIdle(),
-    "first-fit": lambda seed, opts: _lora().FirstFit(),
-    "mell": lambda seed, opts: _mell().MellRouting(),  # the planner's placement hints (MELL's Allocate)
-}
-
-
-def make_policy(name: str, seed: int = 0, options: RoutingOptions | None = None) -> RoutingPolicy:
-    """A routing policy by name (see POLICIES); `options` configure rank-aware (default: the
-    paper's profile, the segmented kernel, no SLO)."""
-    try:
-        factory = POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
-    return factory(seed, options if options is not None else _lora().RoutingOptions())

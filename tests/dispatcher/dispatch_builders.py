@@ -6,7 +6,7 @@ from shared.events import (
     InstanceStats, LayerRange, PoolBreakdown, SamplingParams, SubmitRequest, TokenChunk, Usage, WorkerHeartbeat,
     WorkerState, WorkerStats,
 )
-from shared.policy.routing import make_policy
+from shared.policy.routing_policies import make_policy
 
 from services.dispatcher.core import DispatchCore
 from services.dispatcher.effects import SendAssignment

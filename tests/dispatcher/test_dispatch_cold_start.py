@@ -10,7 +10,7 @@ from dispatcher.dispatch_builders import (
 )
 
 from shared.events import SubmitAccepted, SubmitRejected
-from shared.policy.routing import make_policy
+from shared.policy.routing_policies import make_policy
 from services.dispatcher.cold_start import ASK_EVERY_S, RequestCapacity
 from services.dispatcher.core import DispatchCore
 from services.dispatcher.model_catalog import ModelCatalog

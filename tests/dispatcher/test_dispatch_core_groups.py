@@ -7,7 +7,7 @@ from dispatcher.dispatch_builders import CONFIG, DEAD_AFTER, heartbeat, instance
 
 from shared.events import LayerRange
 from shared.policy.kunserve_groups import group_max_batch
-from shared.policy.routing import make_policy
+from shared.policy.routing_policies import make_policy
 from shared.policy.routing_groups import profiled_batch
 from shared.profiles import load_pipeline_profile
 from services.dispatcher.core import DispatchCore

@@ -7,7 +7,7 @@ import msgspec
 from dispatcher.dispatch_builders import CONFIG, DEAD_AFTER, heartbeat, instance, sends, stats, submit
 
 from shared.events import PlacementEntry, PlacementHints
-from shared.policy.routing import make_policy
+from shared.policy.routing_policies import make_policy
 from services.dispatcher.core import DispatchCore
 from services.dispatcher.model_catalog import ModelCatalog
 

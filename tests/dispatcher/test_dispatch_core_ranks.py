@@ -7,7 +7,7 @@ from dispatcher.dispatch_builders import DEAD_AFTER, chunk, heartbeat, sends, st
 from shared.config import parse_config
 from shared.events import InstanceStats, LayerRange
 from shared.policy.lora_routing import RoutingOptions
-from shared.policy.routing import make_policy
+from shared.policy.routing_policies import make_policy
 
 from services.dispatcher.core import DispatchCore
 from services.dispatcher.model_catalog import ModelCatalog

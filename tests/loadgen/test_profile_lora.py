@@ -8,7 +8,7 @@ import pytest
 from loadgen.profiler.lora import LoraSweep, decode_batches, prefill_sets
 from shared.config_loader import parse
 from shared.lora_profile_file import load_lora_profile, routing_options
-from shared.policy.routing import make_policy
+from shared.policy.routing_policies import make_policy
 from tidal.cli import main
 
 SMALL = ["--ranks", "8,32", "--lora-batches", "1,3", "--lora-prompts", "16", "--lora-steps", "2",

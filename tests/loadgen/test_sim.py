@@ -10,7 +10,7 @@ from loadgen.sim.run import simulate, unloaded_baseline
 from loadgen.sim.simulator import Simulator, place_models
 from loadgen.traces.generate import generate
 from loadgen.traces.schema import MAFParams, PoissonParams, Trace, TraceHeader, TraceRecord
-from shared.policy.routing import make_policy
+from shared.policy.routing_policies import make_policy
 
 COST = StepCost(overhead_s=0.01, decode_per_seq_s=0.001, decode_per_ctx_token_s=1e-5, prefill_per_token_s=1e-4,
                 prefill_attn_s=1e-8)

@@ -9,7 +9,7 @@ from loadgen.sim.run import simulate
 from loadgen.sim.simulator import Simulator
 from loadgen.sim.timeline import WorkerTimeline
 from loadgen.traces.schema import PoissonParams, Trace, TraceHeader, TraceRecord
-from shared.policy.routing import make_policy
+from shared.policy.routing_policies import make_policy
 
 # a step is 10 ms plus 1 ms per prefill token: times below are exact sums
 COST = StepCost(overhead_s=0.01, decode_per_seq_s=0.0, decode_per_ctx_token_s=0.0, prefill_per_token_s=0.001,

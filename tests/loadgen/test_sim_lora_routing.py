@@ -9,7 +9,8 @@ from loadgen.sim.simulator import Simulator
 from loadgen.traces.generate import generate
 from loadgen.traces.schema import MAFParams
 from shared.policy.lora_routing import RoutingOptions
-from shared.policy.routing import InstanceView, RequestView, make_policy
+from shared.policy.routing import InstanceView, RequestView
+from shared.policy.routing_policies import make_policy
 
 TRACE = generate(MAFParams(seed=3, duration_s=20.0, rate=8.0, adapters=40, ranks=[8, 64], base_fraction=0.2))
 PROFILE = CostProfile(worker=WorkerSpec(max_batch=8, max_resident_adapters=4))

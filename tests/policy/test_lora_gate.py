@@ -15,7 +15,8 @@ from shared.lora_profile_file import routing_options
 from shared.policy.admission import adapter_gate, serving, with_room
 from shared.policy.lora_perf_model import PAPER_PROFILE
 from shared.policy.lora_routing import RankAware
-from shared.policy.routing import InstanceView, RequestView, make_policy
+from shared.policy.routing import InstanceView, RequestView
+from shared.policy.routing_policies import make_policy
 
 
 def inst(iid: str, *, running: tuple[int, ...] = (), resident: frozenset[str] = frozenset(),

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from shared.policy.lora_perf_model import PAPER_PROFILE
 from shared.policy.lora_routing import FirstFit, MostIdle, RankAware, RoutingOptions, calc_cost, hostable
-from shared.policy.routing import InstanceView, RequestView, RoutingPolicy, make_policy
+from shared.policy.routing import InstanceView, RequestView, RoutingPolicy
+from shared.policy.routing_policies import make_policy
 
 
 def inst(iid: str, *, running: tuple[int, ...] = (), waiting: tuple[int, ...] = (), model: str = "m",

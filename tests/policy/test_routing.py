@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.policy.routing import (
-    HashRandom, InstanceView, LeastOutstandingWork, RequestView, RoutingPolicy, make_policy,
-)
+from shared.policy.routing import HashRandom, InstanceView, LeastOutstandingWork, RequestView, RoutingPolicy
+from shared.policy.routing_policies import make_policy
 
 
 def inst(iid: str, *, model: str = "m", used: int = 0, queued: int = 0, running: int = 0,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from shared.events.plan import PlacementEntry, PlacementHints
-from shared.policy.routing import InstanceView, RequestView, make_policy
+from shared.policy.routing import InstanceView, RequestView
+from shared.policy.routing_policies import make_policy
 from shared.policy.routing_mell import MellRouting, entry_for, hinted_choice, prompt_kv_bytes
 
 BLOCK_TOKENS = 16

@@ -223,7 +223,7 @@ def _simulate(trace, profile, workers: int):  # type: ignore[no-untyped-def]
     """The simulated run and its KV peak (the fraction of blocks in use, over every worker)."""
     from loadgen.sim.simulator import Simulator
     from loadgen.sim.timeline import WorkerTimeline
-    from shared.policy.routing import make_policy
+    from shared.policy.routing_policies import make_policy
 
     sim = Simulator(trace, profile, workers, make_policy("least-load"))
     timelines = []

@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _timed(trace, profile, workers: int, policy: str, max_run_s: float):
     from loadgen.sim.simulator import Simulator
-    from shared.policy.routing import make_policy
+    from shared.policy.routing_policies import make_policy
 
     sim = Simulator(trace, profile, workers, make_policy(policy), max_run_s=max_run_s)
     cpu0, wall0 = time.process_time(), time.perf_counter()

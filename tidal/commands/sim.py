@@ -11,7 +11,7 @@ import time
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from shared.policy.routing import POLICIES
+    from shared.policy.routing_policies import POLICIES
 
     p = sub.add_parser("sim", help="simulate a trace on N workers and write the report")
     p.add_argument("trace", help="trace file (from `tidal trace`)")
