@@ -1,5 +1,5 @@
-"""Final KV footprints for the reserving baselines of `tidal repro mell` (BF and WF reserve a
-request's final size at admission; see shared/policy/binpack_baselines.py).
+"""Final KV footprints for the hindsight arms of `tidal repro mell` (BF-reserve and WF-reserve reserve
+a request's final size at admission, which no scheduler knows; see shared/policy/binpack_baselines.py).
 
 The footprint of a request is the largest size the op stream ever gives it: its prompt +
 output KV rounded up to a granule, as of the last planning boundary it is alive at (at most

@@ -1,5 +1,6 @@
-"""The report of `tidal repro mell`: report.md (paper vs ours, per-scenario figures), PNG
-analogues of MELL Figs. 11-15 and summary.json, under one directory."""
+"""The report of `tidal repro mell`: report.md (paper vs ours, per-scenario figures, what the baselines'
+waiting and everyone's moves cost, the planning-interval sweep), PNG analogues of MELL Figs. 11-15 and
+summary.json, under one directory."""
 from __future__ import annotations
 
 import json
@@ -7,27 +8,37 @@ from pathlib import Path
 
 import numpy as np
 
-from loadgen.repro.mell import Headline, ReproConfig, Scenario, batched_mell, gpus_needed
-from loadgen.repro.mell_core_report import INTRO as CORE_INTRO
-from loadgen.repro.mell_core_report import core_table
+from loadgen.repro.mell import (
+    FLEET, FREE, PAPER, RESERVING, Headline, ReproConfig, Scenario, batching_cut, gpus_needed,
+)
+from loadgen.repro.mell_setup import AZURE_CREDIT
 from loadgen.repro.report import grouped_bars, md_table, timelines
-from shared.policy.binpack_baselines import PAPER_BASELINES as BASELINES
+from loadgen.sim.kv_packing_fleet import FleetResult
 
-RESTART = ("BF-restart", "WF-restart")  # ablation rows, not the paper's baselines
+MAIN = (*PAPER, "MELL")
 
 SEMANTICS = [
-    "- Baselines as §VIII-B defines them. **BF** / **WF**: best / worst fit, never migrate; \"sufficient "
-    "memory\" is the request's final KV footprint (prompt + output), reserved at admission, because without "
-    "migration a GPU can only keep its admitted requests fitting as they grow by reserving that growth (a real "
-    "system reserves prompt + max_tokens). The reservation counts against capacity but not as memory in use. "
-    "**LB**: worst fit at the current KV size plus Llumnix-style KV migration (pair the fullest GPU with the "
-    "emptiest each interval, migrate out of a GPU its requests outgrew, de-fragment for an arrival that fits "
-    "nowhere). All activate a GPU when no GPU fits an arrival and terminate a GPU when it is idle.",
-    "- **BF-restart** / **WF-restart** (ablation, outside the paper): admit at the current size; when requests "
-    "outgrow a GPU, preempt its newest requests and restart them on another GPU by the same fit rule — "
-    "unlimited repacking that pays a re-prefill per restart (not counted as migrations; listed as restarts/s).",
-    "- MELL: size class by the request's current KV size (its growth past a granule is an Update); operations "
-    "batched per planning interval (§VI); tiny requests bundled into multi-items.",
+    "- **BF** / **WF**: best / worst fit by what is known at arrival: the prompt's KV against what each GPU's "
+    "requests hold now (running and waiting); never migrate. When the requests admitted to a GPU outgrow it, its "
+    "engine preempts the newest (vLLM's recompute preemption): they wait there and re-prefill when memory frees; "
+    "the wait is added to their TTFT/TPOT (table \"What waiting costs\").",
+    "- **LB**: Llumnix: worst fit (virtual usage: waiting requests count), and each planning interval sources "
+    "(GPUs with waiting requests or under 3 decode steps of free KV per request) are paired with the freest "
+    "GPUs; one request per pair (the shortest) migrates by KV if the move narrows the pair's gap; one migration "
+    "per GPU at a time.",
+    "- **MELL**: Fig. 10's operations batched per planning interval (§VI: moves buffered; a buffered move that "
+    "an arrival of the batch makes unnecessary is dropped), at most 10 moves per operation; each move by KV or "
+    "by tokens within MELL §V's boundaries (adaptive migration). **MELL-uncapped**: no cap, no batching, "
+    "operations one by one (the most moves one operation needs).",
+    "- All activate a GPU when no active GPU has room for an arrival and terminate it when idle; a GPU counts "
+    "as active while it holds anything (a copy being drained included). Every policy's moves pay the same "
+    "costs: Llumnix's pre-copy over the testbed's kv link with the source held until the hand-over and a stall, "
+    "or a re-prefill on the destination; a move fails when the destination has no room, the request ends or is "
+    "preempted first.",
+    "- **BF-reserve** / **WF-reserve** (extra arms, hindsight): reserve each request's final KV at admission, "
+    "which no scheduler knows (MELL Finding 2); they never overflow.",
+    "- **MELL-free** (extra arm): MELL on the undelayed op stream with instant, free moves: the GPUs its "
+    "packing needs before any move costs anything.",
 ]
 
 
@@ -36,47 +47,77 @@ def _pct(v: float) -> str:
 
 
 def _span(values: list[float], pct: bool = True) -> str:
+    if not values:
+        return "n/a"
     f = _pct if pct else (lambda v: f"{100 * v:.0f}%")
     return f"{f(min(values))} .. {f(max(values))} (mean {f(float(np.mean(values)))})"
 
 
+def _fleet(s: Scenario, p: str) -> FleetResult | None:
+    r = s.results.get(p)
+    return r if isinstance(r, FleetResult) else None
+
+
+def _tpot_p99_ms(s: Scenario, p: str) -> float:
+    r = _fleet(s, p)
+    return 1000 * float(np.percentile(r.tpot_delay, 99)) if r is not None and r.tpot_delay is not None else 0.0
+
+
+def _ttft_p99_s(s: Scenario, p: str) -> float:
+    r = _fleet(s, p)
+    return float(np.percentile(r.ttft_delay, 99)) if r is not None and r.ttft_delay is not None else 0.0
+
+
+def _range(scenarios: list[Scenario], p: str) -> str:
+    v = [s.per_request(p) for s in scenarios]
+    return f"{min(v):.2f}..{max(v):.2f}"
+
+
 def paper_vs_ours(scenarios: list[Scenario], head: Headline) -> str:
-    rel = {b: [gpus_needed(s.results["MELL"]) / gpus_needed(s.results[b]) - 1 for s in scenarios] for b in BASELINES}
-    util_m = [s.util("MELL") for s in scenarios]
-    util_b = {b: [s.util(b) for s in scenarios] for b in BASELINES}
-    gain = [s.util("MELL") - max(s.util(b) for b in BASELINES) for s in scenarios]
-    gain_max = [s.util("MELL") - min(s.util(b) for b in BASELINES) for s in scenarios]
-    fewer_than_lb = sum(s.rate("MELL") < s.rate("LB") for s in scenarios)
+    rel = {b: [gpus_needed(s.results["MELL"]) / gpus_needed(s.results[b]) - 1 for s in scenarios] for b in PAPER}
     mean_rel = {b: [s.results["MELL"].mean_devices() / s.results[b].mean_devices() - 1 for s in scenarios]
-                for b in BASELINES}
-    restart_rel = {b: [gpus_needed(s.results["MELL"]) / gpus_needed(s.results[b]) - 1 for s in scenarios]
-                   for b in RESTART if b in scenarios[0].results}
+                for b in PAPER}
+    lb_rel = [gpus_needed(s.results["MELL"]) / max(1, s.lower_bound) - 1 for s in scenarios]
+    util_m = [s.util("MELL") for s in scenarios]
+    util_b = {b: [s.util(b) for s in scenarios] for b in PAPER}
+    gain = [s.util("MELL") - max(s.util(b) for b in PAPER) for s in scenarios]
+    gain_max = [s.util("MELL") - min(s.util(b) for b in PAPER) for s in scenarios]
+    fewer_than_lb = sum(s.rate("MELL") < s.rate("LB") for s in scenarios)
+    reserve_rel = {b: [gpus_needed(s.results["MELL"]) / gpus_needed(s.results[b]) - 1 for s in scenarios]
+                   for b in RESERVING if b in scenarios[0].results}
 
     def cuts(kind: str) -> str:
-        c = [1 - s.results[batched_mell(s)].moves / s.results["MELL-nobatch"].moves for s in scenarios
-             if s.workload.kind == kind and s.results["MELL-nobatch"].moves]
+        c = [batching_cut(s.results["MELL"]) for s in scenarios if s.workload.kind == kind]
         return f"{100 * min(c):.0f}% .. {100 * max(c):.0f}%" if c else "n/a"
 
     rows = [
-        ("GPUs needed, MELL vs BF", "over 20% fewer (§VIII-C); 9-31% fewer over all baselines (abstract)", _span(rel["BF"])),
-        ("GPUs needed, MELL vs WF", "over 20% fewer (§VIII-C)", _span(rel["WF"])),
-        ("GPUs needed, MELL vs LB", "up to 15% fewer (§VIII-C)", _span(rel["LB"])),
+        ("GPUs needed (peak), MELL vs BF", "over 20% fewer (§VIII-C); 9-31% fewer over all baselines (abstract)",
+         _span(rel["BF"])),
+        ("GPUs needed (peak), MELL vs WF", "over 20% fewer (§VIII-C)", _span(rel["WF"])),
+        ("GPUs needed (peak), MELL vs LB", "up to 15% fewer (§VIII-C)", _span(rel["LB"])),
         ("GPUs time-averaged, MELL vs BF / WF / LB", "not reported (Fig. 15 shows MELL lowest throughout)",
-         " / ".join(_span(mean_rel[b]) for b in BASELINES)),
-        *[(f"GPUs needed, MELL vs {b} (ablation)", "not in the paper", _span(v)) for b, v in restart_rel.items()],
+         " / ".join(_span(mean_rel[b]) for b in PAPER)),
+        ("what BF / WF pay for their GPU count", "not reported",
+         "TPOT +" + " / +".join(f"{max(_tpot_p99_ms(s, b) for s in scenarios):.0f}" for b in ("BF", "WF"))
+         + " ms per token at P99 (worst scenario), MELL +"
+         + f"{max(_tpot_p99_ms(s, 'MELL') for s in scenarios):.0f}"),
+        ("GPUs needed, MELL vs the L2 lower bound", "4/3 OPT + c (Theorem 2)", _span(lb_rel)),
+        *([("GPUs needed, MELL with instant free moves (MELL-free) vs the L2 bound", "—",
+            _span([gpus_needed(s.results[FREE]) / max(1, s.lower_bound) - 1 for s in scenarios]))]
+          if all(FREE in s.results for s in scenarios) else []),
+        *[(f"GPUs needed, MELL vs {b} (hindsight arm)", "not in the paper", _span(v)) for b, v in reserve_rel.items()],
         ("MELL memory utilisation", "lowest average 88% (§VIII-C, Fig. 14)", _span(util_m, pct=False)),
         ("baselines' utilisation", "peak ~80%; BF as low as 65% at Poisson high (Fig. 14)",
-         "; ".join(f"{b} {min(v) * 100:.0f}..{max(v) * 100:.0f}%" for b, v in util_b.items())
-         + " (BF/WF in use + reserved: " + "; ".join(
-             f"{b} {min(s.reserved_share(b) for s in scenarios) * 100:.0f}.."
-             f"{max(s.reserved_share(b) for s in scenarios) * 100:.0f}%" for b in ("BF", "WF")) + ")"),
+         "; ".join(f"{b} {min(v) * 100:.0f}..{max(v) * 100:.0f}%" for b, v in util_b.items())),
         ("utilisation gain of MELL (points)", "8-28% (§VIII-C); 10-43% (abstract)",
          f"{100 * min(gain):+.0f} .. {100 * max(gain_max):+.0f} (vs best .. worst baseline)"),
         ("migration frequency", "MELL below LB in every workload; BF/WF 0 (Fig. 12)",
-         f"MELL below LB in {fewer_than_lb}/{len(scenarios)}; BF/WF 0 (they reserve growth, never overflow)"),
+         f"MELL below LB in {fewer_than_lb}/{len(scenarios)}; per request MELL {_range(scenarios, 'MELL')}, "
+         f"LB {_range(scenarios, 'LB')}; BF/WF 0"),
         ("migrations removed by batching, Poisson", "up to 30% (Fig. 13)", cuts("poisson")),
         ("migrations removed by batching, Azure", "up to 25% (Fig. 13)", cuts("azure")),
-        ("most migrations caused by one operation", "at most 10 (Theorem 3)", str(head.max_migrations_per_op)),
+        ("most migrations one operation needs", "at most 10 (Theorem 3)",
+         f"{head.max_migrations_uncapped} uncapped; {head.capped_ops} operations of the capped runs hit the cap"),
     ]
     return md_table(("claim", "paper", "ours"), rows)
 
@@ -85,63 +126,125 @@ def scenario_table(scenarios: list[Scenario]) -> str:
     rows = []
     for s in scenarios:
         r = s.results
-        rows.append((s.testbed.key, s.workload.label, s.schedule.requests,
-                     " / ".join(str(r[p].peak_devices()) for p in (*BASELINES, "MELL")),
-                     " / ".join(f"{r[p].mean_devices():.1f}" for p in (*BASELINES, "MELL")),
-                     " / ".join(f"{100 * s.util(p):.0f}" for p in (*BASELINES, "MELL")),
-                     " / ".join(f"{100 * s.reserved_share(p):.0f}" for p in ("BF", "WF")),
-                     f"{s.rate('LB'):.2f} / {s.rate('MELL'):.2f} / {s.rate('MELL-nobatch'):.2f}",
-                     max(r[p].overcommitted_epochs for p in r)))
-    return md_table(("testbed", "workload", "requests", "peak GPUs BF/WF/LB/MELL", "mean GPUs BF/WF/LB/MELL",
-                     "util % BF/WF/LB/MELL", "in use + reserved % BF/WF", "migrations/s LB/MELL/MELL-nobatch",
-                     "overcommitted epochs"), rows)
+        rows.append((s.testbed.key, s.workload.label, s.requests,
+                     f"{s.lower_bound} ({s.lower_bound_l1})",
+                     " / ".join(str(r[p].peak_devices()) for p in MAIN),
+                     str(r[FREE].peak_devices()) if FREE in r else "—",
+                     " / ".join(f"{r[p].mean_devices():.1f}" for p in MAIN),
+                     " / ".join(f"{100 * s.util(p):.0f}" for p in MAIN),
+                     " / ".join(f"{s.per_request(p):.2f}" for p in ("LB", "MELL")),
+                     " / ".join(f"{s.rate(p):.2f}" for p in ("LB", "MELL")),
+                     f"{r['MELL-uncapped'].max_moves_per_op if 'MELL-uncapped' in r else '—'} / "
+                     f"{getattr(r['MELL'], 'capped_ops', 0)}"))
+    return md_table(("testbed", "workload", "requests", "L2 (L1) bound", "peak GPUs BF/WF/LB/MELL",
+                     "peak GPUs MELL-free", "mean GPUs BF/WF/LB/MELL", "util % BF/WF/LB/MELL",
+                     "migrations per request LB/MELL", "migrations/s LB/MELL",
+                     "MELL: most moves in one op uncapped / ops at the cap of 10"), rows)
 
 
-def restart_table(scenarios: list[Scenario]) -> str:
-    """The restart ablation: what repacking by restarts (preempt the newest, re-prefill elsewhere) buys BF and WF."""
+def waiting_table(scenarios: list[Scenario]) -> str:
+    """What the fleet arms' requests waited: preemptions, held-back arrivals, stalls and re-prefills."""
     rows = []
     for s in scenarios:
-        r = s.results
-        rows.append((s.testbed.key, s.workload.label,
-                     " / ".join(str(r[p].peak_devices()) for p in (*RESTART, "MELL")),
-                     " / ".join(f"{r[p].mean_devices():.1f}" for p in (*RESTART, "MELL")),
-                     " / ".join(f"{100 * s.util(p):.0f}" for p in RESTART),
-                     " / ".join(f"{s.rate(p):.2f}" for p in RESTART),
-                     " / ".join(str(r[p].moves) for p in RESTART)))
-    return md_table(("testbed", "workload", "peak GPUs BF-r/WF-r/MELL", "mean GPUs BF-r/WF-r/MELL",
-                     "util % BF-r/WF-r", "restarts/s BF-r/WF-r", "restarts BF-r/WF-r"), rows)
+        for p in FLEET:
+            r = _fleet(s, p)
+            if r is None:
+                continue
+            delayed = int(np.count_nonzero((r.ttft_delay > 0) | (r.tpot_delay > 0)))
+            rows.append((s.testbed.key, s.workload.label, p, r.preemptions, r.held_back,
+                         f"{100 * delayed / max(1, s.requests):.0f}%",
+                         f"{float(np.percentile(r.ttft_delay, 99)):.2f} / {float(r.ttft_delay.max(initial=0)):.1f}",
+                         f"{1000 * float(np.percentile(r.tpot_delay, 50)):.1f} / "
+                         f"{1000 * float(np.percentile(r.tpot_delay, 99)):.1f}",
+                         r.overcommitted_epochs))
+    return md_table(("testbed", "workload", "policy", "preemptions", "arrivals held back", "requests delayed",
+                     "TTFT added P99 / max (s)", "TPOT added P50 / P99 (ms per token)",
+                     "epochs a GPU held more than C"), rows)
 
 
 def moves_table(scenarios: list[Scenario]) -> str:
-    """What the moves cost each policy (loadgen/sim/kv_packing_moves.py), per scenario."""
+    """How each migrating arm's moves went (loadgen/sim/kv_packing_fleet.py)."""
     rows = []
     for s in scenarios:
-        for p, r in s.results.items():
-            st = r.move_costs
-            if st is None or not (st.kv_moves or st.token_moves):
+        for p in ("LB", "MELL", "MELL-uncapped"):
+            r = _fleet(s, p)
+            if r is None or r.move_costs is None:
                 continue
+            st = r.move_costs
             failed = ", ".join(f"{k} {v}" for k, v in sorted(st.failed.items())) or "none"
             stalls = sorted(st.stalls)
             p99 = stalls[min(len(stalls) - 1, int(0.99 * len(stalls)))] if stalls else 0.0
-            over = f"{st.physical_overcommitted_epochs} ({100 * st.overcommit_max_bytes / s.schedule.capacity:.0f}%)"
-            rows.append((s.testbed.key, s.workload.label, p, st.kv_ok, failed, st.retries, st.token_moves,
-                         f"{st.copy_s:.0f}", f"{st.bytes_copied / 1e9:.0f}", f"{1000 * p99:.0f}",
-                         f"{st.recompute_s:.0f}", f"{max(st.delay.values(), default=0.0):.2f}",
-                         over))
-    return md_table(("testbed", "workload", "policy", "KV moves ok", "failed (reason)", "retries", "restarts",
-                     "copy s", "GB copied", "stall P99 ms", "re-prefill s", "max delay per request s",
-                     "epochs a copy overcommitted a GPU (most, % of C)"), rows)
+            rows.append((s.testbed.key, s.workload.label, p, r.decided, r.kv_migrations, r.token_migrations,
+                         r.deferred, r.requeued, failed, st.retries, f"{st.copy_s:.0f}", f"{st.bytes_copied / 1e9:.0f}",
+                         f"{1000 * p99:.0f}", f"{st.recompute_s:.0f}",
+                         r.max_moves_per_op if r.max_moves_per_op >= 0 else r.max_moves_per_round,
+                         r.capped_ops, r.removed_by_batching))
+    return md_table(("testbed", "workload", "policy", "moves decided", "by KV", "by tokens", "deferred (boundaries)",
+                     "waiting, moved free", "failed (reason)", "retries", "copy s", "GB copied", "stall P99 ms",
+                     "re-prefill s", "most per op (LB: per round)", "capped ops", "removed by batching"), rows)
+
+
+def sweep_table(scenarios: list[Scenario]) -> str:
+    rows = []
+    for s in scenarios:
+        for sw in s.sweep:
+            r = sw.result
+            rows.append((s.testbed.key, s.workload.label, f"{sw.epoch_s:g}", sw.lower_bound, r.peak_devices(),
+                         f"{r.mean_devices():.2f}", r.moves, f"{r.moves / s.requests:.2f}", r.kv_migrations,
+                         r.token_migrations, f"{100 * batching_cut(r):.0f}%", r.capped_ops,
+                         f"{1000 * float(np.percentile(r.tpot_delay, 99)):.1f}"))
+    return md_table(("testbed", "workload", "interval s", "L2 bound", "peak GPUs", "mean GPUs", "migrations",
+                     "per request", "by KV", "by tokens", "removed by batching", "capped ops",
+                     "TPOT added P99 ms"), rows)
+
+
+def reserve_table(scenarios: list[Scenario]) -> str:
+    rows = []
+    for s in scenarios:
+        r = s.results
+        if not all(p in r for p in RESERVING):
+            continue
+        rows.append((s.testbed.key, s.workload.label,
+                     " / ".join(str(r[p].peak_devices()) for p in (*RESERVING, "MELL")),
+                     " / ".join(f"{r[p].mean_devices():.1f}" for p in (*RESERVING, "MELL")),
+                     " / ".join(f"{100 * s.util(p):.0f}" for p in RESERVING),
+                     " / ".join(f"{100 * s.reserved_share(p):.0f}" for p in RESERVING)))
+    return md_table(("testbed", "workload", "peak GPUs BF-r/WF-r/MELL", "mean GPUs BF-r/WF-r/MELL",
+                     "util % BF-r/WF-r", "in use + reserved % BF-r/WF-r"), rows)
+
+
+def core_table(scenarios: list[Scenario]) -> str:
+    rows = []
+    for s in scenarios:
+        core = s.results.get("MELL-core")
+        if core is None:
+            continue
+        mell = s.results["MELL"]
+        rows.append((s.testbed.key, s.workload.label, f"{core.peak_devices()} / {mell.peak_devices()}",
+                     f"{core.mean_devices():.2f} / {mell.mean_devices():.2f}", f"{core.moves} / {mell.moves}",
+                     f"{core.wall_s:.1f} / {mell.wall_s:.1f}"))
+    return md_table(("testbed", "workload", "peak GPUs core/fleet", "mean GPUs core/fleet", "migrations core/fleet",
+                     "wall s core/fleet"), rows)
 
 
 MOVES_INTRO = (
-    "Every policy's moves pay the one movement cost model (shared/policy/movement.py) over the testbed "
-    "profile's kv link (MELL §VIII-B: 10 Gbps between machines): a KV migration is Llumnix's multi-stage "
-    "pre-copy (the request keeps decoding, a stall for the last stage), its source stays occupied until the "
-    "hand-over (a GPU being drained counts as active), and it fails when the request ends first, the pre-copy "
-    "does not converge, or the destination still holds an outgoing copy (the failed move is retried the next "
-    "interval). A restart re-prefills the context on the destination. The policies plan on their own books: "
-    "the last column counts epochs where memory a copy still held was already given to another request (a real "
-    "engine would hold that request back until the copy frees it), with the largest excess on one GPU.")
+    "Every policy's moves pay the one movement cost model (shared/policy/movement.py) over the testbed profile's "
+    "kv link (MELL §VIII-B: 10 Gbps between machines). KV: Llumnix's multi-stage pre-copy, one copy at a time per "
+    "interface and direction, the destination reserving the blocks and the source keeping them until the hand-over, "
+    "then a stall. Tokens: the source frees the KV at once, the destination re-prefills the context (the request "
+    "stalls for it). MELL picks per move within its boundaries (§V): KV while the interfaces' bytes this interval "
+    "allow, tokens while the destination's spare prefill compute allows (a destination idle at the boundary takes "
+    "one longer re-prefill), else the move waits an interval (deferred). A failed LB move is put back; MELL's books "
+    "keep the request where MELL wants it and the move is retried. A request waiting for memory moves for free "
+    "(it holds no KV).")
+
+WAITING_INTRO = (
+    "A GPU whose requests' KV blocks exceed its capacity preempts its newest running request (vLLM's recompute "
+    "preemption); the request waits at the head of that GPU's queue and re-prefills its prompt and generated "
+    "tokens when memory frees (its later tokens shift: TPOT, or TTFT before its first). An arrival put on a GPU "
+    "without room waits there (held back; e.g. MELL placing it into memory a copy still holds). Migration stalls "
+    "and re-prefills count too. BF and WF get their GPU counts by letting requests wait; MELL and LB by moving "
+    "them. The L2 bound holds for the undelayed stream only: a policy that delays requests can go below it.")
 
 
 def _plots(out: Path, scenarios: list[Scenario]) -> list[str]:
@@ -154,27 +257,51 @@ def _plots(out: Path, scenarios: list[Scenario]) -> list[str]:
     def values(fn) -> list[list[float]]:
         return [[fn(by[(t, w)]) for w in workloads] for t in testbeds]
 
-    pols = (*BASELINES, "MELL")
     grouped_bars(out / "fig11_gpus.png", panels, labels,
-                 [(p, values(lambda s, p=p: s.results[p].peak_devices())) for p in pols],
+                 [(p, values(lambda s, p=p: s.results[p].peak_devices())) for p in MAIN]
+                 + [("L2 bound", values(lambda s: s.lower_bound))],
                  "GPUs needed (peak)", "Fig. 11: GPUs needed")
     grouped_bars(out / "fig12_migrations.png", panels, labels,
-                 [(p, values(lambda s, p=p: s.rate(p))) for p in ("BF", "WF", "LB", "MELL")],
+                 [(p, values(lambda s, p=p: s.rate(p))) for p in MAIN],
                  "migrations / s", "Fig. 12: migration frequency (BF/WF never migrate)")
     grouped_bars(out / "fig13_batching.png", panels, labels,
-                 [(p, values(lambda s, p=p: s.results[p].moves))
-                  for p in ("MELL-nobatch", batched_mell(scenarios[0]))],
-                 "migrations", "Fig. 13: MELL migrations without / with request-operation batching")
+                 [("MELL, moves decided + removed", values(lambda s: s.results["MELL"].moves_before_dedup)),
+                  ("MELL, moves decided", values(lambda s: getattr(s.results["MELL"], "decided", 0)))],
+                 "moves", "Fig. 13: MELL's moves without / with request-operation batching")
     grouped_bars(out / "fig14_util.png", panels, labels,
-                 [(p, values(lambda s, p=p: s.util(p))) for p in pols], "GPU memory utilisation",
+                 [(p, values(lambda s, p=p: s.util(p))) for p in MAIN], "GPU memory utilisation",
                  "Fig. 14: GPU memory utilisation", percent=True)
-    high = "poisson-1.1" if "poisson-1.1" in workloads else workloads[0]
+    high = "poisson-0.5" if "poisson-0.5" in workloads else workloads[0]
     tl = [by[(t, high)] for t in testbeds]
-    timelines(out / "fig15_gpus_over_time.png", panels,
-              [np.arange(len(s.schedule.epochs)) * s.schedule.epoch_s for s in tl],
-              [(p, [s.results[p].active for s in tl]) for p in pols], "active GPUs",
+    span = [max(len(s.results[p].active) for p in MAIN) for s in tl]  # runs end when their last request does
+
+    def padded(a: np.ndarray, n: int) -> np.ndarray:
+        return np.pad(a, (0, n - len(a)))
+
+    timelines(out / "fig15_gpus_over_time.png", panels, [np.arange(n) * s.schedule.epoch_s for s, n in zip(tl, span)],
+              [(p, [padded(s.results[p].active, n) for s, n in zip(tl, span)]) for p in MAIN], "active GPUs",
               f"Fig. 15: GPUs over time, {tl[0].workload.label}")
-    return ["fig11_gpus.png", "fig12_migrations.png", "fig13_batching.png", "fig14_util.png", "fig15_gpus_over_time.png"]
+    return ["fig11_gpus.png", "fig12_migrations.png", "fig13_batching.png", "fig14_util.png",
+            "fig15_gpus_over_time.png"]
+
+
+def _policy_summary(s: Scenario, p: str) -> dict:
+    r = s.results[p]
+    out = {"peak_gpus": r.peak_devices(), "mean_gpus": r.mean_devices(), "util": s.util(p), "migrations": r.moves,
+           "migrations_per_request": s.per_request(p), "moves_before_dedup": r.moves_before_dedup,
+           "max_moves_per_op": r.max_moves_per_op, "overcommitted_epochs": r.overcommitted_epochs,
+           "move_costs": r.move_costs.summary() if r.move_costs else None, "wall_s": r.wall_s}
+    if p in RESERVING:
+        out["held"] = s.reserved_share(p)
+    if isinstance(r, FleetResult):
+        out.update({"decided": r.decided, "removed_by_batching": r.removed_by_batching, "capped_ops": r.capped_ops,
+                    "kv_migrations": r.kv_migrations, "token_migrations": r.token_migrations,
+                    "deferred": r.deferred, "requeued": r.requeued, "preemptions": r.preemptions,
+                    "held_back": r.held_back, "max_moves_per_round": r.max_moves_per_round,
+                    "ttft_added_p99_s": float(np.percentile(r.ttft_delay, 99)),
+                    "tpot_added_p99_s": float(np.percentile(r.tpot_delay, 99)),
+                    "requests_delayed": int(np.count_nonzero((r.ttft_delay > 0) | (r.tpot_delay > 0)))})
+    return out
 
 
 def write_mell_report(out: Path, scenarios: list[Scenario], cfg: ReproConfig, head: Headline, *, command: str,
@@ -184,37 +311,51 @@ def write_mell_report(out: Path, scenarios: list[Scenario], cfg: ReproConfig, he
     setup = [f"- {s.testbed.model.name} on {s.testbed.gpu}: KV capacity C = {s.testbed.capacity() / 1e9:.2f} GB "
              f"({s.testbed.capacity() // s.testbed.model.kv_bytes_per_token()} tokens of "
              f"{s.testbed.model.kv_bytes_per_token()} B), decode step {1000 * s.decode_step_s:.1f} ms "
-             f"(profile `{s.testbed.profile_name}`)" for s in {sc.testbed.key: sc for sc in scenarios}.values()]
+             f"(profile `{s.testbed.profile_name}`); MELL's boundaries: "
+             f"{s.budgets.link_bytes_per_s / 1e9:.2f} GB/s per interface each way, "
+             f"{s.budgets.prefill_tokens_per_s:.0f} re-prefill tokens/s per destination"
+             for s in {sc.testbed.key: sc for sc in scenarios}.values()]
+    azure = any(s.workload.kind == "azure" for s in scenarios)
     text = "\n".join([
-        "# MELL reproduction (simulated, paper scale)", "",
+        "# MELL reproduction (simulated)", "",
         f"Command: `{command}` — {wall_s:.1f} s wall.", "",
         "## Setup", "",
         *setup,
-        f"- Poisson runs {cfg.poisson_duration_s:.0f} s, Azure one diurnal day compressed into "
-        f"{cfg.azure_duration_s:.0f} s; LMSYS-Chat-1M lengths x10; planning interval {cfg.epoch_s} s; KV reported "
-        f"in granules of C/{cfg.granule_fraction}; seed {cfg.seed}.",
-        f"- GPUs needed = peak active GPUs (MELL eq. 3); utilisation = KV bytes in use / KV capacity of the active "
-        f"GPUs, time-averaged, for every policy (BF/WF's reserved-but-unused bytes are not in use).",
+        f"- Poisson: λ = mean gap between arrivals in seconds (0.5 s: 2 requests/s), {cfg.poisson_duration_s:.0f} s; "
+        f"Azure: the real trace's first {cfg.azure_duration_s:.0f} s at its own arrival times; lengths "
+        + ("LMSYS-Chat-1M-like x10 (§VIII-B's inputs)" if cfg.azure_lengths == "paper"
+           else "LMSYS-Chat-1M-like x10 for Poisson, the Azure trace's own for Azure")
+        + f"; planning interval {cfg.epoch_s:g} s; KV reported to the policies in granules of C/{cfg.granule_fraction} "
+        "(whole 16-token blocks); "
+        f"seed {cfg.seed}.",
+        "- GPUs needed = peak active GPUs (MELL eq. 3); utilisation = KV granules of the running requests / KV "
+        "capacity of the active GPUs, time-averaged; L2 bound = Martello-Toth's bound on the peak GPUs of the "
+        "undelayed stream (L1 = total KV / C in brackets).",
         *SEMANTICS,
-        f"- Truncated requests (longer than one GPU's KV): {sum(s.schedule.truncated for s in scenarios)}.", "",
+        f"- Truncated requests (longer than one GPU's KV): {sum(s.schedule.truncated for s in scenarios)}.",
+        *([f"- Azure workloads: {AZURE_CREDIT}."] if azure else []), "",
         "## Paper vs ours", "", paper_vs_ours(scenarios, head), "",
         "## Per scenario", "", scenario_table(scenarios), "",
-        *(["## MELL through the planner core vs direct", "", CORE_INTRO, "", core_table(scenarios), ""]
-          if "MELL-direct" in scenarios[0].results else []),
+        "## What waiting costs", "", WAITING_INTRO, "", waiting_table(scenarios), "",
         "## What the moves cost", "", MOVES_INTRO, "", moves_table(scenarios), "",
-        *(["## Ablation: BF/WF with restarts instead of reservation", "", restart_table(scenarios), ""]
-          if all(p in scenarios[0].results for p in RESTART) else []),
+        *(["## Planning interval (MELL)", "",
+           "The paper does not state MELL's epoch length. MELL alone, the same requests, other intervals:", "",
+           sweep_table(scenarios), ""] if any(s.sweep for s in scenarios) else []),
+        *(["## Extra arms: BF/WF reserving the final size (hindsight)", "", reserve_table(scenarios), ""]
+          if all(p in scenarios[0].results for p in RESERVING) else []),
+        *(["## MELL through the planner core (undelayed op stream) vs the fleet", "", core_table(scenarios), ""]
+          if any("MELL-core" in s.results for s in scenarios) else []),
         *[f"![{f}]({f})" for f in figures], "",
         head.line(), ""])
     (out / "report.md").write_text(text)
     summary = {"headline": head.line(), "scenarios": [
-        {"testbed": s.testbed.key, "workload": s.workload.key, "requests": s.schedule.requests,
-         "duration_s": s.schedule.duration_s,
-         "policies": {p: {"peak_gpus": r.peak_devices(), "mean_gpus": r.mean_devices(), "util": s.util(p),
-                          "held": s.reserved_share(p),
-                          "moves": r.moves, "moves_before_dedup": r.moves_before_dedup,
-                          "max_moves_per_op": r.max_moves_per_op, "overcommitted_epochs": r.overcommitted_epochs,
-                          "move_costs": r.move_costs.summary() if r.move_costs else None,
-                          "wall_s": r.wall_s} for p, r in s.results.items()}} for s in scenarios]}
+        {"testbed": s.testbed.key, "workload": s.workload.key, "requests": s.requests,
+         "duration_s": s.schedule.duration_s, "lower_bound_l2": s.lower_bound, "lower_bound_l1": s.lower_bound_l1,
+         "policies": {p: _policy_summary(s, p) for p in s.results},
+         "sweep": [{"epoch_s": sw.epoch_s, "lower_bound_l2": sw.lower_bound, "peak_gpus": sw.result.peak_devices(),
+                    "mean_gpus": sw.result.mean_devices(), "migrations": sw.result.moves,
+                    "kv_migrations": sw.result.kv_migrations, "token_migrations": sw.result.token_migrations,
+                    "batching_cut": batching_cut(sw.result), "capped_ops": sw.result.capped_ops}
+                   for sw in s.sweep]} for s in scenarios]}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return out / "report.md"

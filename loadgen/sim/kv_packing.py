@@ -8,6 +8,10 @@ shows per-token latency flat over batch sizes 2-16, and the paper itself replays
 speeds in a simulator (§VIII-B). The KV a request holds is reported in granules (vLLM-style
 blocks, coarser to keep the op count low): `reserve(tokens) = ceil(tokens / g) * g`.
 
+This replays a fixed op stream: right for policies that never hold more than a device can (MELL; the
+hindsight arms that reserve final sizes). Where requests wait or are preempted, their timing depends on
+placement: kv_packing_fleet.py plays that out (`tidal repro mell` runs its arms there).
+
 Moves are not free: `run_policy(..., moves=MoveModel)` charges every policy's moves alike through
 the one movement cost model (kv_packing_moves.py: Llumnix's pre-copy, a stall, failures and
 retries; token-mode re-prefill), and counts a GPU as active while a copy still holds its memory.
@@ -39,6 +43,14 @@ class Schedule:
     requests: int
     truncated: int  # requests whose prompt + output was clipped to one device's KV capacity
     end_s: np.ndarray | None = None  # per request: when its last token is out (a move cannot hand over after)
+    # per request, after clipping (the fleet simulation replays requests whose timing depends on placement):
+    arrival_s: np.ndarray | None = None
+    prompt: np.ndarray | None = None
+    output: np.ndarray | None = None
+    first_token_s: np.ndarray | None = None  # prefill done, first token out (undelayed)
+    granule_tokens: int = 1
+    decode_step_s: float = 0.0
+    prefill_s_per_token: float = 0.0
 
     @property
     def duration_s(self) -> float:
@@ -107,7 +119,9 @@ def build_schedule(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray
     for k in starts.tolist():
         epochs[int(e[k])].append(Allocate(request_id=ids[int(idx[k])], size=int(reserved[k]) * bytes_per_token))
     return Schedule(epoch_s=epoch_s, capacity=capacity, bytes_per_token=bytes_per_token, epochs=epochs,
-                    used_bytes=used.astype(np.int64), requests=n, truncated=truncated, end_s=t_end)
+                    used_bytes=used.astype(np.int64), requests=n, truncated=truncated, end_s=t_end,
+                    arrival_s=arrival, prompt=p, output=o, first_token_s=t_first, granule_tokens=granule_tokens,
+                    decode_step_s=decode_step_s, prefill_s_per_token=prefill_s_per_token)
 
 
 def run_policy(schedule: Schedule, policy, name: str, *, per_op: bool = False, check: bool = True,
@@ -184,6 +198,11 @@ def _charge(ledger: MoveLedger | None, moves, size: dict[str, int], now: float, 
 
 
 def utilisation(schedule: Schedule, result: PackingResult) -> float:
-    """Time-averaged share of the active devices' KV memory in use (MELL §VIII-B metric 3)."""
+    """Time-averaged share of the active devices' KV memory in use (MELL §VIII-B metric 3): the granules of
+    the running requests (a fleet run's own, where requests waited; else the schedule's) over the active
+    devices' KV capacity."""
     provisioned = float(result.active.sum()) * schedule.capacity
-    return float(schedule.used_bytes[: len(result.active)].sum()) / provisioned if provisioned else 0.0
+    used = getattr(result, "used_bytes", None)
+    if used is None:
+        used = schedule.used_bytes[: len(result.active)]
+    return float(used.sum()) / provisioned if provisioned else 0.0

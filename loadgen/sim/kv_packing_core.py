@@ -95,7 +95,8 @@ class SimCluster:
                               kv_blocks_used=self.used[d] // self.bpt, running_requests=len(self.held[d]),
                               max_batch=1 << 30, kv_block_bytes=self.bpt) for d in self.ids]
 
-    def view(self, now: float, interval_s: float) -> ClusterView:
+    def view(self, now: float, interval_s: float, link_budget_bytes: float = UNLIMITED,
+             prefill_budget_tokens: float = 0.0) -> ClusterView:
         workers = {}
         for d in self.ids:
             w = self._cached.get(d)
@@ -109,15 +110,18 @@ class SimCluster:
                                     requests=reqs)
                 w = self._cached[d] = WorkerView(worker_id=d, instances=(inst,))
             workers[d] = w
-        return ClusterView(now=now, interval_s=interval_s, workers=workers, default_link_budget_bytes=UNLIMITED)
+        return ClusterView(now=now, interval_s=interval_s, workers=workers, default_link_budget_bytes=link_budget_bytes,
+                           default_prefill_budget_tokens=prefill_budget_tokens)
 
 
 def run_core(schedule: Schedule, name: str = "MELL", *, max_migrations_per_op: int = 10, batching: bool = True,
              devices: int | None = None, hints: bool = True, check: bool = True,
-             moves: MoveModel | None = None) -> CorePackingResult:
+             moves: MoveModel | None = None, migration: str = "kv", link_budget_bytes: float = UNLIMITED,
+             prefill_budget_tokens: float = 0.0) -> CorePackingResult:
     """Replay `schedule` with MELL in PlannerCore and arrivals routed by its placement hints
     (`hints=False`: by least load only, as a dispatcher without `mell` routing). `moves`: what each
-    move costs (None: instant)."""
+    move costs (None: instant). `migration` ("kv", "tokens", "auto": MellPolicy's setting) with the
+    view's budgets per interval: each link's bytes and each destination's prefill tokens (MELL §V)."""
     started = time.perf_counter()
     ledger = None
     if moves is not None:
@@ -125,8 +129,8 @@ def run_core(schedule: Schedule, name: str = "MELL", *, max_migrations_per_op: i
             raise ValueError(f"{name}: charging moves needs the schedule's request end times")
         ledger = MoveLedger(moves, schedule.capacity, request_end_times(schedule.end_s))
     sim = SimCluster(devices or device_count(schedule), schedule.capacity, schedule.bytes_per_token)
-    core = PlannerCore([MellPolicy(migration="kv", kv_high_watermark=1.0, max_migrations_per_op=max_migrations_per_op,
-                                   batching=batching)], id_prefix="sim")
+    core = PlannerCore([MellPolicy(migration=migration, kv_high_watermark=1.0,  # type: ignore[arg-type]
+                                   max_migrations_per_op=max_migrations_per_op, batching=batching)], id_prefix="sim")
     router = MellRouting()
     active = np.zeros(len(schedule.epochs), np.int64)
     n_moves = misroutes = overcommitted = 0
@@ -149,7 +153,7 @@ def run_core(schedule: Schedule, name: str = "MELL", *, max_migrations_per_op: i
             else:
                 _route(sim, router, op, now)
                 arrived.add(op.request_id)
-        view = sim.view(now, epoch_s)
+        view = sim.view(now, epoch_s, link_budget_bytes, prefill_budget_tokens)
         for effect in core.step(view):
             core.dispatched(effect.plan_id)
             for action in effect.actions:

@@ -23,7 +23,10 @@ The stalls do not shift the op stream (request lifetimes stay placement-independ
 docstring of kv_packing.py says): a last stage takes tens of milliseconds (about 0.1 s at most on
 the testbeds' 10 Gbps) against a 1 s planning interval; the report gives each request's largest
 total delay. The policies plan on their books, not on memory a
-copy still holds: the ledger counts the epochs where that physically overcommits a device.
+copy still holds: the ledger counts the epochs where that physically overcommits a device. (The fleet
+simulation, kv_packing_fleet.py, closes both gaps: it shifts each request by what it waited and tells the
+policies what a copy still holds; `tidal repro mell` runs its arms there and this ledger only for the
+op-stream paths: the hindsight arms and MELL through the planner core.)
 """
 from __future__ import annotations
 

@@ -7,9 +7,15 @@ its current size, or more where a policy reserves memory for growth at admission
 decisions compare charges with capacity; `used` reports only the bytes in use, so a
 reservation shows up as reserved-but-unused memory.
 
-A device whose charges exceed its capacity is relieved by `_relieve`: here by preempting its
-newest requests (vLLM's recompute preemption victim order) and re-placing them by the same fit
-rule, a restart rather than a KV migration (`migrates` is False). Policies that migrate override it.
+A device whose charges exceed its capacity is relieved by `_relieve`. By default nothing is done
+in the books: the device's engine preempts its newest requests and they wait there for memory
+(the KV-packing fleet simulation, loadgen/sim/kv_packing_fleet.py, plays that out), so the books of
+such a policy may hold more than C on a device, and no arrival is put there while they do. The
+restart ablation (binpack_baselines.py) re-places the preempted requests elsewhere instead.
+
+`held` (device -> bytes, set by the simulator) is memory a device physically holds beyond the books
+(a copy of a request the books have moved away, not handed over yet): fit decisions leave it alone.
+`relocate` puts a request back on a device (a migration that failed).
 """
 from __future__ import annotations
 
@@ -38,6 +44,7 @@ class BinPackPolicy:
         self._load: dict[str, int] = {}  # active device -> sum of charges (what fit decisions see)
         self._bytes: dict[str, int] = {}  # active device -> bytes in use
         self._order: list[str] = []  # active devices in activation order (deterministic ties)
+        self.held: dict[str, int] = {}  # device -> bytes it physically holds beyond the books (see the docstring)
 
     # --- queries -------------------------------------------------------------------------
     def device_of(self, request_id: str) -> str | None:
@@ -66,11 +73,9 @@ class BinPackPolicy:
         charge = self._admission_charge(request_id, size)
         self._seq[request_id] = self._arrivals
         self._arrivals += 1
-        moves: list[Move] = []
-        device = (self._choose(charge, exclude=None) or self._make_room(charge, moves)
-                  or self._activate(request_id, charge))
+        device = self._choose(charge, exclude=None) or self._activate(request_id, charge)
         self._add(request_id, size, device, charge)
-        return OpResult(placements={request_id: device}, moves=tuple(moves))
+        return OpResult(placements={request_id: device}, moves=())
 
     def depart(self, request_id: str) -> OpResult:
         device = self._known(request_id, "depart")
@@ -90,6 +95,18 @@ class BinPackPolicy:
         if self._load[device] > self.capacity:
             self._relieve(device, moves)
         return OpResult(placements={}, moves=tuple(moves))
+
+    def relocate(self, request_id: str, device: str) -> None:
+        """Put a request back on `device` in the books (a failed migration: it never left), re-activating
+        the device if the books had retired it."""
+        current = self._known(request_id, "relocate")
+        if current == device:
+            return
+        size, charge = self._size[request_id], self._members[current][request_id]
+        self._remove(request_id, current)
+        if device not in self._members:
+            self._activate(device_id=device)
+        self._add(request_id, size, device, charge)
 
     def run_batch(self, ops: Sequence[Op]) -> BatchResult:
         """Departs, then updates, then allocates (the order MELL's batching uses)."""
@@ -119,7 +136,10 @@ class BinPackPolicy:
         return size
 
     def _relieve(self, device: str, moves: list[Move]) -> None:
-        """Overload without migration: preempt the newest requests and restart them elsewhere."""
+        """Overload: the device's engine preempts its newest requests, which wait there (nothing moves)."""
+
+    def _restart_newest(self, device: str, moves: list[Move]) -> None:
+        """Overload relieved by restarts: preempt the newest requests and re-place them elsewhere."""
         victims = sorted(self._members[device], key=self._seq.__getitem__, reverse=True)
         for rid in victims:
             if self._load[device] <= self.capacity:
@@ -130,15 +150,13 @@ class BinPackPolicy:
             self._add(rid, size, target, charge)
             moves.append(Move(request_id=rid, source=device, destination=target))
 
-    def _make_room(self, charge: int, moves: list[Move]) -> str | None:
-        return None
-
     def _end_of_batch(self) -> list[Move]:
         return []
 
     # --- helpers -------------------------------------------------------------------------
     def _free(self, device: str) -> int:
-        return self.capacity - self._load[device]
+        """What a fit decision may use on `device`: capacity less the books' charges and what it holds beyond them."""
+        return self.capacity - self._load[device] - self.held.get(device, 0)
 
     def _add(self, request_id: str, size: int, device: str, charge: int | None = None) -> None:
         charge = size if charge is None else charge
@@ -156,8 +174,10 @@ class BinPackPolicy:
             del self._members[device], self._load[device], self._bytes[device]
             self._order.remove(device)
 
-    def _activate(self, request_id: str = "", size: int = 0) -> str:
-        if self._allowed is None:
+    def _activate(self, request_id: str = "", size: int = 0, device_id: str | None = None) -> str:
+        if device_id is not None:
+            device = device_id
+        elif self._allowed is None:
             device = f"gpu-{self._minted}"
             self._minted += 1
         else:

@@ -1,26 +1,29 @@
-"""LB, the load-balancing baseline of MELL's evaluation (§VIII-B: worst fit plus Llumnix's
-KV-migration load balancing), as a pure KV-packing policy.
+"""LB, the load-balancing baseline of MELL's evaluation (§VIII-B: "dispatches incoming requests to
+the GPU with the least memory (i.e., worst fit) and achieves load-balancing via request migration by
+transferring the KV cache between GPUs, adopted by Llumnix"), as a pure KV-packing policy.
 
-LB can migrate, so it admits a request at its current KV size (no reservation for growth):
-when requests outgrow a device it migrates them away instead. Dispatch is worst fit (the
-device with the most free memory, Llumnix's dispatch to the freest instance). Migrations, all
-of KV (`migrates` is True):
-
-- balancing: each batch ends with one round that pairs the fullest device with the emptiest,
-  the second fullest with the second emptiest, ... and moves one request per pair when that
-  narrows the gap (Llumnix's repeated high/low migration pairs);
-- de-fragmentation: a request that fits nowhere first tries to make room on the emptiest
-  device by migrating its smallest requests to other devices (Llumnix's virtual usage of a
-  queued request, which makes its instance shed load);
-- overload: a device whose requests outgrew it migrates requests out (the smallest one that
-  clears the excess, else the largest) instead of preempting them.
-
-A device is activated when no device fits an arrival even after de-fragmentation, and
-terminated when it is idle (§VIII-B); LB never drains a device on purpose.
+As Llumnix does it (Sun et al., OSDI'24 §4.4; its global scheduler's defaults: load filter, Balanced
+pairing, shortest-job-first request choice, one migration per instance at a time):
+- dispatch: worst fit by what each device's requests hold now (running, and waiting for memory: a
+  waiting request's demand counts, Llumnix's virtual usage) plus what a copy still holds there; a
+  device is activated when no active device fits the arrival (§VIII-B), terminated when idle;
+- no move on overflow: when a device's requests outgrow it, its engine preempts the newest, which
+  wait there (binpack_base.py); balancing then moves load off it;
+- periodic load balancing (`balance`, once per planning interval; Llumnix polls every 50 ms): a
+  device's freeness is its free memory per request it holds. Sources: devices holding more than C
+  (requests waiting: Llumnix's "killed requests") or with less than `migrate_out_free` bytes free per
+  request (Llumnix's migrate-out threshold, 3 decode steps of KV); destinations: the others whose
+  freeness stays above that after taking the request. Sources from the least free, destinations
+  from the most free are paired in order; each pair migrates one running request, the shortest
+  (cheapest to move) that fits and keeps the source at least as loaded as the destination (the
+  move narrows the pair's difference, never reverses it). A device with a migration in flight
+  (`busy`) takes no part: one migration per device at a time. The move is a live KV migration;
+  the simulator charges it (pre-copy over the kv link, the source held until the hand-over, a stall)
+  and, when it fails, puts the request back (`relocate`).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from shared.policy.binpack_base import BinPackPolicy
 from shared.policy.mell_ops import Move
@@ -30,7 +33,7 @@ def worst_fit(policy: BinPackPolicy, charge: int, exclude: str | None) -> str | 
     """The active device with the most free memory that fits `charge` (first activated wins ties)."""
     best, best_free = None, charge - 1
     for d in policy._order:
-        free = policy.capacity - policy._load[d]
+        free = policy._free(d)
         if free > best_free and d != exclude:
             best, best_free = d, free
     return best
@@ -40,72 +43,52 @@ class LoadBalance(BinPackPolicy):
     name = "LB"
     migrates = True
 
-    def __init__(self, capacity: int, devices: Sequence[str] | None = None, *, balance_gap: float = 0.1) -> None:
+    def __init__(self, capacity: int, devices: Sequence[str] | None = None, *, migrate_out_free: int = 0) -> None:
         super().__init__(capacity, devices)
-        self.balance_gap = balance_gap * capacity  # pairs closer than this are balanced already
+        if migrate_out_free < 0:
+            raise ValueError(f"migrate_out_free must be >= 0, got {migrate_out_free}")
+        self.migrate_out_free = migrate_out_free  # bytes free per request below which a device sheds load
 
     def _choose(self, charge: int, exclude: str | None) -> str | None:
         return worst_fit(self, charge, exclude)
 
-    def _relieve(self, device: str, moves: list[Move]) -> None:
-        """Migrate out of an overloaded device: the smallest request that clears the excess, else the largest."""
-        while self._load[device] > self.capacity:
-            excess = self._load[device] - self.capacity
-            members = self._members[device]
-            clearing = [r for r, s in members.items() if s >= excess]
-            rid = (min(clearing, key=lambda r: (members[r], self._seq[r])) if clearing
-                   else max(members, key=lambda r: (members[r], -self._seq[r])))
-            size = members[rid]
-            self._remove(rid, device)
-            target = self._choose(size, exclude=device) or self._activate()
-            self._add(rid, size, target)
-            moves.append(Move(request_id=rid, source=device, destination=target))
+    def load(self, device: str) -> int:
+        """What the device holds: its requests' charges (running and waiting) and a copy still leaving it."""
+        return self._load[device] + self.held.get(device, 0)
 
-    def _make_room(self, charge: int, moves: list[Move]) -> str | None:
-        """Free `charge` on the emptiest device by migrating its smallest requests to other devices."""
-        if len(self._order) < 2:
-            return None
-        target = max(self._order, key=lambda d: (self._free(d), -self._order.index(d)))
-        need = charge - self._free(target)
-        load = dict(self._load)
-        plan: list[tuple[str, str, int]] = []
-        for rid, s in sorted(self._members[target].items(), key=lambda kv: (kv[1], self._seq[kv[0]])):
-            if need <= 0:
-                break
-            dest = max((d for d in self._order if d != target and load[d] + s <= self.capacity),
-                       key=lambda d: self.capacity - load[d], default=None)
-            if dest is None:
-                return None
-            load[dest] += s
-            need -= s
-            plan.append((rid, dest, s))
-        if need > 0:
-            return None
-        for rid, dest, s in plan:
-            self._remove(rid, target)
-            self._add(rid, s, dest)
-            moves.append(Move(request_id=rid, source=target, destination=dest))
-        return target
+    def freeness(self, device: str, extra_bytes: int = 0, extra_requests: int = 0) -> float:
+        """Free bytes per request held (Llumnix's freeness, in bytes rather than decode steps)."""
+        n = len(self._members[device]) + extra_requests
+        return (self.capacity - self.load(device) - extra_bytes) / max(1, n)
 
-    def _end_of_batch(self) -> list[Move]:
-        """One balancing round: fullest with emptiest, second fullest with second emptiest, ..."""
-        ranked = sorted(self._order, key=lambda d: self._load[d])
+    def balance(self, busy: Collection[str] = (), movable: Callable[[str], bool] | None = None) -> list[Move]:
+        """One balancing round (see the module docstring); the moves are booked at once. `busy`: devices with
+        a migration in flight; `movable(request)`: whether it can migrate now (running, not already moving)."""
+        rank = {d: i for i, d in enumerate(self._order)}
+        ready = [d for d in self._order if d not in busy]
+        thr = self.migrate_out_free
+        sources = sorted((d for d in ready if self.load(d) > self.capacity or self.freeness(d) < thr),
+                         key=lambda d: (self.freeness(d), rank[d]))
+        chosen = set(sources)
+        dests = sorted((d for d in ready if d not in chosen and self.load(d) <= self.capacity),
+                       key=lambda d: (-self.freeness(d), rank[d]))
         moves: list[Move] = []
-        for i in range(len(ranked) // 2):
-            low, high = ranked[i], ranked[-1 - i]
-            gap = self._load[high] - self._load[low]
-            if gap <= self.balance_gap:
-                break
-            room = self._free(low)
-            best, best_score = None, gap  # the move must narrow the gap: |gap - 2s| < gap
-            for rid, s in self._members[high].items():
-                score = abs(gap - 2 * s)
-                if s <= room and score < best_score:
-                    best, best_score = rid, score
-            if best is None:
-                continue
-            size = self._members[high][best]
-            self._remove(best, high)
-            self._add(best, size, low)
-            moves.append(Move(request_id=best, source=high, destination=low))
+        for src, dst in zip(sources, dests):
+            room = self._free(dst)
+            best, best_key = None, None
+            for rid, s in self._members[src].items():
+                if s > room or (movable is not None and not movable(rid)):
+                    continue
+                if self.freeness(dst, s, 1) < thr:  # the destination must stay out of the sources
+                    continue
+                if self.freeness(src, -s, -1) > self.freeness(dst, s, 1):  # would reverse the pair
+                    continue
+                key = (s, self._seq[rid])
+                if best_key is None or key < best_key:
+                    best, best_key = rid, key
+            if best is not None:
+                size, charge = self._size[best], self._members[src][best]
+                self._remove(best, src)
+                self._add(best, size, dst, charge)
+                moves.append(Move(request_id=best, source=src, destination=dst))
         return moves

@@ -24,14 +24,18 @@ paper is silent or ambiguous:
 * With a fixed device list, "activate a new GPU" takes the first idle device in list order;
   when none is idle the request goes to the fullest active device with room, else
   `NoCapacity` is raised and nothing changes.
-* Batching (§VI): departs, then updates, then allocates, each with its own migration cap; the
-  buffered moves are coalesced (see `mell_ops.coalesce_moves`). An update or depart of a
+* Batching (§VI): departs, then updates, then allocates, each with its own migration cap; their
+  moves are buffered, not executed: the buffer is coalesced (see `mell_ops.coalesce_moves`), and a
+  buffered move that a new arrival of the batch makes unnecessary is dropped (`_swap_with_arrivals`:
+  the arrival takes the place the move would fill, the moved request stays); `removed_by_batching`
+  counts what the buffers dropped. An update or depart of a
   request allocated in the same batch folds into that allocation (the last size wins; an
   allocate+depart pair vanishes); an update of a request departing in the batch is dropped.
   Within one operation, too, a request moved twice moves once. With `batching=False` the ops
   run in the given order and every op's moves are kept; placements are where each request was
   first put (requests that also departed in the batch left out).
 * Beyond the agreed API: `apply(op)`, `capped_operations` (operations that hit the cap),
+  `hold(device -> bytes)` (memory a copy still holds: placement leaves it alone), `removed_by_batching`,
   `fleet` (the per-category index, read-only for callers), and `peek_allocate(size)`: the device
   `allocate` would put a request of that size on now, without changing anything (the planner's
   placement hints for the dispatcher, see `mell_placement._peek_destination`).
@@ -54,12 +58,21 @@ __all__ = ["Allocate", "BatchResult", "Depart", "MellScheduler", "Move", "NoCapa
 
 class MellScheduler(MellPlacement):
     def __init__(self, capacity: int, devices: Sequence[str] | None = None, *, max_migrations_per_op: int = 10,
-                 batching: bool = True) -> None:
+                 batching: bool = True, bundle_members: int | None = None) -> None:
         check_capacity(capacity)
         if devices is not None and len(set(devices)) != len(devices):
             raise ValueError("device ids must be unique")
-        super().__init__(capacity, devices, max_migrations_per_op)
+        super().__init__(capacity, devices, max_migrations_per_op, bundle_members)
         self.batching = batching
+        self.removed_by_batching = 0  # moves the batches' buffers dropped (coalesced, or made unnecessary)
+
+    def hold(self, held: dict[str, int]) -> None:
+        """Memory each device physically holds beyond these books (device -> bytes; a device not named holds
+        none): copies of requests MELL has moved away that are not handed over yet. Placement treats it as
+        taken (no request is put into memory a copy still holds); the growth of requests already there does
+        not (the engine holds it back for the seconds the copy takes)."""
+        for dev in self.fleet.active.values():
+            dev.pinned = held.get(dev.id, 0)
 
     # ---- queries ------------------------------------------------------------------------
     def device_of(self, request_id: str) -> str | None:
@@ -183,14 +196,69 @@ class MellScheduler(MellPlacement):
         ordered += [Allocate(rid, s) for rid, s in new_size.items() if rid not in born_and_gone]
         buffered: list[Move] = []
         placed: set[str] = set()
+        self.fleet.retired.clear()
         for op in ordered:
             r = self.apply(op)
             placed.update(r.placements)
             buffered.extend(r.moves)
-        final = coalesce_moves(buffered, skip=placed | departed)
+        final = self._swap_with_arrivals(coalesce_moves(buffered, skip=placed | departed), placed)
+        self.removed_by_batching += len(buffered) - len(final)
         return BatchResult({rid: self.device_of(rid) or "" for rid in placed}, final, len(buffered))
 
     # ---- internals --------------------------------------------------------------------------
+    def _swap_with_arrivals(self, moves: tuple[Move, ...], placed: set[str]) -> tuple[Move, ...]:
+        """§VI batching, step (3): a buffered move of x from A to B is unnecessary when a request y of
+        x's class arrived in the same batch and was placed on A -- or, when the move emptied A (retired),
+        on a device of its own: y starts on B instead and x stays on A (A revived, y's device retired).
+        The same classes end on the same devices, so Theorem 1's properties hold as they did. Single
+        requests only (a bundle moves as all its members)."""
+        if not moves or not placed:
+            return moves
+        arrived: dict[str, list[Item]] = {}
+        alone: list[Item] = []  # arrivals that are the only item of their device
+        for rid in placed:
+            item = self._item_of.get(rid)
+            if item is not None and item.members is None and item.device is not None:
+                arrived.setdefault(item.device.id, []).append(item)
+                if len(item.device.items) == 1:
+                    alone.append(item)
+        if not arrived:
+            return moves
+        kept: list[Move] = []
+        for m in moves:
+            x = self._item_of.get(m.request_id)
+            b = x.device if x is not None else None
+            if x is None or x.members is not None or b is None or b.id != m.destination:
+                kept.append(m)
+                continue
+            a = self.fleet.active.get(m.source)
+            if a is not None:
+                fits = [y for y in arrived.get(a.id, ()) if y.cls == x.cls and y.device is a
+                        and y.size <= b.free + x.size and x.size <= a.free + y.size]
+            else:
+                a = self.fleet.retired.get(m.source)
+                fits = [] if a is None or a.items else [
+                    y for y in alone if y.cls == x.cls and y.device is not None and len(y.device.items) == 1
+                    and y.device is not b and y.size <= b.free + x.size]
+            if not fits:
+                kept.append(m)
+                continue
+            y = min(fits, key=lambda y: (abs(y.size - x.size), y.key))
+            assert y.device is not None
+            own = y.device
+            if own.id in arrived:
+                arrived[own.id].remove(y)
+            if y in alone:
+                alone.remove(y)
+            self.fleet.remove(x)
+            self.fleet.remove(y)
+            if a.id not in self.fleet.active:  # y had a device to itself: it goes, A comes back
+                self.fleet.retire(own)
+                self.fleet.revive(a)
+            self.fleet.add(a, x)
+            self.fleet.add(b, y)
+        return tuple(kept)
+
     def _known(self, request_id: str) -> Item:
         item = self._item_of.get(request_id)
         if item is None:

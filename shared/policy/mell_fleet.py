@@ -36,19 +36,27 @@ class Item:
 
 
 class Device:
-    __slots__ = ("id", "seq", "used", "items", "n_requests", "counts", "capacity")
+    __slots__ = ("id", "seq", "used", "items", "n_requests", "counts", "capacity", "pinned")
 
     def __init__(self, device_id: str, seq: int, capacity: int) -> None:
         self.id = device_id
         self.seq = seq  # activation order: larger = more recently activated
         self.capacity = capacity
         self.used = 0
+        self.pinned = 0  # bytes the device physically holds beyond MELL's books (an outgoing copy not yet handed over)
         self.items: dict[str, Item] = {}
         self.n_requests = 0
         self.counts = {"L": 0, "M": 0, "S": 0, "T": 0}
 
     @property
     def free(self) -> int:
+        """Room for placing a request here: what neither MELL's books nor a pinned copy hold."""
+        return self.capacity - self.used - self.pinned
+
+    @property
+    def room(self) -> int:
+        """Room for the growth of the requests already here (a pinned copy is handed over within seconds;
+        meanwhile the engine holds the growth back, it does not make MELL move requests)."""
         return self.capacity - self.used
 
     @property
@@ -85,6 +93,7 @@ class Fleet:
         self._seq = 0
         self._by_cat: dict[str, list[int]] = {c: [] for c in CATEGORIES}
         self._by_seq: dict[int, Device] = {}
+        self.retired: dict[str, Device] = {}  # devices retired since the caller last cleared this (a batch)
 
     # ---- activation -------------------------------------------------------------------
     def has_spare(self) -> bool:
@@ -112,8 +121,20 @@ class Fleet:
     def retire(self, dev: Device) -> None:
         assert not dev.items, f"retiring non-empty device {dev.id}"
         del self.active[dev.id]
+        self.retired[dev.id] = dev
         if self._pool is not None:
             bisect.insort(self._idle, self._pool_rank[dev.id])
+
+    def revive(self, dev: Device) -> None:
+        """A device retired in this batch taken back, as if freshly activated (batching's swaps)."""
+        assert dev.id not in self.active and not dev.items, f"reviving {dev.id}"
+        if self._pool is not None:
+            self._idle.remove(self._pool_rank[dev.id])
+        self._seq += 1
+        dev.seq = self._seq
+        dev.pinned = 0
+        self.active[dev.id] = dev
+        self.retired.pop(dev.id, None)
 
     def reactivate(self, dev: Device) -> None:
         """An empty device taken again as if freshly activated (it becomes the most recent)."""

@@ -13,13 +13,16 @@ from shared.policy.mell_rules import NEW, MellRules
 
 
 class MellPlacement(MellRules):
-    def __init__(self, capacity: int, devices: Sequence[str] | None, max_migrations_per_op: int) -> None:
+    def __init__(self, capacity: int, devices: Sequence[str] | None, max_migrations_per_op: int,
+                 bundle_members: int | None = None) -> None:
         super().__init__(capacity, devices, max_migrations_per_op)
         self._item_of: dict[str, Item] = {}  # request_id -> its item (itself, or its bundle)
         self._filling: Item | None = None  # the bundle that tiny requests join
         self._bundles = 0
         # a bundle moves as all its requests: keep it small enough that two fit one op's cap
-        self._bundle_members = max(1, max_migrations_per_op // 2)
+        self._bundle_members = max(1, max_migrations_per_op // 2) if bundle_members is None else bundle_members
+        if self._bundle_members < 1:
+            raise ValueError(f"bundle_members must be >= 1, got {bundle_members}")
 
     def _destination(self, item: Item, reuse: Device | None, reserve: int) -> Device:
         """Where a not-yet-placed item goes, its way cleared; `reuse`: an emptied device that
@@ -99,14 +102,14 @@ class MellPlacement(MellRules):
         delta = size - item.size
         old_cls = item.cls
         stays = cls == old_cls or (old_cls == "M" and cls == "L" and dev.category == "M")
-        if stays and delta <= dev.free:
+        if stays and delta <= dev.room:
             self.fleet.resize(item, size, cls)
             if delta < 0 or cls != old_cls:
                 self._top_up(dev)
             return
         if stays and all(RANK[o.cls] < RANK[cls] for o in dev.items.values() if o is not item):
             others = sorted((o for o in dev.items.values() if o is not item), key=lambda o: (RANK[o.cls], -o.size))
-            plan, freed = [], dev.free
+            plan, freed = [], dev.room
             for o in others:
                 if freed >= delta:
                     break
@@ -120,7 +123,7 @@ class MellPlacement(MellRules):
                 # T items first, then (last) at most one M/S-request, which may itself clear T items
                 # off an L-GPU (property 4) with what budget is left
                 touched = [o for o in plan if self._relocate(o, allow_evict=o is plan[-1], follow=False)]
-                if delta <= dev.free:  # else a device ran out mid-way: the request itself moves
+                if delta <= dev.room:  # else a device ran out mid-way: the request itself moves
                     self.fleet.resize(item, size, cls)
                     self._top_up(dev)
                     for o in touched:
@@ -153,7 +156,7 @@ class MellPlacement(MellRules):
         assert dev is not None
         old = bundle.members[request_id]
         delta = size - old
-        if cls == "tiny" and 4 * (bundle.size + delta) <= self.capacity and delta <= dev.free:
+        if cls == "tiny" and 4 * (bundle.size + delta) <= self.capacity and delta <= dev.room:
             bundle.members[request_id] = size
             self.fleet.resize(bundle, bundle.size + delta, "T")
             if delta < 0:
@@ -161,13 +164,14 @@ class MellPlacement(MellRules):
             return
         # the request leaves its bundle: one migration unless it lands on the same device
         before = dev.category
-        del bundle.members[request_id]
-        if bundle.members:
+        if len(bundle.members) > 1:
+            del bundle.members[request_id]
             self.fleet.resize(bundle, bundle.size - old, "T", cost_delta=-1)
         else:
             if bundle is self._filling:
                 self._filling = None
-            self.fleet.remove(bundle)
+            self.fleet.remove(bundle)  # while it still counts its last request (its cost), then empty it
+            del bundle.members[request_id]
         try:
             if cls == "tiny":
                 dest = self._join_bundle(request_id, size, reuse=dev)

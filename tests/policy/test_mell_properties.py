@@ -10,7 +10,8 @@ After every batch:
 * the GPU count bound the paper's proofs give: with no T-GPU, Lemma 2.1's |A(I)| <= W(I) + c
   (c = 2 for the latest M/S-GPU, plus one per violation); with T-GPUs, Theorem 2 case 1's
   |A(I)| <= 4/3 * S(I)/C + c (every GPU but the exempt three and the violators is >= 75% full);
-* no single operation migrates more than 10 requests (Theorem 3).
+* no single operation migrates more than 10 requests (Theorem 3);
+* each GPU's request count (its workload priority) is the number of requests it holds.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ def _check(s: MellScheduler, shadow: dict[str, str]) -> None:
     for dev in s.active_devices():
         on = s.requests_on(dev)
         assert on, f"{dev} is active but empty"
+        assert s.fleet.active[dev].n_requests == len(on), f"{dev} counts {s.fleet.active[dev].n_requests} requests"
         assert s.used(dev) == sum(on.values()) <= C
         total += s.used(dev)
         for rid in on:

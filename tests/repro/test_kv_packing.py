@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 
 from loadgen.repro.mell_footprint import final_sizes, reserved_bytes
 from loadgen.repro.mell_setup import GIB, LLAMA2_7B, LLAMA2_13B, TESTBEDS
 from loadgen.sim.kv_packing import build_schedule, run_policy, utilisation
-from shared.policy.binpack_baselines import BestFit, BestFitRestart, WorstFit
+from shared.policy.binpack_baselines import BestFitRestart, BestFitReserve, WorstFitReserve
 from shared.policy.mell import MellScheduler
 from shared.policy.mell_ops import Allocate, Depart, Update
 from tidal.cli import main
 
 SUMMARY = re.compile(r"^repro mell: gpus_vs_bf=[+-]\d+% gpus_vs_wf=[+-]\d+% gpus_vs_lb=[+-]\d+% util=\d+% "
-                     r"batching_cut=[+-]\d+% max_migrations_per_op=\d+$")
+                     r"batching_cut=[+-]\d+% max_migrations_uncapped=\d+ capped_ops=\d+ "
+                     r"gpus_vs_lower_bound=[+-]\d+%$")
+AZURE_EXCERPT = str(Path(__file__).parent / "data" / "azure-llm-2023")
 
 
 def test_kv_bytes_per_token_of_the_papers_models() -> None:
@@ -62,7 +65,7 @@ def fragmenting_trace():
 
 def test_mell_uses_no_more_gpus_than_worst_fit_on_a_fragmenting_trace() -> None:
     s = fragmenting_trace()
-    wf = run_policy(s, WorstFit(1000, final_size=final_sizes(s)), "WF")
+    wf = run_policy(s, WorstFitReserve(1000, final_size=final_sizes(s)), "WF")
     mell = run_policy(s, MellScheduler(1000), "MELL")
     assert np.all(mell.active <= wf.active)
     assert wf.active[10] == 4 and mell.active[10] < 4
@@ -74,7 +77,7 @@ def test_mell_uses_no_more_gpus_than_worst_fit_on_a_fragmenting_trace() -> None:
 
 def test_reserving_the_final_size_costs_bf_and_wf_a_gpu_that_mell_does_not_need() -> None:
     """r0 grows 31 -> 59, r1 (arriving at 20 s) 21 -> 44: at most 88 B in use at once, but the
-    two footprints (103 B) do not fit one 100 B GPU, so BF/WF, which reserve them, open a second."""
+    two footprints (103 B) do not fit one 100 B GPU, so the hindsight arms, which reserve them, open a second."""
     s = build_schedule(np.array([0.1, 20.1]), np.array([30, 20]), np.array([30, 25]), capacity=100,
                        bytes_per_token=1, granule_tokens=1, epoch_s=1.0, prefill_s_per_token=0.0, decode_step_s=1.0)
     final = final_sizes(s)
@@ -82,7 +85,7 @@ def test_reserving_the_final_size_costs_bf_and_wf_a_gpu_that_mell_does_not_need(
     held = reserved_bytes(s, final)
     assert held.max() == 103 and s.used_bytes.max() == 88 and held[-1] == 0
     assert np.all(held >= s.used_bytes)
-    for policy in (BestFit(100, final_size=final), WorstFit(100, final_size=final)):
+    for policy in (BestFitReserve(100, final_size=final), WorstFitReserve(100, final_size=final)):
         r = run_policy(s, policy, policy.name)
         assert r.peak_devices() == 2 and r.moves == 0 and r.overcommitted_epochs == 0
     for policy in (MellScheduler(100), BestFitRestart(100)):
@@ -92,7 +95,7 @@ def test_reserving_the_final_size_costs_bf_and_wf_a_gpu_that_mell_does_not_need(
 
 def run_tiny(tmp_path, capsys, name: str, *extra: str) -> tuple[str, dict]:
     out = tmp_path / name
-    assert main(["repro", "mell", "--scale", "tiny", "--out", str(out), *extra]) == 0
+    assert main(["repro", "mell", "--scale", "tiny", "--out", str(out), "--azure-dir", AZURE_EXCERPT, *extra]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     return lines[-1], json.loads((out / "summary.json").read_text())
 
@@ -106,26 +109,42 @@ def test_tiny_repro_is_deterministic_and_ends_with_the_summary_line(tmp_path, ca
     line, first = run_tiny(tmp_path, capsys, "a", "--testbeds", "7b-4090")
     assert SUMMARY.match(line), line
     assert first["headline"] == line
-    assert all(r["overcommitted_epochs"] == 0 for sc in first["scenarios"] for r in sc["policies"].values())
     report = (tmp_path / "a" / "report.md").read_text()
     assert "## Paper vs ours" in report and report.rstrip().endswith(line)
-    assert "reserved at admission" in report and "## Ablation: BF/WF with restarts" in report
-    assert "## What the moves cost" in report  # every policy's moves pay the movement cost model
-    policies = first["scenarios"][0]["policies"]
-    assert {"BF", "WF", "LB", "MELL", "MELL-nobatch", "BF-restart", "WF-restart"} <= policies.keys()
-    assert policies["BF"]["moves"] == policies["WF"]["moves"] == 0  # reserving baselines never move
-    for p in ("LB", "MELL", "MELL-nobatch"):  # migrations are charged: pre-copy time, stalls
-        cost = policies[p]["move_costs"]
-        assert cost["kv_ok"] > 0 and cost["copy_s"] > 0 and cost["stall_p99_s"] > 0
-    assert policies["BF-restart"]["move_costs"]["recompute_s"] > 0  # restarts re-prefill
-    assert policies["BF"]["held"] > policies["BF"]["util"]  # reserved-but-unused is not utilisation
+    for section in ("## What waiting costs", "## What the moves cost", "## Planning interval (MELL)",
+                    "## Extra arms: BF/WF reserving the final size (hindsight)", "CC-BY 4.0"):
+        assert section in report, section
+    sc = {s["workload"]: s for s in first["scenarios"]}
+    assert set(sc) == {"poisson-1.1", "azure-conv"}
+    for s in sc.values():
+        policies = s["policies"]
+        assert {"BF", "WF", "LB", "MELL", "MELL-uncapped", "MELL-free", "BF-reserve", "WF-reserve"} == policies.keys()
+        assert s["lower_bound_l2"] >= s["lower_bound_l1"] >= 1
+        assert policies["MELL"]["peak_gpus"] >= s["lower_bound_l2"]  # MELL delays nobody for long
+        for p in ("BF", "WF", "BF-reserve", "WF-reserve"):  # they never migrate
+            assert policies[p]["migrations"] == 0, p
+        for p in ("LB", "MELL"):  # migrations are charged: pre-copy time, stalls
+            assert policies[p]["move_costs"]["kv_ok"] > 0 and policies[p]["move_costs"]["copy_s"] > 0
+        assert policies["MELL"]["token_migrations"] > 0  # adaptive migration: both kinds happen
+        assert policies["MELL-uncapped"]["max_moves_per_op"] >= 1
+        assert policies["BF-reserve"]["held"] > policies["BF-reserve"]["util"]  # reserved is not in use
+        assert policies["BF"]["preemptions"] > 0  # BF admits on what it knows; its engine preempts the growth
+    assert [sw["epoch_s"] for sw in sc["poisson-1.1"]["sweep"]] == [1.0, 5.0]
     assert (tmp_path / "a" / "fig11_gpus.png").stat().st_size > 0
-    line2, second = run_tiny(tmp_path, capsys, "b", "--testbeds", "7b-4090", "--no-plots")
+    line2, second = run_tiny(tmp_path, capsys, "b", "--testbeds", "7b-4090", "--no-plots", "--jobs", "1")
     assert line2 == line and _figures(second) == _figures(first)
-    _, other = run_tiny(tmp_path, capsys, "c", "--testbeds", "7b-4090", "--no-plots", "--seed", "7")
-    assert _figures(other) != _figures(first)
+    _, other = run_tiny(tmp_path, capsys, "c", "--testbeds", "7b-4090", "--no-plots", "--seed", "7",
+                        "--workloads", "poisson-1.1")
+    assert _figures(other) != _figures(first)[:1]
 
 
 def test_unknown_workload_is_refused_by_name(capsys) -> None:
     assert main(["repro", "mell", "--workloads", "poisson-9"]) == 2
     assert "unknown workload ['poisson-9']" in capsys.readouterr().err
+
+
+def test_a_missing_azure_trace_is_a_clear_error(tmp_path, capsys) -> None:
+    assert main(["repro", "mell", "--scale", "tiny", "--workloads", "azure-code", "--azure-dir", str(tmp_path),
+                 "--no-plots", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "AzureLLMInferenceTrace_code.csv" in err and "is missing" in err and "--azure-dir" in err
