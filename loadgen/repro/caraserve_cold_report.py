@@ -114,7 +114,8 @@ def cold_section(out: Path, runs: list[ColdRun], plots: bool) -> tuple[list[str]
         md_table(("workload", "loads", "mode", "TTFT vs cached", "paper", "TPOT vs cached", "E2E vs cached",
                   "prefill iter ms", "decode iter ms", "loads"), rows), "",
         *[f"![{f}]({f})" for f in figures], "",
-        "Setting: LightLLM-like iterations (new requests' prefill first); step costs from the LoRA model "
+        "Setting: engine mode, every arm: LightLLM-like iterations (new requests' prefill first, as CaraServe's "
+        "LightLLM-based engine and its baselines run them; the same for all five modes); step costs from the LoRA model "
         "(caraserve-a10-llama2-7b.toml) plus KV reads, a prefill iteration at least the weights read (the decode "
         f"model's beta); adapter bytes by rank (96 MiB at rank 64); CPU LoRA at {CPU_FLOPS_PER_CORE / 1e9:.1f} "
         f"GFLOP/s per core (measured here, fp32) on {CPU_CORES} cores, {INVOKE_S * 1000:g} ms invocation per "

@@ -87,7 +87,9 @@ def write_caraserve_report(out: Path, run: CaraRun, head: Headline, *, command: 
         f"(gamma gaps, CV {cfg.arrival_cv:g}: OUR ASSUMPTION, MAF is not in the library) "
         f"({n} requests; the paper runs each workload for 5 minutes, §7.1), seed {cfg.seed}.",
         f"- {cfg.servers} simulated servers, Llama-2-7B on an A10 each (profile `a10-llama2-7b-lora`), continuous "
-        "batching with chunked prefill (loadgen/sim/worker.py), at most 64 sequences per batch.",
+        "batching with chunked prefill (engine mode `chunked`, loadgen/sim/worker.py) for every policy, at most 64 "
+        "sequences per batch: the routing comparison holds the engine fixed (CaraServe's own engine is LightLLM-based; "
+        "its iteration order is modelled in the cold-start experiment below).",
         f"- Step time = the router's own linear model ({LORA_PROFILE.name}: decode from CaraServe Fig. 5, prefill "
         "from the A10 roofline) + KV reads (loadgen/sim/lora_worker.py).",
         "- Adapter loads: a server's first request for an adapter loads it from host memory inside the step that "

@@ -332,6 +332,10 @@ def write_mell_report(out: Path, scenarios: list[Scenario], cfg: ReproConfig, he
         "capacity of the active GPUs, time-averaged; L2 bound = Martello-Toth's bound on the peak GPUs of the "
         "undelayed stream (L1 = total KV / C in brackets).",
         *SEMANTICS,
+        "- Engine mode, every arm: vLLM 0.6's (`vllm-0.6`, loadgen/sim/engine_modes.py) at planning-interval "
+        "granularity (loadgen/sim/kv_packing_fleet.py): a GPU whose requests outgrow its KV preempts the newest by "
+        "recompute. Why: MELL's testbed and its baselines ran vLLM, and the same engine for every policy keeps the "
+        "comparison on placement and migration alone.",
         f"- Truncated requests (longer than one GPU's KV): {sum(s.schedule.truncated for s in scenarios)}.",
         *([f"- Azure workloads: {AZURE_CREDIT}."] if azure else []), "",
         "## Paper vs ours", "", paper_vs_ours(scenarios, head), "",

@@ -155,7 +155,10 @@ def write_warmserve_report(out: Path, points: list[Point], cfg: ReproConfig, hea
         f"Traces: the real Azure LLM 2023 hours ({ATTRIBUTION}), {cfg.duration_s:g} s replayed uncompressed, "
         "inputs capped at 1,024 tokens, RPS split by the power law; CSP windows of "
         f"{cfg.window_s:g} s over {cfg.history_days} earlier days (resamples of the same hour); the public code's "
-        f"autoscaler (0.8 / 0.5 of B x instances over a 5 s window, 5 s protect period); seed {cfg.seed}.", "",
+        f"autoscaler (0.8 / 0.5 of B x instances over a 5 s window, 5 s protect period); seed {cfg.seed}.",
+        "Engine mode, every system: `vllm-0.6` (prefill-first, whole prompts, recompute preemption; "
+        "loadgen/sim/engine_modes.py), because the public code starts vLLM 0.6.3 for WarmServe and for every "
+        "baseline alike.", "",
         "## Headline against the paper", "",
         md_table(["metric", "this run", "paper"], [
             ["P99 TTFT, SLLM-GPU (no engine pool) / WarmServe (max; where WarmServe is within the SLO)",
