@@ -145,15 +145,18 @@ def _write_kv_kernel(
     BLOCK_SIZE: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(Pos + t)
-    valid = pos >= 0
-    pos = tl.maximum(pos, 0)
+    pos_raw = tl.load(Pos + t)
+    valid = pos_raw >= 0
+    pos = tl.maximum(pos_raw, 0)
     row = tl.load(Rows + t).to(tl.int64)
     blk = tl.load(Tables + row * stride_tr + (pos // BLOCK_SIZE) * stride_tp, mask=valid, other=0).to(tl.int64)
     within = pos % BLOCK_SIZE
     offs_h = tl.arange(0, H_PAD)
     offs_d = tl.arange(0, D_PAD)
-    mask = valid & (offs_h[:, None] < KV_HEADS) & (offs_d[None, :] < HEAD_DIM)
+    # the padding rows' test as a full tile (a scalar & a tile is not a boolean tile in every
+    # Triton interpreter)
+    live = (tl.zeros([H_PAD, D_PAD], dtype=tl.int64) + pos_raw) >= 0
+    mask = live & (offs_h[:, None] < KV_HEADS) & (offs_d[None, :] < HEAD_DIM)
     k = tl.load(Kn + t * stride_knt + offs_h[:, None] * stride_knh + offs_d[None, :], mask=mask)
     v = tl.load(Vn + t * stride_vnt + offs_h[:, None] * stride_vnh + offs_d[None, :], mask=mask)
     tl.store(KC + blk * stride_kn + within * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], k, mask=mask)
