@@ -45,80 +45,15 @@ from __future__ import annotations
 import math
 import time
 from bisect import insort
-from dataclasses import dataclass
 
 import numpy as np
 
-from loadgen.sim.kv_packing import PackingResult, Schedule
+from loadgen.sim.kv_packing import Schedule
+from loadgen.sim.kv_packing_fleet_engine import FleetEngine
+from loadgen.sim.kv_packing_fleet_moves import FleetMoves
+from loadgen.sim.kv_packing_fleet_state import FUTURE, QUEUED, RUNNING, Budgets, Device, FleetResult, Flight
 from loadgen.sim.kv_packing_moves import MoveModel, MoveStats
-from shared.policy.mell_migration import MigrationCandidate, choose_migration_modes
 from shared.policy.mell_ops import Allocate, Depart, Update
-
-FUTURE, RUNNING, QUEUED, DONE = 0, 1, 2, 3
-INF = float("inf")
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """MELL §V's boundaries, per second of a planning interval (adaptive migration)."""
-
-    link_bytes_per_s: float  # one device's network interface, each direction (communication boundary)
-    prefill_tokens_per_s: float  # a destination's compute spare for re-prefill (computation boundary)
-
-    def __post_init__(self) -> None:
-        if self.link_bytes_per_s < 0 or self.prefill_tokens_per_s < 0:
-            raise ValueError(f"budgets must be >= 0, got {self.link_bytes_per_s}, {self.prefill_tokens_per_s}")
-
-
-@dataclass(frozen=True)
-class FleetResult(PackingResult):
-    used_bytes: np.ndarray | None = None  # per epoch: the granules of the running requests (for utilisation)
-    requests: int = 0
-    decided: int = 0  # moves the policy decided (after batching)
-    removed_by_batching: int = 0  # moves the policy's batches dropped
-    capped_ops: int = 0  # MELL operations that stopped at the migration cap
-    kv_migrations: int = 0  # handed over
-    token_migrations: int = 0
-    deferred: int = 0  # move-intervals the boundaries deferred
-    requeued: int = 0  # moves of requests waiting for memory (free)
-    preemptions: int = 0
-    held_back: int = 0  # arrivals that waited for memory on the device they were put on
-    ttft_delay: np.ndarray | None = None  # per request: seconds added before its first token
-    tpot_delay: np.ndarray | None = None  # per request: seconds added after it, per later token
-    max_moves_per_round: int = 0  # LB: the most migrations one balancing round decided
-
-    @property
-    def migrations(self) -> int:
-        """Migrations carried out (KV hand-overs and token moves)."""
-        return self.kv_migrations + self.token_migrations
-
-
-class _Device:
-    __slots__ = ("running", "queue", "incoming", "out", "ub", "nic_out", "nic_in", "prefill_busy")
-
-    def __init__(self) -> None:
-        self.running: set[int] = set()
-        self.queue: list[int] = []  # waiting for memory, by arrival order
-        self.incoming: set[int] = set()  # copies reserving blocks here
-        self.out: set[int] = set()  # copies leaving (still here until the hand-over)
-        self.ub = 0  # running + incoming requests' granules in whole blocks: an upper bound of the blocks held
-        self.nic_out = self.nic_in = 0.0  # when this device's interface is free again, each way
-        self.prefill_busy = 0.0  # when its re-prefills queued so far are done
-
-    def empty(self) -> bool:
-        return not (self.running or self.queue or self.incoming)
-
-
-@dataclass
-class _Flight:
-    request: int
-    source: str
-    destination: str
-    done_s: float
-    ok: bool
-    stall_s: float
-    reason: str = ""
-
 
 def run_fleet(schedule: Schedule, policy, name: str, *, moves: MoveModel | None = None, mode: str = "kv",
               budgets: Budgets | None = None, per_op: bool = False, check: bool = True) -> FleetResult:
@@ -134,7 +69,7 @@ def run_fleet(schedule: Schedule, policy, name: str, *, moves: MoveModel | None 
     return _Fleet(schedule, policy, name, moves, mode, budgets, per_op, check).run()
 
 
-class _Fleet:
+class _Fleet(FleetEngine, FleetMoves):
     def __init__(self, schedule: Schedule, policy, name: str, moves: MoveModel | None, mode: str,
                  budgets: Budgets | None, per_op: bool, check: bool) -> None:
         s = schedule
@@ -166,8 +101,8 @@ class _Fleet:
         self.dep_e = [0] * n  # the epoch it departs at
         self.d_first = [0.0] * n
         self.d_after = [0.0] * n
-        self.dev: dict[str, _Device] = {}
-        self.flights: dict[int, _Flight] = {}
+        self.dev: dict[str, Device] = {}
+        self.flights: dict[int, Flight] = {}
         self.copy_cost: dict[int, tuple[float, int]] = {}  # request in flight -> (link seconds, bytes) if it lands
         self.failed_before: set[int] = set()  # requests whose last move attempt failed (the next is a retry)
         self.mismatch: set[int] = set()  # books and devices disagree (a move not carried out yet)
@@ -246,13 +181,13 @@ class _Fleet:
         return tokens * self.s.prefill_s_per_token
 
     # --- devices ----------------------------------------------------------------------------
-    def _device(self, d: str) -> _Device:
+    def _device(self, d: str) -> Device:
         dev = self.dev.get(d)
         if dev is None:
-            dev = self.dev[d] = _Device()
+            dev = self.dev[d] = Device()
         return dev
 
-    def _held_exact(self, d: _Device, now: float) -> int:
+    def _held_exact(self, d: Device, now: float) -> int:
         """Bytes of the blocks the device's running requests and incoming copies hold at `now`."""
         P, O, TF, base, step, blk, cap = self.P, self.O, self.TF, self.base, self.step, self.blk, self.cap_tok
         floor = math.floor
@@ -267,7 +202,7 @@ class _Fleet:
                 total += b if b < cap else cap
         return total * self.bpt
 
-    def _room_for(self, d: _Device, i: int, now: float) -> bool:
+    def _room_for(self, d: Device, i: int, now: float) -> bool:
         need = self._blocks(i, now)
         return self.C - d.ub >= need or self.C - self._held_exact(d, now) >= need
 
@@ -401,285 +336,6 @@ class _Fleet:
     def _movable(self, rid: str) -> bool:
         i = self.index[rid]
         return self.st[i] == RUNNING and i not in self.flights and i not in self.mismatch
-
-    # --- what requests do on the devices ---------------------------------------------------------
-    def _resize(self, i: int, new: int) -> None:
-        delta = new - self.size[i]
-        self.size[i] = new
-        self.live_bytes += delta
-        self.book_bytes += delta
-        ub = self._ub_bytes(new)
-        ub_delta, self.ubs[i] = ub - self.ubs[i], ub
-        self._device(self.where[i]).ub += ub_delta
-        f = self.flights.get(i)
-        if f is not None:
-            self._device(f.destination).ub += ub_delta
-
-    def _ub_bytes(self, granule_bytes: int) -> int:
-        """A granule in whole blocks: what a request holding at most that many tokens can hold in blocks."""
-        tokens = granule_bytes // self.bpt
-        return min(-(-tokens // self.blk) * self.blk, self.cap_tok) * self.bpt
-
-    def _depart(self, i: int, now: float) -> None:
-        f = self.flights.get(i)
-        if f is not None:
-            self._fail(f, "request ended", put_back=False)
-        d = self._device(self.where[i])
-        d.running.discard(i)
-        d.ub -= self.ubs[i]
-        self.live_bytes -= self.size[i]
-        self.book_bytes -= self.size[i]
-        self.st[i] = DONE
-        self.mismatch.discard(i)
-        self.failed_before.discard(i)
-        self._drop_if_empty(self.where[i])
-
-    def _preempt(self, i: int, now: float) -> None:
-        f = self.flights.get(i)
-        if f is not None:
-            self._fail(f, "preempted on the source", put_back=True)
-        d = self._device(self.where[i])
-        self.frozen[i] = max(self.base[i], self.P[i] + self._generated(i, now)) - self.P[i]
-        self.was_preempted[i] = True
-        d.running.discard(i)
-        d.ub -= self.ubs[i]
-        self.live_bytes -= self.size[i]
-        self.st[i] = QUEUED
-        self.qsince[i] = now
-        self.ver[i] += 1  # no departure or growth while it waits
-        insort(d.queue, i)
-        self.preemptions += 1
-
-    def _admit(self, i: int, d: _Device, now: float, e: int) -> None:
-        d.running.add(i)
-        d.ub += self.ubs[i]
-        self.live_bytes += self.size[i]
-        self.st[i] = RUNNING
-        if self.was_preempted[i]:  # recompute: prompt + what it had generated, then its next token
-            g = self.frozen[i]
-            self.frozen[i] = 0
-            self.base[i] = self.P[i] + g
-            self.was_preempted[i] = False
-            self._shift(i, max(self.TF[i], self._resume_tf(now, g, self.P[i] + g)), e, started=g > 0)
-        else:
-            self.frozen[i] = 0
-            if now > self.qsince[i]:  # an arrival held back: it starts as late as it waited
-                self.held_back += 1
-                self._shift(i, self.TF[i] + (now - self.qsince[i]), e, started=False)
-            else:
-                self._schedule_events(i, e)
-
-    def _enforce(self, now: float, e: int) -> None:
-        """Preempt what outgrew a device (newest first), then admit its waiting requests (FCFS)."""
-        C = self.C
-        for dev in list(self.dev.values()):
-            held = -1
-            if dev.ub > C:
-                held = self._held_exact(dev, now)
-                if held > C:
-                    for i in sorted(dev.running, key=lambda i: (i in dev.out, -i)):
-                        if held <= C:
-                            break
-                        held -= self._blocks(i, now)
-                        self._preempt(i, now)
-            if dev.queue:
-                exact = held >= 0
-                free = C - (held if exact else dev.ub)
-                while dev.queue:
-                    i = dev.queue[0]
-                    need = self._blocks(i, now)
-                    if need > free and not exact:  # the granules said no: ask the blocks
-                        free = C - self._held_exact(dev, now)
-                        exact = True
-                    if need > free:
-                        break
-                    dev.queue.pop(0)
-                    free -= need
-                    self._admit(i, dev, now, e)
-
-    # --- moves ----------------------------------------------------------------------------------
-    def _carry_out(self, now: float, e: int) -> None:
-        device_of = self.policy.device_of
-        cands: list[tuple[int, str, str]] = []
-        for i in sorted(self.mismatch):
-            target = device_of(self.ids[i]) if self.st[i] in (RUNNING, QUEUED) else None
-            src = self.where[i]
-            if target is None or target == src:
-                self.mismatch.discard(i)
-                continue
-            if i in self.flights:
-                continue  # it moves on once this copy lands
-            if self.st[i] == QUEUED:  # waiting for memory: no KV to carry, it waits there instead
-                self._device(src).queue.remove(i)
-                insort(self._device(target).queue, i)
-                self.where[i] = target
-                self.mismatch.discard(i)
-                self.requeued += 1
-                self._drop_if_empty(src)
-                continue
-            cands.append((i, src, target))
-        if not cands:
-            return
-        modes = self._choose_modes(cands, now) if self.mode == "auto" else dict.fromkeys(
-            (i for i, _, _ in cands), self.mode)
-        if self.model is None:  # instant moves: one may make room for another, so try again until none can
-            while True:
-                fits = [c for c in cands if modes[c[0]] != "defer" and self._room_for(self._device(c[2]), c[0], now)]
-                if not fits:
-                    break
-                for i, src, dst in fits:
-                    self.mismatch.discard(i)
-                    self._start_copy(i, src, dst, now, e) if modes[i] == "kv" else self._token_move(i, src, dst, now, e)
-                cands = [c for c in cands if c not in fits]
-        for i, src, dst in cands:
-            mode = modes[i]
-            if mode == "defer":
-                self.deferred += 1
-                continue
-            self.mismatch.discard(i)
-            if i in self.failed_before:
-                self.stats.retries += 1
-            if not self._room_for(self._device(dst), i, now):
-                self._refused(i, src, mode)
-            elif mode == "kv":
-                self._start_copy(i, src, dst, now, e)
-            else:
-                self._token_move(i, src, dst, now, e)
-
-    def _choose_modes(self, cands: list[tuple[int, str, str]], now: float) -> dict[int, str]:
-        """MELL §V: pack this interval's moves into the interfaces' bytes (KV) and the destinations' spare
-        prefill tokens (tokens); what fits neither is deferred."""
-        b = self.budgets
-        assert b is not None
-        E = self.E
-        out: dict[str, float] = {}
-        inn: dict[str, float] = {}
-        pre: dict[str, float] = {}
-        cs = [MigrationCandidate(self.ids[i], src, dst, kv_bytes=self._blocks(i, now),
-                                 tokens=self.P[i] + self._generated(i, now)) for i, src, dst in cands]
-        for c in cs:
-            ds, dd = self._device(c.source), self._device(c.destination)
-            out[c.source] = b.link_bytes_per_s * max(0.0, E - max(0.0, ds.nic_out - now))
-            inn[c.destination] = b.link_bytes_per_s * max(0.0, E - max(0.0, dd.nic_in - now))
-            tokens = b.prefill_tokens_per_s * max(0.0, E - max(0.0, dd.prefill_busy - now))
-            if dd.prefill_busy <= now and tokens > 0:  # an idle destination takes one re-prefill longer than an
-                tokens = max(tokens, c.tokens, pre.get(c.destination, 0.0))  # interval's spare compute (it runs on)
-            pre[c.destination] = max(tokens, pre.get(c.destination, 0.0))
-        links = {(c.source, c.destination): INF for c in cs}
-        choices = choose_migration_modes(cs, links, pre, "auto", egress_budget_bytes=out, ingress_budget_bytes=inn)
-        return {self.index[c.request_id]: c.mode for c in choices}
-
-    def _refused(self, i: int, src: str, mode: str) -> None:
-        """The destination has no room now: nothing moves."""
-        if mode == "kv":
-            self.stats.kv_moves += 1
-        self.stats.failed["destination full"] += 1
-        self.failed_before.add(i)
-        if self.revert:
-            self.policy.relocate(self.ids[i], src)
-        else:
-            self.mismatch.add(i)  # MELL's coordinator re-issues it the next interval
-
-    def _start_copy(self, i: int, src: str, dst: str, now: float, e: int) -> None:
-        ds, dd = self._device(src), self._device(dst)
-        self.stats.kv_moves += 1
-        if self.model is None:  # no costs: the hand-over is immediate
-            f = _Flight(i, src, dst, now, True, 0.0)
-            self.flights[i] = f
-            ds.out.add(i)
-            dd.incoming.add(i)
-            dd.ub += self.ubs[i]
-            self._hand_over(f, now, e)
-            return
-        nbytes = self._blocks(i, now)
-        pc = self.model.precopy(nbytes)
-        start = max(now, ds.nic_out, dd.nic_in)  # one copy at a time per interface and direction
-        if pc.ok:
-            f = _Flight(i, src, dst, start + pc.total_s, True, pc.stall_s)
-            self.copy_cost[i] = (pc.total_s, pc.blocks * self.model.block_size * self.bpt)
-        else:
-            f = _Flight(i, src, dst, start + pc.precopy_s, False, 0.0, "did not converge")
-        ds.nic_out = dd.nic_in = f.done_s
-        self.flights[i] = f
-        ds.out.add(i)
-        dd.incoming.add(i)
-        dd.ub += self.ubs[i]
-
-    def _land(self, now: float, e: int) -> None:
-        """Copies whose hand-over (or failure) time has come."""
-        if not self.flights:
-            return
-        for f in sorted((f for f in self.flights.values() if f.done_s <= now), key=lambda f: (f.done_s, f.request)):
-            if not f.ok:
-                self._fail(f, f.reason, put_back=True)
-            elif self._end(f.request) < f.done_s:
-                self._fail(f, "request ended", put_back=True)
-            else:
-                self._hand_over(f, now, e)
-
-    def _hand_over(self, f: _Flight, now: float, e: int) -> None:
-        i = f.request
-        del self.flights[i]
-        ds, dd = self._device(f.source), self._device(f.destination)
-        ds.out.discard(i)
-        ds.running.discard(i)
-        ds.ub -= self.ubs[i]
-        dd.incoming.discard(i)
-        dd.running.add(i)
-        self.where[i] = f.destination
-        st = self.stats
-        st.kv_ok += 1
-        copy_s, nbytes = self.copy_cost.pop(i, (0.0, 0))
-        st.copy_s += copy_s
-        st.bytes_copied += nbytes
-        self.failed_before.discard(i)
-        if f.stall_s > 0:
-            st.stalls.append(f.stall_s)
-            st.delay[self.ids[i]] = st.delay.get(self.ids[i], 0.0) + f.stall_s
-            self._shift(i, self.TF[i] + f.stall_s, e, started=self._generated(i, f.done_s) > 0)
-        if self.policy.device_of(self.ids[i]) != f.destination:
-            self.mismatch.add(i)  # the books moved it on meanwhile
-        self._drop_if_empty(f.source)
-
-    def _fail(self, f: _Flight, reason: str, *, put_back: bool) -> None:
-        """A copy that ends without a hand-over: the destination's reservation is freed, the request is
-        where it was."""
-        i = f.request
-        del self.flights[i]
-        self.copy_cost.pop(i, None)
-        ds, dd = self._device(f.source), self._device(f.destination)
-        ds.out.discard(i)
-        dd.incoming.discard(i)
-        dd.ub -= self.ubs[i]
-        self.stats.failed[reason] += 1
-        self.failed_before.add(i)
-        if put_back:
-            if not self.revert:
-                self.mismatch.add(i)  # retried the next interval
-            elif self.policy.device_of(self.ids[i]) == f.destination:
-                self.policy.relocate(self.ids[i], f.source)
-        self._drop_if_empty(f.destination)
-
-    def _token_move(self, i: int, src: str, dst: str, now: float, e: int) -> None:
-        """Token mode: the source drops the KV at once, the destination re-prefills the context."""
-        ds, dd = self._device(src), self._device(dst)
-        g = self._generated(i, now)
-        tokens = max(self.base[i], self.P[i] + g)
-        r = self._reprefill_s(tokens)
-        self.base[i] = tokens
-        ds.running.discard(i)
-        ds.ub -= self.ubs[i]
-        dd.running.add(i)
-        dd.ub += self.ubs[i]
-        self.where[i] = dst
-        dd.prefill_busy = max(dd.prefill_busy, now) + r
-        st = self.stats
-        st.token_moves += 1
-        st.recompute_s += r
-        st.delay[self.ids[i]] = st.delay.get(self.ids[i], 0.0) + r
-        self.failed_before.discard(i)
-        self._shift(i, max(self.TF[i], self._resume_tf(now, g, tokens)), e, started=g > 0)
-        self._drop_if_empty(src)
 
 
 def fleet_utilisation(result: FleetResult, capacity: int) -> float:
