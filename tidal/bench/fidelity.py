@@ -21,33 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tidal.bench.fidelity_model import model_dir
+from tidal.bench.fidelity_model import CONFIG, model_dir
 from tidal.bench.output import add_out_argument, out_dir
 
-CONFIG = """
-[cluster]
-data_dir = "{data}"
-
-[gateway]
-port = {port}
-
-[dispatcher]
-queue_bound = 4096
-
-[[models]]
-name = "fidelity"
-path = "{model}"
-max_context = {context}
-
-{workers}
-[policies]
-max_batch_size = {batch}
-step_token_budget = {budget}
-kv_block_tokens = 16
-
-[observability]
-log_level = "warning"
-"""
 
 
 # the light check's defaults; a --pressure run has its own (fidelity_pressure.PRESSURE_DEFAULTS)
@@ -154,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
                       for w in ids)
     config = root / "cluster.toml"
     config.write_text(CONFIG.format(data=root / "data", port=port, model=model, context=context, workers=workers,
-                                    batch=args.batch, budget=max(args.budget, args.batch)))
+                                    batch=args.batch, budget=max(args.budget, args.batch), block=16, mode="chunked"))
     url = f"http://127.0.0.1:{port}"
     cluster = MultiWorkerCluster(root, config, ids, threads=1)
     try:

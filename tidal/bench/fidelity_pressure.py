@@ -26,31 +26,6 @@ from tidal.bench.output import out_dir
 if TYPE_CHECKING:
     from tidal.bench.fidelity_compare import Side
 
-CONFIG = """
-[cluster]
-data_dir = "{data}"
-
-[gateway]
-port = {port}
-
-[dispatcher]
-queue_bound = 4096
-
-[[models]]
-name = "fidelity"
-path = "{model}"
-max_context = {context}
-
-{workers}
-[policies]
-max_batch_size = {batch}
-step_token_budget = {budget}
-kv_block_tokens = {block}
-scheduling = "{mode}"
-
-[observability]
-log_level = "warning"
-"""
 BLOCK = 16
 # the defaults of a pressure run (the light check's are in fidelity.py's register())
 PRESSURE_DEFAULTS = {"workers": 1, "rate": 2.5, "duration": 60.0, "prompt_tokens": 128, "output_tokens": 128,
@@ -68,7 +43,7 @@ def run_pressure(args: argparse.Namespace) -> int:
     from loadgen.sim.profile import save_profile
     from loadgen.traces.generate import generate
     from loadgen.traces.schema import PoissonParams
-    from tidal.bench.fidelity_model import model_dir
+    from tidal.bench.fidelity_model import CONFIG, model_dir
     from tidal.bench.fidelity_cluster import HostShare, MultiWorkerCluster, StatsWatch
     from tidal.bench.fidelity_compare import Side, summary_line, table
     from tidal.bench.gateway import _free_port
