@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.error
-import urllib.request
 from typing import Callable
 
+from loadgen.runner.bench_cluster import gateway_ready
 from shared.config import ClusterConfig
 
 PROMPT = "What is the capital of France?"
@@ -37,19 +36,11 @@ def prepare_assets(cfg: ClusterConfig, out: Callable[[str], None]) -> None:
         f"(cached under {cfg.cluster.data_dir}{note})")
 
 
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/ready", timeout=1.0) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
 async def wait_until_serving(url: str, timeout_s: float, stop: asyncio.Event) -> bool:
     """True once the gateway's /ready answers 200 (a worker serves a model), False at timeout or stop."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not stop.is_set():
-        if await asyncio.to_thread(_ready, url):
+        if await asyncio.to_thread(gateway_ready, url):
             return True
         try:
             await asyncio.wait_for(stop.wait(), 0.25)

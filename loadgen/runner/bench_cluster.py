@@ -49,7 +49,7 @@ class BenchCluster:
     def wait_serving(self, gateway_url: str, deadline: float) -> None:
         """Until the gateway answers /ready; RuntimeError with the logs' tails if a process exits
         or `deadline` (time.monotonic()) passes first."""
-        while not _ready(gateway_url):
+        while not gateway_ready(gateway_url):
             dead = [n for n, p in self.procs.items() if p.poll() is not None]
             if dead or time.monotonic() > deadline:
                 tails = "\n".join(f"--- {n}:\n{self.log_tail(n)}" for n in (dead or list(self.procs)))
@@ -109,7 +109,8 @@ def terminate(procs: list[subprocess.Popen[bytes]], timeout_s: float = 15.0) -> 
             proc.wait()
 
 
-def _ready(url: str) -> bool:
+def gateway_ready(url: str) -> bool:
+    """Whether the gateway at `url` answers /ready with 200."""
     try:
         with urllib.request.urlopen(f"{url}/ready", timeout=1.0) as resp:
             return resp.status == 200

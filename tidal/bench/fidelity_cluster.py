@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from tidal.bench.bench_cluster import BenchCluster, _ready, launch
+from loadgen.runner.bench_cluster import BenchCluster, gateway_ready, launch
 
 T = TypeVar("T")
 
@@ -32,7 +32,7 @@ class MultiWorkerCluster(BenchCluster):
                                       f"fidelity-{name.replace(':', '-')}", logs / f"{name.replace(':', '-')}.log",
                                       *extra, env={"TIDAL_WORKER_THREADS": str(self.threads)})
         deadline = time.monotonic() + timeout_s
-        while not _ready(gateway_url):
+        while not gateway_ready(gateway_url):
             self._check(deadline)
             time.sleep(0.2)
         asyncio.run(self._workers_ready(deadline))
