@@ -124,6 +124,15 @@ def build_schedule(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray
                     decode_step_s=decode_step_s, prefill_s_per_token=prefill_s_per_token)
 
 
+def apply_op(policy, op):  # type: ignore[no-untyped-def]
+    """One operation on a policy (MellScheduler or a bin-packing baseline): its result."""
+    if type(op) is Depart:
+        return policy.depart(op.request_id)
+    if type(op) is Update:
+        return policy.update(op.request_id, op.size)
+    return policy.allocate(op.request_id, op.size)
+
+
 def run_policy(schedule: Schedule, policy, name: str, *, per_op: bool = False, check: bool = True,
                moves: MoveModel | None = None) -> PackingResult:
     """Replay the schedule on `policy` (MellScheduler or a baseline). per_op: ops one by one
@@ -154,12 +163,7 @@ def run_policy(schedule: Schedule, policy, name: str, *, per_op: bool = False, c
         if ops:
             if per_op:
                 for op in ops:
-                    if type(op) is Depart:
-                        res = policy.depart(op.request_id)
-                    elif type(op) is Update:
-                        res = policy.update(op.request_id, op.size)
-                    else:
-                        res = policy.allocate(op.request_id, op.size)
+                    res = apply_op(policy, op)
                     n_moves += len(res.moves)
                     max_per_op = max(max_per_op, len(res.moves))
                     _charge(ledger, res.moves, size, now, kv, policy)

@@ -48,7 +48,7 @@ from bisect import insort
 
 import numpy as np
 
-from loadgen.sim.kv_packing import Schedule
+from loadgen.sim.kv_packing import Schedule, apply_op
 from loadgen.sim.kv_packing_fleet_engine import FleetEngine
 from loadgen.sim.kv_packing_fleet_moves import FleetMoves
 from loadgen.sim.kv_packing_fleet_state import FUTURE, QUEUED, RUNNING, Budgets, Device, FleetResult, Flight
@@ -307,12 +307,8 @@ class _Fleet(FleetEngine, FleetMoves):
             placements: dict[str, str] = {}
             moves = []
             for op in ops:
-                if type(op) is Depart:
-                    r = policy.depart(op.request_id)
-                elif type(op) is Update:
-                    r = policy.update(op.request_id, op.size)
-                else:
-                    r = policy.allocate(op.request_id, op.size)
+                r = apply_op(policy, op)
+                if type(op) is Allocate:
                     placements.update(r.placements)
                 self.max_op = max(self.max_op, len(r.moves))
                 moves.extend(r.moves)
