@@ -16,9 +16,8 @@ if os.environ.get("TRITON_INTERPRET") != "1":  # tests/conftest.py sets it where
     pytest.skip("Triton's interpreter is off (a CUDA machine: tests/gpu runs these kernels compiled)",
                 allow_module_level=True)
 from gpu_ext.triton_attention import choose_splits, paged_decode, write_kv
+from paged_decode import decode_attention
 
-from services.gpu_worker.engine.attention import PagedAttention
-from services.gpu_worker.engine.batch import ScheduledChunk
 from services.gpu_worker.engine.kv_cache import PagedKVCache
 from services.gpu_worker.engine.model_config import ModelConfig, RopeConfig
 
@@ -47,14 +46,8 @@ def filled_cache(kv_heads: int, ctx_lens: list[int], seed: int, dtype=torch.floa
 
 def torch_path(cache: PagedKVCache, tables: list[list[int]], ctx_lens: list[int], q: torch.Tensor,
                window: int | None) -> torch.Tensor:
-    """The engine's torch decode attention over the same cache (prepare + its decode groups)."""
-    attn = PagedAttention(cache, [0], window, use_kernel=False)
-    chunks = [ScheduledChunk(f"s{i}", [0], n - 1, {0: t}) for i, (n, t) in enumerate(zip(ctx_lens, tables))]
-    lay = attn.prepare(chunks)
-    out = torch.empty_like(q)
-    for g in lay.decode_groups:
-        out[g.rows] = attn._decode(0, q[g.rows], g)
-    return out
+    """The engine's torch decode attention over the same cache."""
+    return decode_attention(cache, tables, ctx_lens, q, window, use_kernel=False)
 
 
 def padded(tables: list[list[int]], width: int) -> torch.Tensor:

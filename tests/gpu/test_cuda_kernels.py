@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker.engine.attention import PagedAttention
-from services.gpu_worker.engine.batch import ScheduledChunk
+from paged_decode import decode_attention
 from services.gpu_worker.engine.kv_cache import PagedKVCache
 from services.gpu_worker.engine.model_config import ModelConfig, RopeConfig
 
@@ -39,13 +38,7 @@ def setup(heads: int, kv_heads: int, dtype: torch.dtype, seed: int):
 
 
 def decode_with(cache, tables, q, window, use_kernel: bool) -> torch.Tensor:
-    attn = PagedAttention(cache, [0], window, use_kernel=use_kernel)
-    chunks = [ScheduledChunk(f"s{i}", [0], n - 1, {0: t}) for i, (n, t) in enumerate(zip(CTX, tables))]
-    lay = attn.prepare(chunks)
-    out = torch.empty_like(q)
-    for g in lay.decode_groups:
-        out[g.rows] = attn._decode(0, q[g.rows], g)
-    return out
+    return decode_attention(cache, tables, CTX, q, window, use_kernel=use_kernel)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
