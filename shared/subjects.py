@@ -187,10 +187,11 @@ def _subjects() -> list[Subject]:
           ALL_SERVICES - {"gpu_worker"}, frozenset({"registry"}),
           "Liveness of a non-worker service process, registries included (workers send worker heartbeats)."),
         S("plan.event", f"{PREFIX}.evt.plan.<kind>", P, (ev.PlanDecided, ev.PlanApplied, ev.PlanFailed,
-                                                          ev.PlanCancelled),
+                                                          ev.PlanCancelled, ev.PlanPurchased),
           frozenset({"planner"}), frozenset({"dispatcher", "scheduler"}),
           "A plan was decided, applied, failed or cancelled (kind: `decided`, `applied`, `failed`, `cancelled`); "
-          "every decided plan ends with exactly one of the other three.", stable=False),
+          "every decided plan ends with exactly one of the other three. `purchased`: the arbiter's price list "
+          "for one need and what it bought (`[planner] economy = \"arbiter\"`).", stable=False),
         S("planner.placement", f"{PREFIX}.evt.planner.placement", P, (ev.PlacementHints,),
           frozenset({"planner"}), frozenset({"dispatcher", "scheduler"}),
           "Where the planner would place new requests of a model, by KV size class (MELL's Allocate), "

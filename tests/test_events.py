@@ -93,6 +93,13 @@ def _sample(cls: type) -> Message:
         ev.PlanApplied: ev.PlanApplied(plan_id="p1", ts=2.0, duration_s=1.0),
         ev.PlanFailed: ev.PlanFailed(plan_id="p1", ts=2.0, action_index=0, message="x"),
         ev.PlanCancelled: ev.PlanCancelled(plan_id="p1", ts=2.0, message="stale: worker w1 is dead"),
+        ev.PlanPurchased: ev.PlanPurchased(
+            purchase_id="p1-buy-1", ts=2.0, scope="worker:w1", need_bytes=1 << 30, horizon_s=10.0, waiting=3,
+            reserve_request_s_per_byte=1e-8,
+            prices=[ev.SourcePrice(source="adapter", target="w1/a3", bytes=1 << 26, price_request_s=0.01,
+                                   bought=True, plan_ids=["p1-7"]),
+                    ev.SourcePrice(source="layers", target="w1+w2", bytes=1 << 31, price_request_s=40.0)],
+            bought_bytes=1 << 26, price_request_s=9.5, reason="kv pressure"),
         ev.CapacityRequest: ev.CapacityRequest(dispatcher_id="d1", model="m", queued_requests=4, ts=1.0),
         ev.CapacityReply: ev.CapacityReply(model="m", outcome="none"),
         ev.PlacementHints: ev.PlacementHints(model="m", ts=1.0, capacity_bytes=800, valid_until=4.0, entries=[

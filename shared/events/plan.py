@@ -160,9 +160,45 @@ class PlanCancelled(Message, kw_only=True):
     message: Reason
 
 
-PlanEvent = PlanDecided | PlanApplied | PlanFailed | PlanCancelled
+MemorySource = Literal["prewarm", "adapter", "layers", "migrate", "scale_out", "queue"]
+
+
+class SourcePrice(Value, kw_only=True):
+    """One offer on a purchase's price list (shared/policy/memory_market.py): a source of memory, what it
+    acts on, the bytes it frees and its price in request-seconds (expected delay added, summed over the
+    requests it delays, within the horizon)."""
+
+    source: MemorySource
+    target: Annotated[str, Meta(max_length=512)]
+    bytes: ByteCount
+    price_request_s: Annotated[float, Meta(ge=0)]
+    bought: bool = False
+    plan_ids: Annotated[list[PlanId], Meta(max_length=1024)] = []  # the effects that carry it out (when bought)
+
+
+class PlanPurchased(Message, kw_only=True):
+    """The arbiter bought memory for one need (`[planner] economy = "arbiter"`): the price list it chose
+    from, cheapest per byte first, and what it took. `reserve_request_s_per_byte` is waiting's price per
+    byte: nothing dearer is bought; the part of the need not covered waits. Published before the
+    bought effects' PlanDecided events; each effect then ends as usual (applied, failed or cancelled)."""
+
+    purchase_id: PlanId
+    ts: Timestamp
+    scope: Annotated[str, Meta(min_length=1, max_length=256)]  # "worker:<id>" or "model:<name>"
+    need_bytes: ByteCount
+    horizon_s: Seconds
+    waiting: Count
+    reserve_request_s_per_byte: Annotated[float, Meta(ge=0)]
+    prices: Annotated[list[SourcePrice], Meta(max_length=1024)] = []
+    bought_bytes: ByteCount = 0
+    price_request_s: Annotated[float, Meta(ge=0)] = 0.0  # what was bought, plus waiting for the rest
+    reason: Reason = ""
+
+
+PlanEvent = PlanDecided | PlanApplied | PlanFailed | PlanCancelled | PlanPurchased
 PLAN_EVENT_KINDS: dict[str, type] = {
     "decided": PlanDecided, "applied": PlanApplied, "failed": PlanFailed, "cancelled": PlanCancelled,
+    "purchased": PlanPurchased,
 }
 PlanOutcome = PlanApplied | PlanFailed | PlanCancelled  # how a plan ended
 
@@ -223,6 +259,7 @@ __all__ = [
     "DissolveGroup",
     "DropInstanceLayers",
     "FormGroup",
+    "MemorySource",
     "Migrate",
     "PLAN_EVENT_KINDS",
     "PlacePrewarm",
@@ -230,6 +267,8 @@ __all__ = [
     "PlacementHints",
     "Plan",
     "PlanAction",
+    "PlanPurchased",
+    "SourcePrice",
     "PlanApplied",
     "PlanCancelled",
     "PlanDecided",

@@ -1,0 +1,168 @@
+"""The memory market (pure): every source of device memory priced in one unit, bought cheapest first.
+
+The unit is the **request-second**: the seconds of delay a purchase is expected to add, summed over
+the requests it delays, within the horizon (a request that misses its TTFT SLO by x seconds counts x;
+one slowed by a pipeline for d seconds at overhead f counts f x d). One unit lets the arbiter compare
+an eviction, a layer drop, a migration, a start and waiting; GPU-seconds would not (every source
+here uses a GPU the cluster already has).
+
+A `Need` is bytes a scope (one worker's KV, or a model with nowhere to put its requests) must find
+within `horizon_s`, and the requests that wait until it does. An `Offer` is one purchasable block of
+memory: its source, what it acts on, the bytes it frees, its price, and an opaque payload (what the
+caller executes: the planner's decisions, the simulator's action). `buy` takes offers by price per
+byte, cheapest first, while each is cheaper per byte than waiting (the reserve price: `queue_price`),
+until the need is covered; the rest of the need waits. Prices come from `price_*` below, whose inputs
+come from the one movement cost model (shared/policy/movement.py), the pipeline profile
+(shared/policy/kunserve_profile.py) and the forecasts (shared/policy/forecast_outlook.py): no
+constant of its own.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+Source = Literal["prewarm", "adapter", "layers", "migrate", "scale_out", "queue"]
+SOURCES: tuple[Source, ...] = ("prewarm", "adapter", "layers", "migrate", "scale_out", "queue")
+UNIT = "request_s"
+
+
+@dataclass(frozen=True)
+class Need:
+    scope: str  # "worker:<id>" (its KV) or "model:<name>" (no instance has room)
+    bytes: int  # memory to find
+    horizon_s: float  # within this long (the planning horizon)
+    waiting: int  # requests that wait until it is found (>= 1 for a need worth pricing)
+    drain_bytes_per_s: float  # how fast the scope frees memory by itself (finishing requests)
+
+    def __post_init__(self) -> None:
+        if self.bytes < 0 or self.horizon_s <= 0 or self.waiting < 0 or self.drain_bytes_per_s < 0:
+            raise ValueError(f"need {self.scope}: bytes, waiting and drain must be >= 0 and horizon_s > 0 "
+                             f"(got {self.bytes}, {self.waiting}, {self.drain_bytes_per_s}, {self.horizon_s})")
+
+
+@dataclass(frozen=True)
+class Offer:
+    source: Source
+    target: str  # what it acts on: "w1/m" (a prewarm), "w1/adapter-3", "w1+w2" (a group), a request id, ...
+    bytes: int  # memory it makes available to the need
+    price: float  # request-seconds
+    payload: object = field(default=None, compare=False)  # what the caller executes when it is bought
+
+    def __post_init__(self) -> None:
+        if self.bytes < 0 or not math.isfinite(self.price) or self.price < 0:
+            raise ValueError(f"offer {self.source} {self.target}: bytes must be >= 0 and price finite >= 0 "
+                             f"(got {self.bytes}, {self.price})")
+
+    @property
+    def unit_price(self) -> float:
+        """Request-seconds per byte (inf for an offer that frees nothing)."""
+        return self.price / self.bytes if self.bytes else math.inf
+
+
+@dataclass(frozen=True)
+class Purchase:
+    need: Need
+    offers: tuple[Offer, ...]  # every offer priced, cheapest per byte first (the price list)
+    bought: tuple[Offer, ...]  # those taken, in order
+    reserve_unit_price: float  # waiting's price per byte: nothing dearer is bought
+
+    @property
+    def bought_bytes(self) -> int:
+        return sum(o.bytes for o in self.bought)
+
+    @property
+    def covered(self) -> bool:
+        return self.bought_bytes >= self.need.bytes
+
+    @property
+    def price(self) -> float:
+        """What was bought, plus waiting for the part not covered."""
+        short = max(0, self.need.bytes - self.bought_bytes)
+        return sum(o.price for o in self.bought) + short * self.reserve_unit_price
+
+
+# --- the prices (request-seconds) ------------------------------------------------------------
+def queue_price(need: Need) -> float:
+    """Waiting: each waiting request waits until the scope frees the bytes itself (never beyond the
+    horizon's end being re-planned: a scope that frees nothing waits the whole horizon)."""
+    if need.bytes == 0:
+        return 0.0
+    wait = need.bytes / need.drain_bytes_per_s if need.drain_bytes_per_s > 0 else math.inf
+    return need.waiting * min(wait, need.horizon_s)
+
+
+def price_prewarm_eviction(chance_needed: float, arrival_rps: float, cold_start_s: float, hit_start_s: float) -> float:
+    """Evicting a prewarmed replica: with the forecast's chance that the model needs a new instance
+    before the replica could be prewarmed again, that start is cold instead of a hit; the requests
+    arriving meanwhile (and the first) wait the extra time, half of it on average."""
+    _prob(chance_needed)
+    extra = max(0.0, cold_start_s - hit_start_s)
+    return chance_needed * extra * (1.0 + arrival_rps * extra / 2.0)
+
+
+def price_adapter_eviction(arrival_rps: float, horizon_s: float, cold_use_s: float, stalled: int = 1) -> float:
+    """Evicting a resident adapter: the chance it is used within the horizon (Poisson arrivals) times
+    its next cold use: `cold_use_s` extra for that request (CPU-assisted prefill) or, for an engine
+    that loads inline, for every request of the batch it stalls (`stalled`)."""
+    if arrival_rps < 0 or horizon_s < 0 or cold_use_s < 0 or stalled < 1:
+        raise ValueError("adapter eviction: rates, horizon and cost must be >= 0 and stalled >= 1")
+    return (1.0 - math.exp(-arrival_rps * horizon_s)) * cold_use_s * stalled
+
+
+def price_layer_drop(overhead: float, running: int, duration_s: float, restore_s: float) -> float:
+    """Dropping replicated layers into a buddy group: every running request of the members runs
+    `overhead` slower (1 - the pipeline's efficiency) for the expected duration of the need and the
+    restore after it."""
+    if not 0.0 <= overhead < 1.0 or running < 0 or duration_s < 0 or restore_s < 0:
+        raise ValueError(f"layer drop: overhead in [0, 1), running, duration and restore >= 0 (got {overhead})")
+    return overhead * running * (duration_s + restore_s)
+
+
+def price_migration(stall_s: float, interference_s: float = 0.0) -> float:
+    """Moving one request out: it runs nowhere for the pre-copy's last stage (a KV move) or the
+    destination's re-prefill (a token move); `interference_s` is what the copy costs the destination's
+    own requests (their added step time, summed)."""
+    if stall_s < 0 or interference_s < 0:
+        raise ValueError("migration: stall and interference must be >= 0")
+    return stall_s + interference_s
+
+
+def price_scale_out(start_s: float, waiting: int, chance_gpu_needed: float = 0.0, other_cold_s: float = 0.0) -> float:
+    """A new instance: the waiting requests wait for its start (a prewarm hit, host memory or storage);
+    taking a free GPU costs another model the chance it needed that GPU for a start of its own."""
+    _prob(chance_gpu_needed)
+    if start_s < 0 or waiting < 0 or other_cold_s < 0:
+        raise ValueError("scale out: start, waiting and the other's cold start must be >= 0")
+    return waiting * start_s + chance_gpu_needed * other_cold_s
+
+
+def _prob(p: float) -> None:
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"a chance must be in [0, 1], got {p}")
+
+
+# --- buying -------------------------------------------------------------------------------
+def buy(need: Need, offers: Sequence[Offer]) -> Purchase:
+    """Greedy by price per *useful* byte (an offer bigger than what is still missing pays its whole
+    price for the part used), while that beats waiting for the same bytes, until the need is covered.
+    Ties go to the order of SOURCES, then the target (deterministic)."""
+    reserve = queue_price(need) / need.bytes if need.bytes else 0.0
+    ranked = tuple(sorted((o for o in offers if o.bytes > 0),
+                          key=lambda o: (o.unit_price, SOURCES.index(o.source), o.target)))
+    left, bought, missing = list(ranked), [], need.bytes
+    while missing > 0 and left:
+        best = min(left, key=lambda o: (o.price / min(o.bytes, missing), SOURCES.index(o.source), o.target))
+        if best.price >= reserve * min(best.bytes, missing):
+            break  # waiting for these bytes is no dearer
+        bought.append(best)
+        left.remove(best)
+        missing -= best.bytes
+    return Purchase(need, ranked, tuple(bought), reserve)
+
+
+__all__ = [
+    "Need", "Offer", "Purchase", "SOURCES", "Source", "UNIT", "buy", "price_adapter_eviction", "price_layer_drop",
+    "price_migration", "price_prewarm_eviction", "price_scale_out", "queue_price",
+]
