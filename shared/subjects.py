@@ -201,6 +201,10 @@ def _subjects() -> list[Subject]:
           frozenset({"dispatcher"}), frozenset({"planner"}),
           "The dispatcher asks for capacity for a model it cannot place.",
           reply=(ev.CapacityReply,), queue_group="planner", stable=False),
+        S("planner.purchases", f"{PREFIX}.planner.purchases", R, (ev.PurchaseLogRequest,),
+          frozenset({"cli"}), frozenset({"planner"}),
+          "The latest memory purchases of the planner holding the lease (only it answers); none under "
+          "`[planner] economy = \"fixed-order\"`.", reply=(ev.PurchaseLogReply,), stable=False),
         S("predict.forecast", f"{PREFIX}.predict.<model>", P, (ev.Forecast,),
           frozenset({"predictor"}), frozenset({"planner", "scheduler"}),
           "Forecast of a model's average and peak load for the next window (model name token-encoded).",
@@ -295,6 +299,10 @@ def planner_placement() -> str:
 
 def planner_capacity() -> str:
     return CATALOG["planner.capacity"].template
+
+
+def planner_purchases() -> str:
+    return CATALOG["planner.purchases"].template
 
 
 def predict_forecast(model: str) -> str:

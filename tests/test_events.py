@@ -100,6 +100,8 @@ def _sample(cls: type) -> Message:
                                    bought=True, plan_ids=["p1-7"]),
                     ev.SourcePrice(source="layers", target="w1+w2", bytes=1 << 31, price_request_s=40.0)],
             bought_bytes=1 << 26, price_request_s=9.5, reason="kv pressure"),
+        ev.PurchaseLogRequest: ev.PurchaseLogRequest(limit=5),
+        ev.PurchaseLogReply: ev.PurchaseLogReply(planner_id="planner-1", economy="arbiter", purchases=[]),
         ev.CapacityRequest: ev.CapacityRequest(dispatcher_id="d1", model="m", queued_requests=4, ts=1.0),
         ev.CapacityReply: ev.CapacityReply(model="m", outcome="none"),
         ev.PlacementHints: ev.PlacementHints(model="m", ts=1.0, capacity_bytes=800, valid_until=4.0, entries=[

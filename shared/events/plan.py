@@ -224,6 +224,21 @@ class CapacityReply(Message, kw_only=True):
     retry_after_s: Seconds | None = None
 
 
+# --- tidal.v1.planner.purchases ---
+class PurchaseLogRequest(Message, kw_only=True):
+    """Ask the lease-holding planner for its latest purchases (`tidal status`, dashboards)."""
+
+    limit: Annotated[int, Meta(ge=1, le=256)] = 10
+
+
+class PurchaseLogReply(Message, kw_only=True):
+    """The lease holder's latest purchases, newest first (empty under `economy = "fixed-order"`)."""
+
+    planner_id: ServiceId
+    economy: Literal["fixed-order", "arbiter"]
+    purchases: Annotated[list[PlanPurchased], Meta(max_length=256)] = []
+
+
 # --- tidal.v1.evt.planner.placement ---
 RequestClassName = Literal["tiny", "T", "S", "M", "L"]
 
@@ -268,6 +283,8 @@ __all__ = [
     "Plan",
     "PlanAction",
     "PlanPurchased",
+    "PurchaseLogReply",
+    "PurchaseLogRequest",
     "SourcePrice",
     "PlanApplied",
     "PlanCancelled",
