@@ -14,6 +14,7 @@ PAPERS: dict[str, str] = {
     "caraserve": "repro_caraserve",
     "kunserve": "repro_kunserve",
     "warmserve": "repro_warmserve",
+    "economy": "repro_economy",
 }
 
 

@@ -1,0 +1,148 @@
+"""`tidal repro economy`: the memory arbiter against each mechanism alone and all four in the fixed
+order, at equal GPUs, on the mixed trace, in the economy simulator (loadgen/sim/economy.py).
+
+For every rate and seed, one mixed trace (loadgen/repro/economy_setup.py) is replayed on every arm
+of loadgen/sim/economy_result.ARMS over the same GPUs. Per arm: P50/P99 TTFT, SLO attainment (TTFT
+within max(slo_scale x the request's unloaded TTFT, slo_floor_s)), purchases by source. The headline
+takes, at the headline rate, the median over seeds of each ratio; then the fewest GPUs at which the
+arbiter and the best single mechanism reach the SLO target (a sweep of GPU counts at the headline
+rate, first seed). `unbounded` is the lower bound beside them: the same GPUs with free memory.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from loadgen.repro.economy_setup import EconomyConfig, build_run
+from loadgen.sim.economy_result import ARMS, SINGLE_ARMS, EconomyResult
+
+
+@dataclass(frozen=True)
+class ArmMetrics:
+    p50_ttft: float
+    p99_ttft: float
+    slo: float  # attainment
+    requests: int
+    failed: int
+    purchases: int
+    by_source: dict[str, int]
+    counts: dict[str, int]
+    wall_s: float
+
+    @classmethod
+    def of(cls, r: EconomyResult, cfg: EconomyConfig, wall_s: float) -> "ArmMetrics":
+        ok = r.ttft[~np.isnan(r.ttft)]
+        by_source: dict[str, int] = {}
+        for p in r.purchases:
+            by_source[p.source] = by_source.get(p.source, 0) + 1
+        return cls(float(np.percentile(ok, 50)) if ok.size else math.nan, r.p99_ttft(),
+                   r.slo_attainment(cfg.slo_scale, cfg.slo_floor_s), int(r.ttft.size), int(np.isnan(r.ttft).sum()),
+                   len(r.purchases), by_source, dict(r.counts), wall_s)
+
+
+@dataclass
+class Point:
+    rate: float
+    seed: int
+    gpus: int
+    results: dict[str, ArmMetrics] = field(default_factory=dict)
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.inf
+
+
+def best_single(point: Point, key: str = "p99_ttft") -> str:
+    """The single mechanism with the lowest P99 TTFT at this point (ties: the first in SINGLE_ARMS)."""
+    singles = [a for a in SINGLE_ARMS if a in point.results]
+    return min(singles, key=lambda a: (getattr(point.results[a], key), SINGLE_ARMS.index(a)))
+
+
+def run_point(cfg: EconomyConfig, rate: float, seed: int, *, gpus: int | None = None,
+              arms: tuple[str, ...] | None = None, keep: dict[str, EconomyResult] | None = None) -> Point:
+    """Every arm on one trace; `keep` (if given) receives the full results (for the plots)."""
+    run = build_run(cfg, rate, seed)
+    n = gpus or run.profile.fleet.gpus
+    point = Point(rate, seed, n)
+    for arm in arms or cfg.arms:
+        started = time.perf_counter()
+        result = run.simulate(arm, n)
+        point.results[arm] = ArmMetrics.of(result, cfg, time.perf_counter() - started)
+        if keep is not None:
+            keep[arm] = result
+    return point
+
+
+def gpus_needed(cfg: EconomyConfig, arm: str, rate: float, seed: int) -> int | None:
+    """The fewest GPUs of cfg.gpu_sweep at which `arm` reaches the SLO target (None: not even the most)."""
+    run = build_run(cfg, rate, seed)
+    for n in sorted(cfg.gpu_sweep):
+        if run.simulate(arm, n).slo_attainment(cfg.slo_scale, cfg.slo_floor_s) >= cfg.slo_target:
+            return n
+    return None
+
+
+@dataclass(frozen=True)
+class Headline:
+    p99_vs_best_single: float  # median over seeds at the headline rate: best single's P99 TTFT / the arbiter's
+    p99_vs_fixed_order: float
+    slo_attainment: float  # the arbiter's, median over seeds at the headline rate
+    gpus_vs_best_single: float  # (arbiter's GPUs - best single's) / best single's, at the SLO target; NaN: unknown
+    purchases: int  # the arbiter's, summed over the headline rate's seeds
+    best_single: str  # the single mechanism most often best at the headline rate
+    lower_bound_gap: float  # median: the arbiter's P99 TTFT / the unbounded lower bound's
+    gpus: dict[str, int | None] = field(default_factory=dict)
+
+    def line(self) -> str:
+        g = "n/a" if math.isnan(self.gpus_vs_best_single) else f"{self.gpus_vs_best_single * 100:+.0f}%"
+        return (f"repro economy: p99_ttft_vs_best_single={self.p99_vs_best_single:.1f}x "
+                f"p99_ttft_vs_fixed_order={self.p99_vs_fixed_order:.1f}x slo_attainment={self.slo_attainment:.2f} "
+                f"gpus_vs_best_single={g} purchases={self.purchases}")
+
+
+def headline(points: list[Point], cfg: EconomyConfig, gpus: dict[str, int | None]) -> Headline:
+    at = [p for p in points if p.rate == cfg.headline_rate] or points
+    vs_best = [ratio(p.results[best_single(p)].p99_ttft, p.results["arbiter"].p99_ttft) for p in at]
+    vs_fixed = [ratio(p.results["fixed-order"].p99_ttft, p.results["arbiter"].p99_ttft) for p in at]
+    gap = [ratio(p.results["arbiter"].p99_ttft, p.results["unbounded"].p99_ttft) for p in at if "unbounded" in p.results]
+    names = [best_single(p) for p in at]
+    best = max(set(names), key=lambda a: (names.count(a), -SINGLE_ARMS.index(a)))
+    g_arb, g_best = gpus.get("arbiter"), gpus.get(best)
+    g_ratio = (g_arb - g_best) / g_best if g_arb is not None and g_best else math.nan
+    return Headline(float(np.median(vs_best)), float(np.median(vs_fixed)),
+                    float(np.median([p.results["arbiter"].slo for p in at])), g_ratio,
+                    sum(p.results["arbiter"].purchases for p in at), best,
+                    float(np.median(gap)) if gap else math.nan, dict(gpus))
+
+
+def run_repro(cfg: EconomyConfig, progress: Callable[[str], None] = lambda line: None,
+              keep: dict[str, EconomyResult] | None = None) -> tuple[list[Point], dict[str, int | None]]:
+    """The sweep (rates x seeds, every arm), then the GPU sweep at the headline rate for the arbiter and
+    the single mechanism best there. `keep` gets the headline rate's first seed's full results."""
+    points = []
+    for rate in cfg.rates:
+        for seed in cfg.seeds:
+            started = time.perf_counter()
+            mine = keep if (keep is not None and rate == cfg.headline_rate and seed == cfg.seeds[0]) else None
+            p = run_point(cfg, rate, seed, keep=mine)
+            points.append(p)
+            cells = " ".join(f"{a}={m.p99_ttft:.2f}s" for a, m in p.results.items())
+            progress(f"rate={rate:g} seed={seed}: p99 ttft {cells} ({time.perf_counter() - started:.0f}s)")
+    gpus: dict[str, int | None] = {}
+    if cfg.gpu_sweep:
+        at = [p for p in points if p.rate == cfg.headline_rate] or points
+        names = [best_single(p) for p in at]
+        best = max(set(names), key=lambda a: (names.count(a), -SINGLE_ARMS.index(a)))
+        for arm in ("arbiter", best):
+            gpus[arm] = gpus_needed(cfg, arm, cfg.headline_rate, cfg.seeds[0])
+            progress(f"gpus for SLO attainment >= {cfg.slo_target:.2f} at rate {cfg.headline_rate:g}: {arm} "
+                     f"{gpus[arm] if gpus[arm] is not None else 'more than ' + str(max(cfg.gpu_sweep))}")
+    return points, gpus
+
+
+__all__ = ["ARMS", "ArmMetrics", "Headline", "Point", "best_single", "gpus_needed", "headline", "ratio", "run_point",
+           "run_repro"]

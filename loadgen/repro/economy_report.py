@@ -1,0 +1,132 @@
+"""The economy repro's report: report.md, PNG figures and summary.json under --out."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from loadgen.repro.economy import Headline, Point, best_single, ratio
+from loadgen.repro.economy_plots import pool_plot, purchases_plot, ttft_cdf
+from loadgen.repro.economy_setup import EconomyConfig
+from loadgen.repro.report import grouped_bars, md_table
+from loadgen.sim.economy_result import ARMS, EconomyResult
+from shared.policy.memory_market import SOURCES
+
+GOAL = "p99_ttft_vs_best_single >= 1.5x at equal GPUs (issue 21)"
+
+
+def _finite(x: object) -> object:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _median(points: list[Point], rate: float, arm: str, key: str) -> float:
+    vals = [getattr(p.results[arm], key) for p in points if p.rate == rate and arm in p.results]
+    return float(np.median(vals)) if vals else math.nan
+
+
+def _rows(points: list[Point], arms: list[str]) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for p in sorted(points, key=lambda p: (p.rate, p.seed)):
+        best = best_single(p)
+        for arm in arms:
+            m = p.results[arm]
+            src = "/".join(str(m.by_source.get(s, 0)) for s in SOURCES)
+            counts = ", ".join(f"{k} {v}" for k, v in sorted(m.counts.items()) if v)
+            rows.append([f"{p.rate:g}", p.seed, arm + (" (best single)" if arm == best else ""), m.requests,
+                         f"{m.p50_ttft:.2f}", f"{m.p99_ttft:.2f}", f"{m.slo:.3f}", m.failed, src, counts,
+                         f"{m.wall_s:.0f}"])
+    return rows
+
+
+def _ratio_rows(points: list[Point]) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for rate in sorted({p.rate for p in points}):
+        at = [p for p in points if p.rate == rate]
+        vs_best = [ratio(p.results[best_single(p)].p99_ttft, p.results["arbiter"].p99_ttft) for p in at]
+        vs_fixed = [ratio(p.results["fixed-order"].p99_ttft, p.results["arbiter"].p99_ttft) for p in at]
+        lb = [ratio(p.results["arbiter"].p99_ttft, p.results["unbounded"].p99_ttft) for p in at
+              if "unbounded" in p.results]
+        rows.append([f"{rate:g}", len(at), f"{np.median(vs_best):.2f}x ({min(vs_best):.2f}-{max(vs_best):.2f})",
+                     f"{np.median(vs_fixed):.2f}x ({min(vs_fixed):.2f}-{max(vs_fixed):.2f})",
+                     f"{np.median(lb):.2f}x" if lb else "-",
+                     ", ".join(sorted({best_single(p) for p in at}))])
+    return rows
+
+
+def write_economy_report(out: Path, points: list[Point], cfg: EconomyConfig, head: Headline,
+                         full: dict[str, EconomyResult], *, command: str, wall_s: float, plots: bool = True,
+                         notes: list[str] | None = None) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    arms = [a for a in ARMS if all(a in p.results for p in points)]
+    rates = sorted({p.rate for p in points})
+    figures: list[str] = []
+    if plots:
+        series = [(a, [[_median(points, r, a, "p99_ttft") for r in rates]]) for a in arms]
+        figures.append(grouped_bars(out / "p99_ttft.png", ["median over seeds"], [f"rate {r:g}" for r in rates],
+                                    series, "P99 TTFT (s)", "P99 TTFT per arm, equal GPUs").name)
+        series = [(a, [[_median(points, r, a, "slo") for r in rates]]) for a in arms]
+        figures.append(grouped_bars(out / "slo_attainment.png", ["median over seeds"], [f"rate {r:g}" for r in rates],
+                                    series, "SLO attainment", "TTFT SLO attainment per arm", percent=True).name)
+        if full:
+            shown = [a for a in ("arbiter", "fixed-order", head.best_single) if a in full]
+            figures.append(pool_plot(out / "pool_by_kind.png", full, shown).name)
+            figures.append(purchases_plot(out / "purchases.png", full, shown).name)
+            figures.append(ttft_cdf(out / "ttft_cdf.png", full).name)
+    g = head.gpus
+    lines = [
+        "# The memory economy: the arbiter against each mechanism alone and the fixed order (simulated)", "",
+        f"Command: `{command}` — {wall_s:.0f} s wall. Profile `{cfg.profile}` (loadgen/sim/profiles/economy/). "
+        f"Trace: `tidal trace mixed` on the profile's models, {cfg.period_s:g} s replayed after "
+        f"{cfg.history_periods} earlier period(s) the forecasters learn from; {cfg.bursts} bursts x"
+        f"{cfg.burst_magnitude:g} of {cfg.burst_duration_s:g} s per period; {cfg.adapters_per_model} adapters per "
+        f"adapter model (Zipf); {cfg.long_fraction:.0%} long requests; rates {', '.join(f'{r:g}' for r in cfg.rates)} "
+        f"req/s; seeds {', '.join(map(str, cfg.seeds))}.",
+        f"SLO: TTFT <= max({cfg.slo_scale:g} x the request's unloaded TTFT, {cfg.slo_floor_s:g} s). "
+        "Arms (loadgen/sim/economy_result.py): one mechanism alone (kunserve, mell, caraserve, warmserve), all "
+        "four in the planner's fixed order, the arbiter (shared/policy/memory_market.py: every source priced in "
+        "request-seconds, cheapest per useful byte first, never dearer than waiting), and `unbounded` (free "
+        "memory: the lower bound). Every arm runs the same engine (vLLM 0.6 mode), autoscaler and costs.", "",
+        "## Headline", "",
+        md_table(["metric", "this run", "goal"], [
+            [f"P99 TTFT, best single ({head.best_single}) / arbiter, rate {cfg.headline_rate:g} (median of seeds)",
+             f"{head.p99_vs_best_single:.2f}x", ">= 1.5x"],
+            ["P99 TTFT, fixed order / arbiter", f"{head.p99_vs_fixed_order:.2f}x", "-"],
+            ["arbiter's SLO attainment", f"{head.slo_attainment:.3f}", "-"],
+            [f"GPUs to reach SLO attainment {cfg.slo_target:.2f}: arbiter vs {head.best_single}",
+             f"{g.get('arbiter')} vs {g.get(head.best_single)}"
+             + ("" if math.isnan(head.gpus_vs_best_single) else f" ({head.gpus_vs_best_single * 100:+.0f}%)"), "-"],
+            ["arbiter's P99 TTFT / the lower bound (unbounded memory)", f"{head.lower_bound_gap:.2f}x", "1.0x"],
+            ["arbiter's purchases (headline rate, all seeds)", str(head.purchases), "-"],
+        ]), "", f"`{head.line()}`", "",
+        "## Ratios per rate (median over seeds, range)", "",
+        md_table(["rate", "seeds", "best single / arbiter", "fixed order / arbiter", "arbiter / lower bound",
+                  "best single"], _ratio_rows(points)), "",
+        "## Every arm, every point", "",
+        f"Purchases by source: {'/'.join(SOURCES)}.", "",
+        md_table(["rate", "seed", "arm", "requests", "P50 TTFT s", "P99 TTFT s", "SLO", "failed", "purchases",
+                  "counts", "wall s"], _rows(points, arms)), "",
+    ]
+    if notes:
+        lines += ["## Why", "", *notes, ""]
+    lines += [f"![{f}]({f})" for f in figures]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    summary = {
+        "line": head.line(), "headline": dataclasses.asdict(head), "config": dataclasses.asdict(cfg),
+        "command": command, "wall_s": wall_s, "goal": GOAL,
+        "points": [{"rate": p.rate, "seed": p.seed, "gpus": p.gpus,
+                    "results": {a: dataclasses.asdict(m) for a, m in p.results.items()}} for p in points],
+    }
+    (out / "summary.json").write_text(json.dumps(_finite(summary), indent=1) + "\n")
+    return out / "report.md"
+
+
+__all__ = ["GOAL", "write_economy_report"]

@@ -1,0 +1,102 @@
+"""The economy repro's setting: the mixed trace on the economy profile's models, its forecasts, and one
+run of the simulator per arm.
+
+The trace is `tidal trace mixed` (loadgen/traces/mixed.py) on the profile's fleet models, in their
+order (power-law popularity: the first is the most popular), adapters (Zipf) on the adapter models
+the profile sizes, a diurnal period of `period_s`, bursts, a share of long requests. It is generated
+for `history_periods + 1` periods; the last period is the run, the earlier ones are the forecasters'
+history (the same workload's earlier "days"), so the forecasts of the run are causal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from loadgen.sim.economy_result import ARMS, EconomyResult
+from loadgen.traces.mixed import generate_mixed, place_model_bursts
+from loadgen.traces.schema import MixedParams, Trace
+
+if TYPE_CHECKING:
+    from loadgen.sim.economy import EconomyProfile
+
+
+@dataclass(frozen=True)
+class EconomyConfig:
+    profile: str = "economy-h800"
+    period_s: float = 3600.0  # one diurnal period (a day compressed into an hour), the run's length
+    history_periods: int = 2  # earlier periods the forecasters learn from
+    window_s: float = 300.0  # forecast window (WarmServe's 5 minutes)
+    rates: tuple[float, ...] = (10.0, 20.0, 30.0)
+    headline_rate: float = 20.0
+    seeds: tuple[int, ...] = (0, 1, 2)
+    arms: tuple[str, ...] = ARMS
+    bursts: int = 3  # per period
+    burst_magnitude: float = 8.0
+    burst_duration_s: float = 60.0
+    adapters_per_model: int = 100
+    long_fraction: float = 0.1
+    slo_scale: float = 5.0  # TTFT SLO: max(slo_scale x unloaded TTFT, slo_floor_s)
+    slo_floor_s: float = 1.0
+    slo_target: float = 0.9  # attainment for the GPU sweep
+    gpu_sweep: tuple[int, ...] = (8, 10, 12, 14, 16)
+
+
+SCALES: dict[str, EconomyConfig] = {
+    "paper": EconomyConfig(),
+    "tiny": EconomyConfig(period_s=600.0, history_periods=1, window_s=60.0, rates=(20.0,), seeds=(0,),
+                          headline_rate=20.0, gpu_sweep=(12, 16), bursts=1, adapters_per_model=20),
+}
+
+
+def mixed_params(cfg: EconomyConfig, profile: EconomyProfile, rate: float, seed: int) -> MixedParams:
+    models = [m.name for m in profile.fleet.models]
+    periods = cfg.history_periods + 1
+    duration = cfg.period_s * periods
+    bursts = place_model_bursts(seed, duration, models, cfg.bursts * periods, cfg.burst_duration_s,
+                                cfg.burst_magnitude)
+    return MixedParams(seed=seed, duration_s=duration, rate=rate, models=models, period_s=cfg.period_s,
+                       bursts=bursts, adapter_models=list(profile.adapter_models),
+                       adapters_per_model=cfg.adapters_per_model, long_fraction=cfg.long_fraction)
+
+
+def split(trace: Trace, start_s: float) -> tuple[Trace, Trace]:
+    """(history before start_s, the rest shifted to start at 0)."""
+    before = [r for r in trace.records if r.arrival_s < start_s]
+    after = [msgspec.structs.replace(r, arrival_s=r.arrival_s - start_s) for r in trace.records
+             if r.arrival_s >= start_s]
+    head = trace.header
+    return (Trace(header=msgspec.structs.replace(head, duration_s=start_s, num_records=len(before)), records=before),
+            Trace(header=msgspec.structs.replace(head, duration_s=head.duration_s - start_s, num_records=len(after)),
+                  records=after))
+
+
+@dataclass
+class EconomyRun:
+    """One trace and its forecasts, ready to replay on any arm at any GPU count."""
+
+    cfg: EconomyConfig
+    profile: "EconomyProfile"
+    trace: Trace
+    history: Trace
+    forecasts: object
+    seed: int
+
+    def simulate(self, arm: str, gpus: int) -> EconomyResult:
+        from loadgen.sim.economy import run_economy
+
+        return run_economy(self.trace, self.profile, arm, gpus=gpus, seed=self.seed, forecasts=self.forecasts)
+
+
+def build_run(cfg: EconomyConfig, rate: float, seed: int) -> EconomyRun:
+    from loadgen.sim.economy import economy_forecasts, load_economy_profile
+
+    profile = load_economy_profile(cfg.profile)
+    full = generate_mixed(mixed_params(cfg, profile, rate, seed))
+    history, run = split(full, cfg.period_s * cfg.history_periods)
+    forecasts = economy_forecasts(profile, history, run, cfg.window_s)
+    return EconomyRun(cfg, profile, run, history, forecasts, seed)
+
+
+__all__ = ["EconomyConfig", "EconomyRun", "SCALES", "build_run", "mixed_params", "split"]
