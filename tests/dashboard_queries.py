@@ -1,6 +1,8 @@
-"""Test helpers: the PromQL of the Grafana dashboard, the metric names it reads, and what a /metrics page exports."""
+"""Test helpers: the PromQL of the Grafana dashboard, the metric names it reads, what a /metrics page exports,
+and what the code declares (read statically, without importing the services)."""
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -67,6 +69,35 @@ def metric_names(expr: str) -> set[str]:
             continue
         names.add(name)
     return names
+
+
+# the series each prometheus_client metric type exposes for a declared name (a Counter's `_total` is its own)
+_SUFFIXES = {"Counter": ("_total", "_created"), "Histogram": ("_bucket", "_count", "_sum", "_created"),
+             "Summary": ("", "_count", "_sum", "_created"), "Gauge": ("",), "Info": ("_info",), "Enum": ("",)}
+DECLARING = ("services", "shared", "tidal")  # the packages that run in a service process
+
+
+def declared_series(root: Path = ROOT) -> dict[str, str]:
+    """Series name -> the file declaring it, for every `Counter("name", ...)`, `Gauge(...)`, ... whose name is a
+    literal in the packages' code (every metric of this repository is declared so)."""
+    found: dict[str, str] = {}
+    for top in DECLARING:
+        for path in sorted((root / top).rglob("*.py")):
+            text = path.read_text()
+            if "prometheus_client" not in text:
+                continue
+            for node in ast.walk(ast.parse(text)):
+                if not isinstance(node, ast.Call):
+                    continue
+                kind = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+                named = node.args[:1] or [k.value for k in node.keywords if k.arg == "name"]
+                if kind not in _SUFFIXES or not named or not isinstance(named[0], ast.Constant):
+                    continue
+                name = str(named[0].value)
+                base = name.removesuffix("_total") if kind == "Counter" else name
+                for suffix in _SUFFIXES[kind]:
+                    found[base + suffix] = str(path.relative_to(root))
+    return found
 
 
 def exported_series(page: str) -> set[str]:

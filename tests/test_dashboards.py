@@ -1,7 +1,7 @@
 """compose/'s Prometheus and Grafana without a Docker engine: targets, mounts, provisioning, dashboard.
 
-That every metric the dashboard reads is really exported is checked against a live cluster in
-tests/e2e/test_e2e_observability.py.
+That every metric the dashboard reads is declared in the code is checked here (statically); that the
+services really export it, against a live cluster in tests/e2e/test_e2e_observability.py.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboard_queries import dashboard, dashboard_queries, metric_names
+from dashboard_queries import PROMETHEUS_MADE, dashboard, dashboard_queries, declared_series, metric_names
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose"
@@ -82,7 +82,7 @@ def test_dashboard_has_the_panels_people_look_for():
     dash = dashboard()
     titles = {p["title"] for p in dash["panels"]}
     assert {"Request rate", "TTFT", "TPOT", "E2E latency", "Tokens/s", "Queue depth", "KV use",
-            "Memory pool by kind", "Migrations"} <= titles
+            "Memory pool by kind", "Migrations", "Memory purchases"} <= titles
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
     names = set().union(*(metric_names(e) for _w, e in dashboard_queries(dash)))
@@ -98,3 +98,43 @@ def test_metric_name_extraction_ignores_functions_labels_and_ranges():
             '[$__rate_interval]))) / on (worker) group_left sum without (kind) (tidal_y_bytes)')
     assert metric_names(expr) == {"tidal_x_seconds_bucket", "tidal_y_bytes"}
     assert metric_names("label_values(tidal_worker_pool_capacity_bytes, worker)") == {"tidal_worker_pool_capacity_bytes"}
+
+
+def test_every_metric_a_panel_or_variable_reads_is_declared_in_the_code():
+    declared = declared_series()
+    assert {"tidal_worker_pool_bytes", "tidal_gateway_ttft_seconds_bucket", "tidal_plan_effects_total",
+            "tidal_planner_purchases_total", "tidal_planner_purchase_price_request_s_bucket"} <= declared.keys()
+    queries = dashboard_queries(dashboard())
+    missing = sorted({(where, name) for where, expr in queries for name in metric_names(expr)
+                      if name not in declared and name not in PROMETHEUS_MADE})
+    assert missing == [], f"the dashboard reads metrics no code declares: {missing}"
+
+
+def test_declared_series_follow_each_metric_type(tmp_path):
+    (tmp_path / "services").mkdir()
+    (tmp_path / "services" / "m.py").write_text(
+        "from prometheus_client import Counter, Gauge, Histogram\n"
+        'A = Counter("tidal_a_total", "a", ["x"])\nB = prometheus_client.Histogram(\n    "tidal_b_seconds", "b")\n'
+        'C = Gauge(name="tidal_c_bytes", documentation="c")\nD = Counter(NAME, "not a literal")\n')
+    assert set(declared_series(tmp_path)) == {
+        "tidal_a_total", "tidal_a_created", "tidal_b_seconds_bucket", "tidal_b_seconds_count", "tidal_b_seconds_sum",
+        "tidal_b_seconds_created", "tidal_c_bytes"}
+
+
+def test_the_memory_economy_panels_read_the_pool_per_worker_and_the_purchases():
+    panels = {p["title"]: p for p in dashboard()["panels"]}
+    device = panels["Device memory by kind: $worker"]
+    worker = next(v for v in dashboard()["templating"]["list"] if v["name"] == "worker")
+    assert device["repeat"] == "worker" and worker["multi"] and worker["includeAll"]  # one panel per selected worker
+    assert device["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+    (expr,) = [t["expr"] for t in device["targets"]]
+    assert metric_names(expr) == {"tidal_worker_pool_bytes"} and "by (kind)" in expr and '"$worker"' in expr
+    colours = {o["matcher"]["options"] for o in device["fieldConfig"]["overrides"]}
+    assert colours == {"weights", "prewarm", "adapter", "kv", "workspace", "free"}  # the kinds the worker exports
+    purchases = panels["Memory purchases"]
+    names = [metric_names(t["expr"]) for t in purchases["targets"]]
+    assert names[0] == {"tidal_planner_purchases_total"} and "by (source)" in purchases["targets"][0]["expr"]
+    assert all(n.startswith("tidal_planner_purchase_price_request_s") for n in names[1])
+    rows = [p for p in dashboard()["panels"] if p["type"] == "row"]
+    economy = next(r for r in rows if r["title"] == "Memory economy")
+    assert all(p["gridPos"]["y"] > economy["gridPos"]["y"] for p in (device, purchases))

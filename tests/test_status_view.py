@@ -46,7 +46,7 @@ def report(*workers: WorkerStats, dead: tuple[str, ...] = ()) -> StatusReport:
 def test_segments_split_kv_into_used_and_free_and_sum_to_capacity():
     segs = dict(pool_segments(stats()))
     assert segs["kv used"] == 16 * MiB // 4 and segs["kv free"] == 32 * MiB - 4 * MiB
-    assert segs["lora"] == 2 * MiB and segs["prewarm"] == 10 * MiB
+    assert segs["adapter"] == 2 * MiB and segs["prewarm"] == 10 * MiB
     assert sum(segs.values()) == 128 * MiB
 
 
@@ -66,7 +66,7 @@ def test_pool_bar_styles_each_kind_in_proportion():
     for span in bar.spans:
         per_style[span.style] = per_style.get(span.style, 0) + span.end - span.start
     assert per_style[STYLE["weights"]] == 20 and per_style[STYLE["prewarm"]] == 5
-    assert per_style[STYLE["lora"]] == 1 and per_style[STYLE["kv used"]] == 2 and per_style[STYLE["kv free"]] == 14
+    assert per_style[STYLE["adapter"]] == 1 and per_style[STYLE["kv used"]] == 2 and per_style[STYLE["kv free"]] == 14
     assert per_style[STYLE["workspace"]] == 2 and per_style[STYLE["free"]] == 20
 
 
@@ -74,7 +74,7 @@ def test_report_reads_at_80_columns_with_every_kind_instance_and_adapter():
     text = render_to_string(report(stats("w0"), stats("w1", prewarm_bytes=0), dead=("w2",)), width=80)
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 80, "\n".join(line for line in lines if len(line) > 80)
-    for label in ("weights", "prewarm", "lora", "kv used", "kv free", "workspace", "free"):
+    for label in ("weights", "prewarm", "adapter", "kv used", "kv free", "workspace", "free"):
         assert f"{label} " in text, label
     assert "weights 40.0MiB" in text and "kv used 4.0MiB" in text and "kv free 28.0MiB" in text
     for worker in ("w0", "w1"):

@@ -57,9 +57,15 @@ def test_status_shows_each_workers_pool_instances_and_adapters(cluster: E2EClust
         assert any(line.startswith(f"╭─ {worker_id} cpu alive") for line in lines), table.stdout
         for inst in row["stats"]["instances"]:
             assert inst["instance_id"] in table.stdout
-    for label in ("weights", "prewarm", "lora", "kv used", "kv free", "workspace", "free"):
+    for label in ("weights", "prewarm", "adapter", "kv used", "kv free", "workspace", "free"):
         assert f"■ {label} " in table.stdout, label
     assert sum("█" * 40 in line for line in lines) == 2  # one pool bar per worker
+    header = next(line.split() for line in lines if line.startswith("worker "))
+    assert header == ["worker", "pool", "weights", "prewarm", "adapter", "kv", "workspace", "free"]
+    for worker_id in workers:  # one line each: every kind in bytes and % of the pool
+        assert next(line for line in lines if line.startswith(f"{worker_id} ")).count("%") == 6
+    # the default planner (economy = fixed-order) buys nothing; said in one line, whether or not it answers
+    assert sum(line.startswith("purchases: ") for line in lines) == 1, table.stdout
     assert f"resident adapters: {LORA}" in table.stdout
 
 

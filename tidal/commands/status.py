@@ -4,7 +4,9 @@ Services come from the registry's catalog and from their health replies (every i
 answers `tidal.v1.<service>.health`); workers from the catalog, with liveness as the registry
 judged it from heartbeats, and each live worker's pool, instances and adapters from the
 latest `WorkerStats` it published on `tidal.v1.evt.worker.stats` (collected for up to
-`--stats-window` seconds, until every live worker has been heard). `--watch` keeps one
+`--stats-window` seconds, until every live worker has been heard); the memory purchases of the
+planner holding the lease from `tidal.v1.planner.purchases` (asked alongside, with a short
+timeout: no answer is shown as such, never an error). `--watch` keeps one
 connection and redraws in place until Ctrl-C. Exits 1 when NATS or the registry cannot be
 reached. The rendering is `status_view.py`.
 """
@@ -19,16 +21,19 @@ from typing import Any
 
 import msgspec
 
+from shared.events.plan import PurchaseLogReply, PurchaseLogRequest
 from shared.events.registry import Bucket, CatalogEntry
 from shared.events.worker import WorkerState, WorkerStats
 from shared.health import HealthReply
 from shared.run_state import read_state
-from shared.subjects import SERVICES, worker_stats
+from shared.subjects import SERVICES, planner_purchases, worker_stats
 from shared.wire import TidalError
 from tidal.commands.cluster_lookup import add_lookup_arguments, find_cluster
 
 RATE_WINDOW_S = 5.0  # --watch: tokens/s over this many seconds of stats reports
 FIRST_RATE_S = 0.3  # a single `tidal status` listens this long at least: tokens/s over two reports (250 ms apart)
+PURCHASES_SHOWN = 5
+PURCHASES_TIMEOUT_S = 0.5  # asked beside the health probes (as long at most): no planner costs no extra time
 
 
 class ServiceRow(msgspec.Struct, kw_only=True):
@@ -64,6 +69,8 @@ class StatusReport(msgspec.Struct, kw_only=True):
     registry_reachable: bool
     services: list[ServiceRow] = []
     workers: list[WorkerRow] = []
+    ts: float = 0.0  # when it was made (unix time): what purchase ages count from
+    purchases: PurchaseLogReply | None = None  # the lease holder's latest; None: no planner answered
     error: str | None = None
 
 
@@ -218,18 +225,30 @@ class StatusSource:
             services, workers, error = [], [], f"registry unreachable: {exc}"
         alive = {e.key for e in workers if e.record.state != WorkerState.DEAD}  # type: ignore[union-attr]
         heard = asyncio.ensure_future(self._await_stats(alive, stats_window))
+        purchases = asyncio.ensure_future(self.purchase_log())
         registered = {name: {e.key for e in services if e.record.service == name} or None  # type: ignore[union-attr]
                       for name in SERVICES}  # answered by all of them: no need to wait out the timeout
         healths = await asyncio.gather(*(gather_health(self.bus, n, timeout=min(self.timeout, 0.5),
                                                        expect=registered[n]) for n in SERVICES))
         await heard
+        purchase_log = await purchases
         replies = {inst: reply for found in healths for inst, reply in found.items()}
         rows = worker_rows(workers, self.latest, time.time())
         rates = self.rates(RATE_WINDOW_S)
         for row in rows:
             row.tokens_per_s = rates.get(row.worker_id, {}) if row.stats is not None else {}
         return StatusReport(nats_url=self.nats_url, registry_reachable=error is None, error=error,
-                            services=service_rows(services, replies), workers=rows)
+                            services=service_rows(services, replies), workers=rows, ts=time.time(),
+                            purchases=purchase_log)
+
+    async def purchase_log(self) -> PurchaseLogReply | None:
+        """The lease holder's latest purchases; None when no planner answers in time (none runs, no
+        leader, or one too old to know the subject): status shows that, it is no failure."""
+        try:
+            return await self.bus.request(planner_purchases(), PurchaseLogRequest(limit=PURCHASES_SHOWN),
+                                          PurchaseLogReply, timeout=min(self.timeout, PURCHASES_TIMEOUT_S))
+        except TidalError:
+            return None
 
     async def _await_stats(self, alive: set[str], window: float) -> None:
         """Until every live worker has published stats once, or `window` seconds; and (the first time)

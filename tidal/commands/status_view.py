@@ -1,14 +1,14 @@
 """What `tidal status` prints, as rich renderables built from the report alone (no I/O, no clock).
 
-Per worker: its pool as one stacked bar by kind (weights, prewarm, lora, KV used, KV free,
-workspace, free) with a legend, its instances (batch, queue, KV use, tokens/s) and its
-resident adapters. Everything fits an 80-column terminal. Only fields of today's
+The services; each worker's pool by kind on one line and the planner's latest purchases
+(status_economy.py); then per worker: its pool as one stacked bar by kind (weights, prewarm,
+adapter, KV used, KV free, workspace, free) with a legend, its instances (batch, queue, KV use,
+tokens/s) and its resident adapters. Everything fits an 80-column terminal. Only fields of today's
 `WorkerStats` are read, so a newer worker that publishes more still renders.
 """
 from __future__ import annotations
 
 import io
-import re
 from typing import TYPE_CHECKING, Any
 
 from rich.columns import Columns
@@ -19,13 +19,15 @@ from rich.text import Text
 
 from shared.events.worker import WorkerStats
 from shared.url_credentials import redact
+from tidal.commands.status_economy import MemoryTable, purchases_view
+from tidal.commands.status_text import age, dash_wrap, human_bytes
 
 if TYPE_CHECKING:
     from tidal.commands.status import StatusReport, WorkerRow
 
 # (label, style) in bar order; the order groups what the memory economy can reclaim.
 KINDS: tuple[tuple[str, str], ...] = (
-    ("weights", "blue"), ("prewarm", "cyan"), ("lora", "magenta"), ("kv used", "red"),
+    ("weights", "blue"), ("prewarm", "cyan"), ("adapter", "magenta"), ("kv used", "red"),
     ("kv free", "yellow"), ("workspace", "green"), ("free", "bright_black"),
 )
 STYLE = dict(KINDS)
@@ -34,27 +36,12 @@ COLOUR = {"ok": "green", "alive": "green", "ready": "green", "draining": "yellow
           "unreachable": "red", "dead": "red"}
 
 
-def human_bytes(n: int) -> str:
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f}{unit}"
-    return f"{n}B"
-
-
-def age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.1f}s"
-    return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
-
-
 def pool_segments(stats: WorkerStats) -> list[tuple[str, int]]:
     """The pool by kind, in KINDS order; KV split into used and free by the instances' block use."""
     pool = stats.pool
     kv_used = sum(i.kv_blocks_used * i.kv_block_bytes for i in stats.instances)
     kv_used = min(kv_used, pool.kv_bytes)
-    sizes = {"weights": pool.weights_bytes, "prewarm": pool.prewarm_bytes, "lora": pool.adapter_bytes,
+    sizes = {"weights": pool.weights_bytes, "prewarm": pool.prewarm_bytes, "adapter": pool.adapter_bytes,
              "kv used": kv_used, "kv free": pool.kv_bytes - kv_used, "workspace": pool.workspace_bytes,
              "free": pool.free_bytes}
     return [(label, sizes[label]) for label, _style in KINDS]
@@ -99,23 +86,6 @@ def legend(stats: WorkerStats) -> Columns:
         entry.append(f"{label} {human_bytes(nbytes)}", style="default")
         entries.append(entry)
     return Columns(entries, padding=(0, 2))
-
-
-def dash_wrap(name: str, width: int) -> Text:
-    """`name` broken only after a '-' or '_' (ids like gpu_worker-w0-3f9a1c-r1) into lines of at most `width`;
-    a piece longer than a line is cut, as there is no better place."""
-    lines: list[str] = []
-    line = ""
-    for piece in re.findall(r"[^-_]*[-_]|[^-_]+$", name):
-        if line and len(line) + len(piece) > width:
-            lines.append(line)
-            line = ""
-        while len(piece) > width > 0:
-            lines.append(piece[:width])
-            piece = piece[width:]
-        line += piece
-    lines.append(line)
-    return Text("\n".join(lines))
 
 
 def _plain_table() -> Table:
@@ -203,12 +173,12 @@ class ServicesTable:
 
 
 def status_view(report: "StatusReport") -> Group:
-    """The whole report: NATS line, services table, one panel per worker."""
+    """The whole report: NATS line, services table, memory by kind, purchases, one panel per worker."""
     head = Text(f"NATS {redact(report.nats_url)}")
     if report.error:
         head.append(f"  {report.error}", style="red")
-    return Group(head, ServicesTable(report), Text("workers", style="italic"),
-                 *(worker_panel(w) for w in report.workers))
+    return Group(head, ServicesTable(report), MemoryTable(report.workers), *purchases_view(report),
+                 Text("workers", style="italic"), *(worker_panel(w) for w in report.workers))
 
 
 def render_to_string(report: "StatusReport", width: int = 80) -> str:
