@@ -143,6 +143,13 @@ class PlannerSection(Section, kw_only=True):
     # on capacity requests
     autoscale: bool = False
     request_time: Duration = 2.0  # a request's mean time in the system: forecast rps -> concurrent requests
+    # The memory economy (docs/planner.md): "fixed-order" asks the policies cheapest source first, each
+    # blind to the others' prices; "arbiter" prices every offer in request-seconds and buys per need
+    economy: Literal["fixed-order", "arbiter"] = "fixed-order"
+    horizon: Duration = 10.0  # arbiter: needs and prices look this far ahead
+    # arbiter: the simulator cost profile whose links and movement price moves, loads and restores (a
+    # .toml/.json path, or a built-in name of loadgen/sim/profiles)
+    cost_profile: Annotated[str, Meta(min_length=1, max_length=1024)] = "cpu"
 
     def __post_init__(self) -> None:
         super().__post_init__()

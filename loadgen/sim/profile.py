@@ -19,7 +19,7 @@ from pathlib import Path
 
 import msgspec
 
-from shared.policy.movement import MovementCosts, MovementSpec, movement_costs
+from shared.policy.movement import LinkSpec, MovementCosts, MovementSpec, movement_costs  # LinkSpec: re-exported
 
 
 ENGINE_MODES = ("chunked", "vllm-0.6")
@@ -58,15 +58,6 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # the papers' baselines ran (prefill-first, whole prompts, recompute preemption).
     engine_mode: str = "chunked"
     watermark: float = 0.0  # vLLM's admission watermark: free blocks kept back (0.01 in vllm-0.6)
-
-
-class LinkSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    name: str
-    latency_s: float
-    bandwidth_bytes_per_s: float
-
-    def transfer_s(self, nbytes: int) -> float:
-        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
 
 
 def _default_links() -> list[LinkSpec]:

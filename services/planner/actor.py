@@ -16,6 +16,11 @@ for a model with no live instance; the leader decides a ScaleUp through the core
 answers `planned` with its plan id at once — or with the plan id of a start of the model already in
 flight (either path, until its instance is in the stats); a standby, a disabled planner or no room
 answers `none`.
+
+`[planner] economy = "arbiter"`: the core runs one ArbiterPolicy (shared/planner/arbiter.py); after each
+step its purchases (PlanPurchased, with the plan ids the core gave the bought effects) are published on
+`tidal.v1.evt.plan.purchased` before those effects' PlanDecided, and kept for `tidal.v1.planner.purchases`,
+which only the lease holder subscribes to (services/planner/purchases.py).
 """
 from __future__ import annotations
 
@@ -25,10 +30,11 @@ import secrets
 import time
 
 from shared.actors import Actor
-from shared.bus import Delivery
+from shared.bus import Delivery, Subscription
 from shared.config import ClusterConfig
 from shared.events.plan import (
-    CapacityReply, CapacityRequest, PlanApplied, PlanCancelled, PlanDecided, PlanFailed, PlanOutcome,
+    CapacityReply, CapacityRequest, PlanApplied, PlanCancelled, PlanDecided, PlanFailed, PlanOutcome, PlanPurchased,
+    PurchaseLogReply, PurchaseLogRequest,
 )
 from shared.events.dispatch import DispatchStats
 from shared.events.predict import Forecast
@@ -36,16 +42,21 @@ from shared.events.registry import Bucket, CatalogChanged, ModelRecord, WorkerRe
 from shared.events.worker import WorkerState, WorkerStats
 from shared.logging import get_logger
 from shared.planner import ClusterView, Effect, PlannerCore, build_view, effect_kind
+from shared.planner.arbiter import ArbiterPolicy
 from shared.planner.scale_up import ScaleUpPolicy
 from shared.registry_client import RegistryClient
-from shared.subjects import CATALOG, dispatch_stats, plan_event, planner_capacity, planner_placement, worker_stats
+from shared.subjects import (
+    CATALOG, dispatch_stats, plan_event, planner_capacity, planner_placement, planner_purchases, worker_stats,
+)
 from shared.wire import TidalError
 
 from services.planner import metrics
 from services.planner.apply import apply_effect
+from services.planner.demand import DispatcherDemand
 from services.planner.lease import Lease
 from services.planner.lifecycle import LifecycleWriter
 from services.planner.policies import build_policies
+from services.planner.purchases import PurchaseLog
 
 log = get_logger("tidal.planner")
 
@@ -62,8 +73,12 @@ class Planner(Actor):
         # effect ids (and buddy-group ids): unique across planner processes (they end up in workers'
         # idempotency keys); policies in the memory economy's order (services/planner/policies.py)
         self.scale_up = ScaleUpPolicy()  # capacity requests (decides nothing on the interval)
-        self.core = PlannerCore(build_policies(config, group_prefix=f"bg{token}", scale_up=self.scale_up),
+        self.core = PlannerCore(build_policies(config, group_prefix=f"bg{token}", scale_up=self.scale_up,
+                                               purchase_prefix=f"p{token}-buy"),
                                 enabled=p.enabled, default_ttl_s=p.ctl_timeout + 2 * p.interval, id_prefix=f"p{token}")
+        self.arbiter = next((x for x in self.core.policies if isinstance(x, ArbiterPolicy)), None)
+        self.purchases = PurchaseLog(instance, p.economy)
+        self._purchase_sub: Subscription | None = None  # planner.purchases, bound while holding the lease
         self.stats: dict[str, WorkerStats] = {}
         self.dispatch: dict[str, DispatchStats] = {}  # dispatcher -> its latest (their queues are demand)
         self.dead: set[str] = set()
@@ -108,17 +123,22 @@ class Planner(Actor):
         if held is None or msg.ts >= held.ts:
             self.dispatch[msg.dispatcher_id] = msg
 
-    def queued(self, now: float) -> dict[str, int]:
-        """Requests the dispatchers hold in their queues, by model (a dispatcher silent for long: none)."""
-        out: dict[str, int] = {}
-        max_age = float(self.config.registry.dead_after)
-        for msg in self.dispatch.values():
-            if now - msg.ts > max(max_age, 3 * msg.interval_s):
-                continue
-            for load in msg.models:
-                if load.adapter is None and load.queued:
-                    out[load.model] = out.get(load.model, 0) + load.queued
-        return out
+    def _dispatch_now(self, now: float) -> DispatcherDemand:
+        return DispatcherDemand(self.dispatch.values(), now, max_age_s=float(self.config.registry.dead_after))
+
+    async def on_purchase_log(self, msg: PurchaseLogRequest, _ctx: Delivery) -> PurchaseLogReply | None:
+        """The latest purchases; only the lease holder answers (it alone is subscribed, and checks)."""
+        if self.lease is None or not self.lease.leader:
+            return None
+        return self.purchases.reply(msg)
+
+    async def _serve_purchase_log(self, leader: bool) -> None:
+        """Subscribe to planner.purchases on gaining the lease, unsubscribe on losing it."""
+        if leader and self._purchase_sub is None:
+            self._purchase_sub = await self.bind(planner_purchases(), PurchaseLogRequest, self.on_purchase_log)
+        elif not leader and self._purchase_sub is not None:
+            sub, self._purchase_sub = self._purchase_sub, None
+            await self.unbind(sub)
 
     async def on_forecast(self, msg: Forecast, _ctx: Delivery) -> None:
         self.forecasts[msg.model] = msg
@@ -188,6 +208,10 @@ class Planner(Actor):
             assert self.lease is not None
             leader = await self.lease.tick(time.monotonic())
             metrics.LEADER.set(1 if leader else 0)
+            try:
+                await self._serve_purchase_log(leader)
+            except (TidalError, OSError) as exc:  # NATS away: tried again next interval
+                log.warning("planner.purchases subscription not changed", leader=leader, error=repr(exc))
             if not leader:
                 async with self.turn():
                     cancelled = self.core.cancel_all(time.time(), "this planner does not hold the lease")
@@ -196,12 +220,13 @@ class Planner(Actor):
             await self._tick()
 
     def view(self, now: float) -> ClusterView:
-        p = self.config.planner
+        p, demand = self.config.planner, self._dispatch_now(now)
         return build_view(
             now, self.stats.values(), dead=self.dead, stats_max_age_s=float(self.config.registry.dead_after),
             interval_s=float(p.interval), models=dict(self.models), forecasts=dict(self.forecasts),
             default_link_budget_bytes=float(p.migration_link_budget),
-            default_prefill_budget_tokens=float(p.migration_prefill_budget), queued=self.queued(now),
+            default_prefill_budget_tokens=float(p.migration_prefill_budget), queued=demand.queued(),
+            adapter_rps=demand.adapter_rps(),
         )
 
     async def _tick(self) -> None:
@@ -209,6 +234,8 @@ class Planner(Actor):
         async with self.turn():
             view = self.view(time.time())
             effects = self.core.step(view)
+            purchases = self.arbiter.take_purchases(effects) if self.arbiter is not None else []
+            self.purchases.record(purchases)
             closed: list[PlanOutcome] = list(self.core.take_closed())
             ready = [e for e in effects if self.core.dispatched(e.plan_id) is None]
             hints = self.core.placement_hints(view)  # MELL's state after this step: where new requests go
@@ -225,6 +252,11 @@ class Planner(Actor):
                 await self.bus.publish(planner_placement(), hint)
             except (TidalError, OSError) as exc:  # NATS away: the dispatcher's hints go stale, it routes by load
                 log.warning("placement hints not published", model=hint.model, error=repr(exc))
+        for purchase in purchases:  # before the PlanDecided of what it bought
+            log.info("memory purchased", purchase_id=purchase.purchase_id, scope=purchase.scope,
+                     need_bytes=purchase.need_bytes, bought_bytes=purchase.bought_bytes,
+                     price_request_s=round(purchase.price_request_s, 4), reason=purchase.reason)
+            await self._publish("purchased", purchase)
         await self._launch(effects, ready)
 
     async def _launch(self, effects: list[Effect], ready: list[Effect]) -> None:
@@ -262,7 +294,7 @@ class Planner(Actor):
             metrics.EFFECTS.labels(self.kinds.pop(outcome.plan_id, "unknown"), label).inc()
             await self._publish(label, outcome)
 
-    async def _publish(self, kind: str, msg: PlanDecided | PlanOutcome) -> None:
+    async def _publish(self, kind: str, msg: PlanDecided | PlanOutcome | PlanPurchased) -> None:
         try:
             await self.bus.publish(plan_event(kind), msg)
         except (TidalError, OSError) as exc:  # NATS away: the decision stands, its event is lost

@@ -1,7 +1,7 @@
 """The planner's Prometheus metrics (served on its /metrics with the bus and actor metrics)."""
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 from shared.metrics import REGISTRY
 
@@ -22,3 +22,14 @@ SKIPPED = Counter(
 )
 LEADER = Gauge("tidal_planner_leader", "1 while this planner holds the lease and decides", registry=REGISTRY)
 TICKS = Counter("tidal_planner_ticks_total", "Planning intervals run while leader", registry=REGISTRY)
+PURCHASES = Counter(
+    "tidal_planner_purchases_total",
+    "Memory the arbiter bought ([planner] economy = arbiter), by source (prewarm, adapter, layers, migrate, "
+    "scale_out; queue: a need, or its part, left waiting because nothing was cheaper)",
+    ["source"], registry=REGISTRY,
+)
+PURCHASE_PRICE = Histogram(
+    "tidal_planner_purchase_price_request_s",
+    "What each need cost, in request-seconds: the offers bought plus waiting for the part not covered",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0), registry=REGISTRY,
+)

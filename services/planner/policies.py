@@ -17,12 +17,18 @@ earlier ones as busy, so the order is the order in which memory is bought, cheap
    capped at Eq. 1's target), which the pool gives back first (rung 1), so they never compete with
    the rungs above; and the others' effects on an instance are busy to it.
 
-Reads the KunServe profile file (`[policies] kunserve_profile`): a bad path or file fails the
-planner's start with a message naming it.
+`[planner] economy = "arbiter"`: the same policies are wrapped in one ArbiterPolicy
+(shared/planner/arbiter.py), which prices every offer in request-seconds and buys per need instead of
+taking them in this order; it also releases prewarmed replicas and cold adapters itself (rung 1).
+
+Reads the KunServe profile file (`[policies] kunserve_profile`) and, for the arbiter, the cost profile
+(`[planner] cost_profile`): a bad path or file fails the planner's start with a message naming it.
 """
 from __future__ import annotations
 
 from shared.config import ClusterConfig
+from shared.planner.arbiter import ArbiterPolicy
+from shared.planner.arbiter_offers import ArbiterSettings, Pricing
 from shared.planner.kunserve_policy import KunServePolicy
 from shared.planner.mell_policy import MellPolicy
 from shared.planner.policy import Policy
@@ -30,11 +36,15 @@ from shared.planner.scale_up import ScaleUpPolicy
 from shared.planner.warmserve_policy import WarmServePolicy, WarmServeSettings
 from shared.profiles import load_pipeline_profile
 
+from services.planner.cost_profile import load_cost_profile
 
-def build_policies(config: ClusterConfig, *, group_prefix: str, scale_up: ScaleUpPolicy | None = None) -> list[Policy]:
-    """The interval policies, cheapest source of memory first. `group_prefix` makes buddy-group ids
-    unique across planner processes; `scale_up` is the capacity-request path (WarmServe counts its
-    scale-ups in flight)."""
+
+def build_policies(config: ClusterConfig, *, group_prefix: str, scale_up: ScaleUpPolicy | None = None,
+                   purchase_prefix: str = "buy") -> list[Policy]:
+    """The interval policies, cheapest source of memory first (or one ArbiterPolicy around them under
+    `economy = "arbiter"`). `group_prefix` makes buddy-group ids unique across planner processes, and
+    `purchase_prefix` the arbiter's purchase ids; `scale_up` is the capacity-request path (WarmServe counts
+    its scale-ups in flight)."""
     p, pol = config.planner, config.policies
     policies: list[Policy] = []
     if pol.buddy_groups:  # false: not constructed, so nothing of KunServe runs
@@ -48,7 +58,14 @@ def build_policies(config: ClusterConfig, *, group_prefix: str, scale_up: ScaleU
         policies.append(WarmServePolicy(WarmServeSettings(
             prewarm=pol.prewarm, batch_size=pol.max_batch_size, mean_request_s=float(p.request_time),
             min_instances=0 if config.dispatcher.scale_from_zero else 1), capacity=scale_up))
-    return policies
+    if p.economy == "fixed-order":
+        return policies
+    profile = load_cost_profile(p.cost_profile)
+    settings = ArbiterSettings(horizon_s=float(p.horizon), kv_high_watermark=p.kv_high_watermark,
+                               kv_block_tokens=pol.kv_block_tokens, batch_size=pol.max_batch_size,
+                               request_time_s=float(p.request_time))
+    pricing = Pricing(profile.costs(), profile.step, load_pipeline_profile(pol.kunserve_profile), settings)
+    return [ArbiterPolicy(policies, pricing, id_prefix=purchase_prefix)]
 
 
 __all__ = ["build_policies"]

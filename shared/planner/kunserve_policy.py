@@ -90,6 +90,19 @@ class KunServePolicy:
                     group.ended(action, isinstance(outcome, PlanApplied), why)
                     return
 
+    def on_declined(self, decision: Decision, why: str) -> None:
+        """The memory arbiter did not buy a group (`[planner] economy = "arbiter"`): nothing of it was
+        applied, so forget it; a model left with no group is back to normal and proposes again, re-priced."""
+        action = decision.action
+        if not isinstance(action, FormGroup):
+            return
+        m = self.models.get(action.model)
+        if m is None or action.group_id not in m.groups or m.groups[action.group_id].phase != GroupPhase.FORMING:
+            return
+        del m.groups[action.group_id]
+        if not m.groups and m.state.phase == Phase.DROPPED:
+            m.state = monitor.drop_failed(m.state, m.state.since)  # not a failure: no retry delay
+
     # --- deciding -----------------------------------------------------------------------------
     def _monitor(self, m: _Model, model: str, loads: list[InstanceLoad], view: ClusterView) -> list[Decision]:
         now = view.now

@@ -43,6 +43,7 @@ class InstanceView:
     group_id: str | None = None  # the buddy group it runs a stage of (KunServe)
     kv_growth_blocks_per_s: float = 0.0
     accepting: bool = True  # False: being evicted (draining: WarmServe's grace period)
+    tokens_per_s: float = 0.0  # generated over the last stats interval (a running request's decode pace)
 
     @property
     def kv_capacity_bytes(self) -> int:
@@ -51,6 +52,15 @@ class InstanceView:
     @property
     def kv_used_bytes(self) -> int:
         return self.kv_blocks_used * self.kv_block_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterView:
+    """A LoRA adapter resident on a worker's device and not pinned: one the pool may evict."""
+
+    adapter: str
+    bytes: int
+    host_copy: bool = True  # a host copy stays: reloading it reads no disk
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +74,7 @@ class WorkerView:
     pool_bytes: Mapping[str, int] = field(default_factory=dict)
     instances: tuple[InstanceView, ...] = ()
     prewarmed: Mapping[str, int] = field(default_factory=dict)  # model -> its warm bytes here (kind prewarm)
+    adapters: tuple[AdapterView, ...] = ()  # evictable device-resident adapters (the memory arbiter prices them)
 
     @property
     def usable(self) -> bool:
@@ -112,6 +123,8 @@ class ClusterView:
     default_prefill_budget_tokens: float = 0.0
     # requests waiting in the dispatchers' admission queues, by model (no instance had room for them)
     queued: Mapping[str, int] = field(default_factory=dict)
+    # arrivals per second of each LoRA adapter at the dispatchers (their latest stats): how soon a cold one is used
+    adapter_rps: Mapping[str, float] = field(default_factory=dict)
     _where: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -158,7 +171,7 @@ def worker_view(stats: WorkerStats, *, alive: bool = True) -> WorkerView:
             queued_prompt_tokens=i.queued_prompt_tokens, kv_blocks_total=i.kv_blocks_total,
             kv_blocks_used=i.kv_blocks_used, kv_block_bytes=i.kv_block_bytes,
             layers=(i.layers.start, i.layers.end), group_id=i.group_id, kv_growth_blocks_per_s=i.kv_growth_blocks_per_s,
-            accepting=i.accepting,
+            accepting=i.accepting, tokens_per_s=i.tokens_per_s,
             requests=tuple(RequestView(r.request_id, r.prompt_tokens, r.tokens, r.kv_tokens, r.kv_bytes,
                                        r.projected_kv_bytes) for r in i.requests),
         )
@@ -168,7 +181,15 @@ def worker_view(stats: WorkerStats, *, alive: bool = True) -> WorkerView:
                "kv": pool.kv_bytes, "workspace": pool.workspace_bytes, "free": pool.free_bytes}
     return WorkerView(worker_id=stats.worker_id, alive=alive, state=str(stats.state), stats_ts=stats.ts,
                       pool_capacity_bytes=pool.capacity_bytes, pool_bytes=MappingProxyType(by_kind),
-                      instances=instances, prewarmed=MappingProxyType(prewarmed_models(stats)))
+                      instances=instances, prewarmed=MappingProxyType(prewarmed_models(stats)),
+                      adapters=evictable_adapters(stats))
+
+
+def evictable_adapters(stats: WorkerStats) -> tuple[AdapterView, ...]:
+    """Device-resident, unpinned adapters (`adapter_residency`), and whether a host copy stays."""
+    host = {r.adapter for r in stats.adapter_residency if r.level == "host"}
+    return tuple(AdapterView(r.adapter, r.bytes, r.adapter in host) for r in stats.adapter_residency
+                 if r.level == "device" and not r.pinned and r.bytes > 0)
 
 
 def prewarmed_models(stats: WorkerStats) -> dict[str, int]:
@@ -188,7 +209,7 @@ def build_view(
     interval_s: float = 1.0, models: Mapping[str, ModelRecord] = _EMPTY, forecasts: Mapping[str, Forecast] = _EMPTY,
     link_budget_bytes: Mapping[tuple[str, str], float] = _EMPTY, default_link_budget_bytes: float = 0.0,
     prefill_budget_tokens: Mapping[str, float] = _EMPTY, default_prefill_budget_tokens: float = 0.0,
-    queued: Mapping[str, int] = _EMPTY,
+    queued: Mapping[str, int] = _EMPTY, adapter_rps: Mapping[str, float] = _EMPTY,
 ) -> ClusterView:
     """The view from each worker's latest stats. A worker is not alive when the registry says it is dead
     (`dead`), or when its stats are older than `stats_max_age_s` (both clocks: the publishers' `ts`)."""
@@ -202,8 +223,11 @@ def build_view(
         now=now, interval_s=interval_s, workers=MappingProxyType(workers), models=models, forecasts=forecasts,
         link_budget_bytes=link_budget_bytes, default_link_budget_bytes=default_link_budget_bytes,
         prefill_budget_tokens=prefill_budget_tokens, default_prefill_budget_tokens=default_prefill_budget_tokens,
-        queued=queued,
+        queued=queued, adapter_rps=adapter_rps,
     )
 
 
-__all__ = ["ClusterView", "InstanceView", "RequestView", "WorkerView", "build_view", "prewarmed_models", "worker_view"]
+__all__ = [
+    "AdapterView", "ClusterView", "InstanceView", "RequestView", "WorkerView", "build_view", "evictable_adapters",
+    "prewarmed_models", "worker_view",
+]

@@ -32,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from shared.events.common import LayerRange
-from shared.events.plan import PlacePrewarm, PlanOutcome, ReleasePrewarm, ScaleDown, ScaleUp
+from shared.events.plan import PlacePrewarm, PlanCancelled, PlanOutcome, ReleasePrewarm, ScaleDown, ScaleUp
 from shared.planner.effects import Decision, Effect, action_of, key
 from shared.planner.policy import Busy
 from shared.planner.scale_up import SCALE_UP_TTL_S, ScaleUpPolicy, StartTracker, room_bytes, scale_up_instance_id
@@ -109,6 +109,11 @@ class WarmServePolicy:
             self.pending_prewarm.pop((action.worker_id, action.model), None)
         elif isinstance(action, ScaleUp):
             self.starts.ended(action, outcome)
+
+    def on_declined(self, decision: Decision, why: str) -> None:
+        """The memory arbiter did not buy a start (`[planner] economy = "arbiter"`): it is not starting."""
+        if isinstance(decision.action, ScaleUp):
+            self.starts.ended(decision.action, PlanCancelled(plan_id="declined", ts=0.0, message=why[:2000]))
 
     # --- instances ------------------------------------------------------------------------
     def _age(self, view: ClusterView, workers: list[WorkerView]) -> None:

@@ -33,6 +33,17 @@ class Link(Protocol):
     def transfer_s(self, nbytes: int) -> float: ...
 
 
+class LinkSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One link of a cost profile (`[[links]]`): a transfer of n bytes takes latency_s + n / bandwidth."""
+
+    name: str
+    latency_s: float
+    bandwidth_bytes_per_s: float
+
+    def transfer_s(self, nbytes: int) -> float:
+        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
+
+
 class MovementSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Which of a profile's links carries what, and Llumnix's migration limits."""
 
@@ -111,4 +122,50 @@ def movement_costs(spec: MovementSpec, links: dict[str, Link]) -> MovementCosts:
     return MovementCosts(spec, links[spec.kv_link], links[spec.host_link], disk)
 
 
-__all__ = ["Link", "MovementCosts", "MovementSpec", "Precopy", "movement_costs"]
+class PrefillCost(msgspec.Struct, frozen=True, kw_only=True):
+    """The part of a profile's `[step]` a token-mode migration costs: the destination re-prefills the
+    context (other step coefficients are the simulator's; unknown fields are ignored here)."""
+
+    overhead_s: float
+    prefill_per_token_s: float
+
+    def reprefill_s(self, tokens: int) -> float:
+        return self.overhead_s + self.prefill_per_token_s * max(0, tokens)
+
+
+class MovementProfile(msgspec.Struct, frozen=True, kw_only=True):
+    """What the planner reads of a simulator cost profile (loadgen/sim/profiles/*.toml): its links, which
+    link moves what, and the prefill cost; the rest of the file is the simulator's and is ignored."""
+
+    name: str = ""
+    links: list[LinkSpec]
+    movement: MovementSpec = MovementSpec()
+    step: PrefillCost
+
+    def costs(self) -> MovementCosts:
+        return movement_costs(self.movement, {link.name: link for link in self.links})
+
+
+def decode_movement_profile(data: bytes | str, *, origin: str = "<profile>", fmt: str = "toml") -> MovementProfile:
+    """The planner's view of a cost profile from TOML (or JSON) text; a ValueError naming `origin` when a
+    needed part is missing or wrong (no `[[links]]`, no `[step]`, a link the `[movement]` names is absent)."""
+    if fmt not in ("toml", "json"):
+        raise ValueError(f"cost profile {origin}: format must be 'toml' or 'json', got {fmt!r}")
+    try:
+        decode = msgspec.json.decode if fmt == "json" else msgspec.toml.decode
+        profile = decode(data, type=MovementProfile)
+        if not profile.links:
+            raise ValueError("it names no [[links]]")
+        for link in profile.links:
+            if link.bandwidth_bytes_per_s <= 0 or link.latency_s < 0:
+                raise ValueError(f"link {link.name!r} needs bandwidth_bytes_per_s > 0 and latency_s >= 0")
+        profile.costs()
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise ValueError(f"cost profile {origin}: {exc}") from None
+    return profile
+
+
+__all__ = [
+    "Link", "LinkSpec", "MovementCosts", "MovementProfile", "MovementSpec", "Precopy", "PrefillCost",
+    "decode_movement_profile", "movement_costs",
+]

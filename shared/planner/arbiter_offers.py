@@ -1,0 +1,207 @@
+"""The memory arbiter's market inputs (pure): the needs a view shows and the price of each offer.
+
+Needs (shared/policy/memory_market.Need, unit request-seconds):
+- `worker:<id>` — a usable worker above `kv_high_watermark`, or with requests waiting on its instances:
+  the KV its waiting prompts need (queued prompt tokens x KV bytes per token) plus its KV growth over the
+  horizon (`kv_growth_blocks_per_s` x block bytes x horizon), less what it has free below the watermark.
+  Its waiting requests wait for it (at least one: a worker past the watermark preempts someone), and it
+  drains by itself at its used KV / a request's mean time in the system (Little's law).
+- `model:<name>` — requests queued at the dispatchers (`view.queued`) while no accepting instance of the
+  model has room (every one is on a needy worker, or there is none): their KV (their mean projected KV
+  from the model's running requests), or one instance's weights when nothing of the model runs.
+
+Prices: `memory_market.price_*` with inputs from the one movement cost model (`MovementCosts`: loads,
+restores, KV pre-copy), the pipeline profile (`PipelineProfile.efficiency`), the prefill cost of the same
+cost profile and the forecasts (`forecast_outlook.chance_above` on the concurrency quantiles).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.events.plan import FormGroup, Migrate, ScaleUp
+from shared.planner.scale_up import room_bytes
+from shared.planner.view import AdapterView, ClusterView, InstanceView, WorkerView
+from shared.policy import memory_market as market
+from shared.policy.forecast_outlook import chance_above
+from shared.policy.kunserve_profile import PipelineProfile
+from shared.policy.memory_market import Need
+from shared.policy.movement import MovementCosts, PrefillCost
+
+
+@dataclass(frozen=True)
+class ArbiterSettings:
+    horizon_s: float = 10.0  # [planner] horizon: needs and prices look this far ahead
+    kv_high_watermark: float = 0.9  # [planner] kv_high_watermark: above it a worker needs memory
+    kv_block_tokens: int = 16  # [policies] kv_block_tokens: tokens per KV block
+    batch_size: int = 64  # [policies] max_batch_size: requests one instance serves (B)
+    request_time_s: float = 2.0  # [planner] request_time: a request's mean time in the system
+
+    def __post_init__(self) -> None:
+        if self.horizon_s <= 0 or self.request_time_s <= 0 or self.kv_block_tokens < 1 or self.batch_size < 1:
+            raise ValueError("arbiter: horizon_s and request_time_s must be > 0, kv_block_tokens and batch_size >= 1")
+        if not 0 < self.kv_high_watermark <= 1:
+            raise ValueError(f"arbiter: kv_high_watermark must be in (0, 1], got {self.kv_high_watermark}")
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """The cost models prices come from (the simulator's own: no constant is copied here)."""
+
+    costs: MovementCosts
+    prefill: PrefillCost
+    pipeline: PipelineProfile
+    settings: ArbiterSettings
+
+
+# --- needs ------------------------------------------------------------------------------------
+def layers_held(view: ClusterView, inst: InstanceView) -> int:
+    if inst.layers[1] > inst.layers[0]:
+        return inst.layers[1] - inst.layers[0]
+    record = view.models.get(inst.model)
+    return record.num_layers if record is not None else 1
+
+
+def kv_bytes_per_token(view: ClusterView, inst: InstanceView, block_tokens: int) -> float:
+    """A block is one layer's K and V for `block_tokens` tokens (as KunServe's loads count it)."""
+    return inst.kv_block_bytes * layers_held(view, inst) / block_tokens
+
+
+def worker_need(view: ClusterView, worker: WorkerView, s: ArbiterSettings) -> Need | None:
+    capacity, used = worker.kv_capacity_bytes, worker.kv_used_bytes
+    waiting = sum(i.waiting for i in worker.instances)
+    if not worker.instances or (used <= s.kv_high_watermark * capacity and not waiting):
+        return None
+    prompts = sum(i.queued_prompt_tokens * kv_bytes_per_token(view, i, s.kv_block_tokens) for i in worker.instances)
+    growth = sum(max(0.0, i.kv_growth_blocks_per_s) * i.kv_block_bytes for i in worker.instances) * s.horizon_s
+    short = int(prompts + growth - (s.kv_high_watermark * capacity - used))
+    if short <= 0:
+        return None
+    return Need(f"worker:{worker.worker_id}", short, s.horizon_s, max(1, waiting), used / s.request_time_s)
+
+
+def model_need(view: ClusterView, model: str, queued: int, needy: set[str], s: ArbiterSettings) -> Need | None:
+    instances = [(w, i) for w in view.usable_workers() for i in w.instances if i.model == model and i.accepting]
+    if queued <= 0 or any(w.worker_id not in needy for w, _ in instances):
+        return None  # nothing queued, or an instance has room: the dispatcher places them
+    sizes = [r.projected_kv_bytes or r.kv_bytes for _, i in instances for r in i.requests]
+    record = view.models.get(model)
+    if sizes:
+        short = queued * sum(sizes) // len(sizes)
+    elif record is not None and record.weight_bytes > 0:
+        short = record.weight_bytes  # nothing of it runs: what it needs is an instance's worth
+    else:
+        return None
+    drain = sum(i.kv_used_bytes for _, i in instances) / s.request_time_s
+    return Need(f"model:{model}", max(1, short), s.horizon_s, queued, drain)
+
+
+def find_needs(view: ClusterView, s: ArbiterSettings) -> list[Need]:
+    """Every need in the view: workers (by id), then models (by name)."""
+    needs = [n for w in view.usable_workers() if (n := worker_need(view, w, s)) is not None]
+    needy = {n.scope.split(":", 1)[1] for n in needs}
+    for model in sorted(view.queued):
+        need = model_need(view, model, view.queued[model], needy, s)
+        if need is not None:
+            needs.append(need)
+    return needs
+
+
+# --- prices -------------------------------------------------------------------------------------
+def load_s(p: Pricing, nbytes: int) -> float:
+    """Weights onto a device from the checkpoint (through host memory when the profile models a disk)."""
+    return p.costs.load_s(max(0, nbytes), in_host_memory=p.costs.disk is None)
+
+
+def chance_needed(view: ClusterView, model: str, s: ArbiterSettings) -> float:
+    """P(the model needs more instances than it has) over the forecast's concurrency quantiles; 1 without
+    them (a replica nobody can price is kept as if needed)."""
+    fc = view.forecasts.get(model)
+    if fc is None or fc.concurrency_quantiles is None:
+        return 1.0
+    serving = sum(1 for w in view.usable_workers() for i in w.instances if i.model == model and i.accepting)
+    q = fc.concurrency_quantiles
+    return chance_above(q.p50, q.p90, serving * s.batch_size)
+
+
+def cold_extra_s(view: ClusterView, p: Pricing, model: str, warm: int) -> float:
+    weights = view.models[model].weight_bytes if model in view.models else warm
+    return max(0.0, load_s(p, weights) - load_s(p, weights - warm))
+
+
+def prewarm_price(view: ClusterView, p: Pricing, worker: WorkerView, model: str) -> float:
+    warm = worker.prewarmed.get(model, 0)
+    weights = view.models[model].weight_bytes if model in view.models else warm
+    fc = view.forecasts.get(model)
+    return market.price_prewarm_eviction(chance_needed(view, model, p.settings), fc.avg_rps if fc else 0.0,
+                                         load_s(p, weights), load_s(p, weights - warm))
+
+
+def adapter_price(view: ClusterView, p: Pricing, worker: WorkerView, adapter: AdapterView) -> float:
+    """Its next use reloads it (from the host copy, or the disk), stalling the batch it joins: an engine
+    that loads adapters inline (ours) delays every running request of the step."""
+    cold = p.costs.load_s(adapter.bytes, in_host_memory=adapter.host_copy or p.costs.disk is None)
+    running = sum(i.running for i in worker.instances)
+    return market.price_adapter_eviction(view.adapter_rps.get(adapter.adapter, 0.0), p.settings.horizon_s, cold,
+                                         max(1, running))
+
+
+def migration_price(view: ClusterView, p: Pricing, action: Migrate) -> float | None:
+    """The request's stall: the last pre-copy stage (KV) or the destination's re-prefill (tokens); None
+    when a KV pre-copy would not converge (not an offer)."""
+    where, req = view.location(action.request_id), view.request(action.request_id)
+    if where is None or req is None:
+        return None
+    tokens = max(1, req.kv_tokens or req.tokens)
+    if action.mode == "tokens":
+        return market.price_migration(p.prefill.reprefill_s(tokens))
+    inst = next(i for i in view.workers[where[0]].instances if i.instance_id == where[1])
+    block_bytes = max(1, inst.kv_block_bytes * layers_held(view, inst))
+    step_s = inst.running / inst.tokens_per_s if inst.tokens_per_s > 0 else 0.0
+    precopy = p.costs.kv_precopy(tokens, p.settings.kv_block_tokens, block_bytes, step_s)
+    return market.price_migration(precopy.stall_s) if precopy.ok else None
+
+
+def group_freed(view: ClusterView, action: FormGroup) -> dict[str, int]:
+    """Bytes each member's worker gets by dropping every layer it does not keep."""
+    record = view.models.get(action.model)
+    if record is None:
+        return {}
+    out: dict[str, int] = {}
+    for m in action.members:
+        dropped = record.num_layers - (m.layers.end - m.layers.start)
+        out[m.worker_id] = out.get(m.worker_id, 0) + max(0, dropped) * record.layer_bytes
+    return out
+
+
+def layer_price(view: ClusterView, p: Pricing, action: FormGroup) -> float | None:
+    stages = len(action.members)
+    if stages > p.pipeline.max_stages:
+        return None
+    running = 0
+    for m in action.members:
+        worker = view.workers.get(m.worker_id)
+        inst = next((i for i in worker.instances if i.instance_id == m.instance_id), None) if worker else None
+        running += inst.running if inst is not None else 0
+    restore = max((p.costs.layer_restore_s(b) for b in group_freed(view, action).values()), default=0.0)
+    return market.price_layer_drop(1.0 - p.pipeline.efficiency(stages), running, p.settings.horizon_s, restore)
+
+
+def scale_out(view: ClusterView, p: Pricing, action: ScaleUp, waiting: int) -> tuple[int, float] | None:
+    """(KV bytes the new instance gets, price): its start (less what is warm there) for every waiting
+    request, and the chance another model needed the warm replicas the start evicts."""
+    worker = view.workers.get(action.worker_id)
+    if worker is None or action.model not in view.models:
+        return None
+    warm = worker.prewarmed.get(action.model, 0)
+    missing = max(0, view.models[action.model].weight_bytes - warm)
+    others = [(chance_needed(view, m, p.settings), cold_extra_s(view, p, m, b))
+              for m, b in worker.prewarmed.items() if m != action.model]
+    chance, other_cold = max(others, default=(0.0, 0.0))
+    price = market.price_scale_out(load_s(p, missing), waiting, chance, other_cold)
+    return max(0, room_bytes(worker) - missing), price
+
+
+__all__ = [
+    "ArbiterSettings", "Pricing", "adapter_price", "chance_needed", "find_needs", "group_freed", "kv_bytes_per_token",
+    "layer_price", "load_s", "migration_price", "model_need", "prewarm_price", "scale_out", "worker_need",
+]

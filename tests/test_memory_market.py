@@ -1,0 +1,93 @@
+"""The memory market (shared/policy/memory_market.py): each price on a worked example, and buy's greedy
+order — cheapest per useful byte, never dearer than waiting, stopping once the need is covered."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from shared.policy.memory_market import (
+    Need, Offer, buy, price_adapter_eviction, price_layer_drop, price_migration, price_prewarm_eviction,
+    price_scale_out, queue_price,
+)
+
+
+def test_waiting_costs_each_waiting_request_until_the_scope_drains_or_the_horizon_ends() -> None:
+    assert queue_price(Need("worker:w1", 1000, 10.0, 3, 200.0)) == pytest.approx(15.0)  # 1000 B / 200 B/s = 5 s
+    assert queue_price(Need("worker:w1", 1000, 10.0, 3, 50.0)) == pytest.approx(30.0)  # 20 s, capped at 10
+    assert queue_price(Need("worker:w1", 1000, 10.0, 3, 0.0)) == pytest.approx(30.0)  # frees nothing by itself
+    assert queue_price(Need("worker:w1", 0, 10.0, 3, 0.0)) == 0.0
+    with pytest.raises(ValueError, match="horizon_s > 0"):
+        Need("worker:w1", 10, 0.0, 1, 0.0)
+
+
+def test_prewarm_eviction_costs_the_extra_cold_start_times_its_chance() -> None:
+    # extra = 4 - 1 = 3 s; the first request waits 3 s and 2 req/s x 3 s arrive meanwhile, waiting 1.5 s each
+    assert price_prewarm_eviction(0.5, 2.0, 4.0, 1.0) == pytest.approx(0.5 * 3 * (1 + 2 * 3 / 2))
+    assert price_prewarm_eviction(0.0, 2.0, 4.0, 1.0) == 0.0  # surely not needed: free
+    assert price_prewarm_eviction(1.0, 2.0, 1.0, 4.0) == 0.0  # a hit is no faster than cold
+    with pytest.raises(ValueError, match="chance"):
+        price_prewarm_eviction(1.5, 0.0, 1.0, 0.0)
+
+
+def test_adapter_eviction_costs_its_next_cold_use_by_the_chance_it_comes_within_the_horizon() -> None:
+    assert price_adapter_eviction(1.0, 2.0, 0.5) == pytest.approx((1 - math.exp(-2.0)) * 0.5)
+    assert price_adapter_eviction(1.0, 2.0, 0.5, stalled=4) == pytest.approx((1 - math.exp(-2.0)) * 2.0)
+    assert price_adapter_eviction(0.0, 2.0, 0.5) == 0.0  # nobody uses it
+    with pytest.raises(ValueError, match="stalled >= 1"):
+        price_adapter_eviction(1.0, 2.0, 0.5, stalled=0)
+
+
+def test_layer_drop_costs_the_pipeline_overhead_of_every_running_request_until_restored() -> None:
+    assert price_layer_drop(0.2, 10, 5.0, 1.0) == pytest.approx(0.2 * 10 * 6.0)
+    assert price_layer_drop(0.0, 10, 5.0, 1.0) == 0.0
+    with pytest.raises(ValueError, match="overhead"):
+        price_layer_drop(1.0, 1, 1.0, 0.0)
+
+
+def test_migration_and_scale_out_prices() -> None:
+    assert price_migration(0.3, 0.2) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        price_migration(-0.1)
+    # 5 waiting requests wait the 2 s start; the GPU had a 50% chance of a 4 s cold start elsewhere
+    assert price_scale_out(2.0, 5, 0.5, 4.0) == pytest.approx(12.0)
+    with pytest.raises(ValueError, match="chance"):
+        price_scale_out(2.0, 5, 1.5, 4.0)
+
+
+def test_buy_takes_the_cheapest_per_useful_byte_until_covered_and_never_dearer_than_waiting() -> None:
+    need = Need("worker:w1", 1000, 10.0, 2, 0.0)  # waiting: 2 x 10 s = 20 request-s, 0.02 a byte
+    prewarm = Offer("prewarm", "w1/p", 600, 1.0)  # 0.0017 a byte
+    layers = Offer("layers", "w1+w2", 600, 6.0)  # 0.01 a byte
+    migrate = Offer("migrate", "r1", 400, 2.0)  # 0.005 a byte
+    scale = Offer("scale_out", "w3/m", 1000, 30.0)  # 0.03 a byte: dearer than waiting
+    p = buy(need, [scale, layers, migrate, prewarm])
+    assert p.offers == (prewarm, migrate, layers, scale)  # the price list, cheapest per byte first
+    assert p.bought == (prewarm, migrate)  # 600 B, then the 400 B still missing at 2/400 < 6/400
+    assert p.covered and p.bought_bytes == 1000 and p.price == pytest.approx(3.0)
+    assert p.reserve_unit_price == pytest.approx(0.02)
+
+
+def test_buy_prices_an_offer_by_the_bytes_it_is_used_for() -> None:
+    need = Need("worker:w1", 100, 10.0, 1, 0.0)  # 0.1 a byte to wait
+    big = Offer("layers", "w1+w2", 1000, 1.0)  # cheapest per byte, but 1.0 for the 100 B used: 0.01
+    small = Offer("migrate", "r1", 100, 0.5)  # 0.005 per useful byte
+    assert buy(need, [big, small]).bought == (small,)
+
+
+def test_buy_leaves_the_need_waiting_when_nothing_is_cheaper() -> None:
+    need = Need("worker:w1", 1000, 10.0, 1, 100.0)  # 10 s to drain, capped at 10: 10 request-s
+    p = buy(need, [Offer("scale_out", "w3/m", 1000, 11.0), Offer("migrate", "r1", 500, 5.0)])  # 5/500 = 0.01 = waiting
+    assert p.bought == () and not p.covered and p.price == pytest.approx(queue_price(need))
+
+
+def test_buy_breaks_ties_by_source_then_target_and_skips_offers_that_free_nothing() -> None:
+    need = Need("worker:w1", 100, 10.0, 1, 0.0)
+    a = Offer("adapter", "w1/a", 100, 1.0)
+    b = Offer("prewarm", "w1/z", 100, 1.0)
+    c = Offer("prewarm", "w1/b", 100, 1.0)
+    nothing = Offer("migrate", "r0", 0, 0.0)
+    p = buy(need, [a, b, c, nothing])
+    assert p.bought == (c,) and nothing not in p.offers
+    with pytest.raises(ValueError, match="price finite"):
+        Offer("prewarm", "w1/p", 10, math.inf)
