@@ -1,22 +1,27 @@
 """An online ensemble of load forecasters, weighted by each member's recent error, with quantiles (pure).
 
 For window w, every member (shared/policy/forecast_members.py) forecasts the load; the ensemble's
-point forecast is their weighted mean, with the weights of the minimum-variance combination
-(Bates and Granger) of their recent relative errors e = (f - a) / a:
+point forecast is their weighted mean, with weights from their recent relative errors
+e = (f - a) / a on the windows before w (shared/policy/forecast_combination.py):
 
     M_ij(w) = sum_k g^k e_i(w-1-k) e_j(w-1-k) / sum_k g^k,   k < error_windows, windows with a > 0
+    duplicates out: a member with the same errors and forecast as an earlier one weighs 0
     C = M with its off-diagonal shrunk by (1 - shrinkage)
-    weights = argmin w'Cw over w >= 0, sum w = 1  (C x = 1 on the members kept, those with x <= 0 dropped)
+    w_mv = argmin w'Cw over w >= 0, sum w = 1  (C x = 1 on the members kept, those with x <= 0 dropped)
+    weights = psi w_mv + (1 - psi) (all on the member of least M_ii),  psi = max(0, 1 - k / n_eff)
 
-Each error is clamped to +-`error_cap` (100%): a burst that every member misses by 700% would
-otherwise rule the weights for `error_windows` windows. With shrinkage 1 this is the inverse-MSE
-combination; below 1 it sees that members whose errors move together (last value and CSP share the
-last window's noise) add little to each other. The
-discount g = `error_discount` follows a member that turns good or bad; relative errors make a busy
-and an idle model alike, as the bench scores them. Windows with no load or not observed carry no
-error; before any error every member weighs the same; a member with no error takes every weight.
-Defaults were chosen on synthetic traces (the Azure-like weeks, the mixed hour), never on the real
-ones (docs/benchmarks.md#predictor).
+with k the distinct members and n_eff = (sum g^k)^2 / sum g^2k the errors' effective number of
+windows: the min-variance weights are estimated from few windows, and while they are noisy (k
+close to n_eff) the ensemble leans on its recently best member instead of a hedge it cannot yet
+tell from noise. Each error is clamped to +-`error_cap` (100%): a burst that every member misses by
+700% would otherwise rule the weights for `error_windows` windows. With shrinkage 1 the min-variance
+step is the inverse-MSE combination; below 1 it sees that members whose errors move together (last
+value and CSP share the last window's noise) add little to each other. The discount g =
+`error_discount` follows a member that turns good or bad; relative errors make a busy and an idle
+model alike, as the bench scores them. Windows with no load or not observed carry no error; before
+any error every member weighs the same; a member with no error takes every weight. Defaults were
+chosen on synthetic traces (the Azure-like weeks, the mixed hour), never on the real ones
+(docs/benchmarks.md#predictor).
 
 Quantiles come from the ensemble's own recent residuals, relative to its point forecast:
 r = (a - f) / max(f, floor) over the last `residual_windows` observed windows, floor =
@@ -33,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shared.policy.forecast_combination import combination_weights
 from shared.policy.forecast_members import MemberParams, member_forecast, member_series
 from shared.policy.warmserve_predictor import Series
 
@@ -104,72 +110,12 @@ def _errors(series: Series, fcs: dict[str, list[float]], u: int, origin: int, na
     return [max(-cap, min(cap, (fcs[name][u - origin] - a) / a)) for name in names]
 
 
-def _weights(errors: dict[int, list[float] | None], v: int, origin: int,
+def _weights(errors: dict[int, list[float] | None], v: int, origin: int, forecasts: list[float],
              p: EnsembleParams) -> tuple[list[float], list[float | None]]:
     """Members' weights for window v from the errors of the windows before it (errors[u], u >= origin)."""
-    m = len(p.members.members)
-    moments = [[0.0] * m for _ in range(m)]  # discounted mean products of the relative errors
-    used = 0.0
-    for k in range(min(p.error_windows, v - origin)):
-        e = errors[v - 1 - k]
-        if e is None:
-            continue
-        g = p.error_discount ** k
-        used += g
-        for i in range(m):
-            gi = g * e[i]
-            row = moments[i]
-            for j in range(i, m):
-                row[j] += gi * e[j]
-    if not used:
-        return [1.0 / m] * m, [None] * m
-    for i in range(m):
-        for j in range(i, m):
-            moments[i][j] = moments[j][i] = moments[i][j] / used
-    scores = [moments[i][i] for i in range(m)]
-    perfect = [i for i, s in enumerate(scores) if s == 0.0]
-    if perfect:
-        return [1.0 / len(perfect) if i in perfect else 0.0 for i in range(m)], [0.0] * m
-    lam = p.shrinkage
-    cov = [[moments[i][j] * (1.0 if i == j else 1.0 - lam) for j in range(m)] for i in range(m)]
-    return _min_variance(cov), [s ** 0.5 for s in scores]
-
-
-def _min_variance(cov: list[list[float]]) -> list[float]:
-    """argmin w' C w over w >= 0, sum w = 1: solve C x = 1 on the active members, dropping any with x <= 0."""
-    active = list(range(len(cov)))
-    while True:
-        x = _solve([[cov[i][j] for j in active] for i in active], [1.0] * len(active))
-        if x is not None and all(v > 0 for v in x):
-            total = sum(x)
-            w = [0.0] * len(cov)
-            for i, v in zip(active, x):
-                w[i] = v / total
-            return w
-        if x is None or len(active) == 1:  # singular: fall back to inverse mean squared error
-            inv = [1.0 / cov[i][i] for i in range(len(cov))]
-            return [v / sum(inv) for v in inv]
-        active = [i for i, v in zip(active, x) if v > 0] or [min(active, key=lambda i: cov[i][i])]
-
-
-def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting; None if singular."""
-    n = len(b)
-    rows = [row[:] + [rhs] for row, rhs in zip(a, b)]
-    scale = max(abs(v) for row in a for v in row) or 1.0
-    for c in range(n):
-        pivot = max(range(c, n), key=lambda r: abs(rows[r][c]))
-        if abs(rows[pivot][c]) <= 1e-12 * scale:
-            return None
-        rows[c], rows[pivot] = rows[pivot], rows[c]
-        for r in range(c + 1, n):
-            f = rows[r][c] / rows[c][c]
-            for k in range(c, n + 1):
-                rows[r][k] -= f * rows[c][k]
-    x = [0.0] * n
-    for r in range(n - 1, -1, -1):
-        x[r] = (rows[r][n] - sum(rows[r][k] * x[k] for k in range(r + 1, n))) / rows[r][r]
-    return x
+    recent = [(p.error_discount ** k, e) for k in range(min(p.error_windows, v - origin))
+              if (e := errors[v - 1 - k]) is not None]
+    return combination_weights(recent, forecasts, p.shrinkage)
 
 
 def empirical_quantile(values: Sequence[float], q: float) -> float:
@@ -202,8 +148,9 @@ def _run(series: Series, fcs: dict[str, list[float]], origin: int, first: int, e
         for u in range(max(origin, v - p.error_windows), v):
             if u not in errors:
                 errors[u] = _errors(series, fcs, u, origin, names, p.error_cap)
-        weights, member_errors = _weights(errors, v, origin, p)
-        point = sum(w * fcs[n][v - origin] for w, n in zip(weights, names))
+        now = [fcs[n][v - origin] for n in names]
+        weights, member_errors = _weights(errors, v, origin, now, p)
+        point = sum(w * f for w, f in zip(weights, now))
         points[v] = point
         scale = max(point, _floor(series, v, p))
         if v >= first:
