@@ -124,7 +124,7 @@ class FleetSim:
         m = self.models[model]
         spec = spec or self.profile.worker_spec(m)
         iid = next(self.ids)
-        engine = SimWorker(iid, f"i{iid}", model, spec, cost or self.profile.step_cost(m), self.max_run_s)
+        engine = self._make_engine(iid, model, spec, cost or self.profile.step_cost(m))
         inst = Instance(iid, model, gpus, engine, ready_at, source, started_at=now, weights_at=weights_at,
                         origin=origin, cap=spec.max_batch, kv_blocks=spec.kv_blocks)
         self.instances[model].append(inst)
@@ -138,6 +138,18 @@ class FleetSim:
         heappush(self.heap, (ready_at, next(self.seq), READY, inst, 0))
         self.dirty = True
         return inst
+
+    def _make_engine(self, iid: int, model: str, spec, cost) -> SimWorker:
+        """An instance's engine (a subclass's hook: loadgen/sim/economy.py gives it a memory pool)."""
+        return SimWorker(iid, f"i{iid}", model, spec, cost, self.max_run_s)
+
+    def _adapter(self, rec) -> str | None:
+        """The adapter a trace record's request runs with (none here: the fleet runs base models)."""
+        return None
+
+    def _event(self, kind: int, obj: object, gen: int, t: float) -> None:
+        """An event kind of a subclass's own (kinds above WINDOW)."""
+        raise ValueError(f"unknown event kind {kind}")
 
     def evict(self, replica: Replica) -> None:
         """Drop a replica from all its GPUs (a partial prewarm cannot start an instance)."""
@@ -284,13 +296,15 @@ class FleetSim:
                     self._ready(obj, t)  # type: ignore[arg-type]
                 elif kind == WINDOW:
                     self.window, self.dirty = gen, True
-                else:
+                elif kind == TICK:
                     self._tick(t, more=i < n)
+                else:
+                    self._event(kind, obj, gen, t)
                 continue
             rec = recs[i]
             m = self.models[rec.model]
             prompt = min(rec.prompt_tokens, m.max_model_len - 1)
-            req = SimRequest(i, rec.request_id or f"req-{i}", rec.model, None, rec.arrival_s, prompt,
+            req = SimRequest(i, rec.request_id or f"req-{i}", rec.model, self._adapter(rec), rec.arrival_s, prompt,
                              max(1, min(rec.output_tokens, m.max_model_len - prompt)))
             reqs.append(req)
             i += 1

@@ -1,0 +1,140 @@
+"""Who buys memory, when: the arbiter (memory_market.buy over every source's offers) and the
+mechanisms' own triggers (single arms and the planner's fixed order), all every tick (1 s).
+
+An instance needs memory when its KV use is at or above the high watermark (0.9) or requests wait
+in its engine for memory. Its `Need`, in bytes: the KV its running requests grow into within the
+horizon (one token per decode step at its current step time, each capped by the context length),
+plus its waiting requests' prompts, minus its free KV; waiting: its waiting requests (at least 1:
+the running ones it would preempt); drain: the KV its finished requests freed per second over the
+last horizon.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from loadgen.sim.fleet_state import Instance
+from shared.policy.memory_market import Need, Offer, buy
+
+if TYPE_CHECKING:
+    from loadgen.sim.economy import EconomySim
+
+
+class ArbiterMixin:
+    def _need(self: EconomySim, inst: Instance, now: float) -> Need | None:
+        w = inst.engine
+        if not inst.ready(now) or w.total <= 0:
+            return None
+        if w.used < self.hi * w.total and not (w.waiting and w.blocked_on == "memory"):
+            return None
+        m = self.models[inst.model]
+        per_req = self.horizon_s / max(w.step_s(), 1e-6)  # type: ignore[attr-defined]
+        grow = 0
+        for _, _, epoch, r in w.heap:
+            if epoch == r.epoch:
+                ctx = r.ctx0 + w.step - r.start_step
+                grow += min(per_req, m.max_model_len - ctx, r.output - r.gen_at_start - (w.step - r.start_step))
+        waiting = sum(w._blocks(r.to_prefill) for r in w.waiting) * w.bs
+        block = w.pool.block_bytes  # type: ignore[attr-defined]
+        nbytes = int(max(0.0, grow) * m.kv_bytes_per_token) + waiting * m.kv_bytes_per_token \
+            - (w.total - w.used) * block
+        if nbytes <= 0:
+            return None
+        q = self.freed[inst.id]
+        while q and q[0][0] < now - self.horizon_s:
+            q.popleft()
+        drain = sum(b for _, b in q) / self.horizon_s
+        return Need(f"worker:i{inst.id}", nbytes, self.horizon_s, max(1, len(w.waiting)), drain)
+
+    def _offers(self: EconomySim, inst: Instance, now: float) -> list[Offer]:
+        a, out = self.arm, []
+        if a.prewarm_evict:
+            out += self._prewarm_offers(inst, now)
+        if a.adapter_evict:
+            out += self._adapter_offers(inst, now)
+        if a.layer_drop:
+            out += self._layer_offers(inst, now)
+        if a.migrate:
+            out += self._migrate_offers(inst, now)
+        if a.scale_out:
+            out += self._scale_out_offers(inst, now)
+        return out
+
+    def _economy_tick(self: EconomySim, now: float) -> None:
+        if self.arm.layer_drop:
+            self._restore_groups(now)
+        mode = self.arm.mode
+        for model in self.models:
+            for inst in list(self.instances[model]):
+                if inst not in self.instances[model]:
+                    continue
+                if mode == "arbiter":
+                    self._arbitrate(inst, now)
+                elif mode == "fixed":
+                    self._fixed_order(inst, now)
+                elif mode == "single":
+                    self._own_triggers(inst, now)
+
+    def _arbitrate(self: EconomySim, inst: Instance, now: float) -> None:
+        need = self._need(inst, now)
+        if need is None:
+            return
+        purchase = buy(need, self._offers(inst, now))
+        self.counts["needs"] += 1
+        bought = {id(o) for o in purchase.bought}
+        rest = [o for o in purchase.offers if id(o) not in bought]
+        unbought = f"{rest[0].source} {rest[0].target} {rest[0].price:.3g}" if rest else ""
+        if not purchase.bought:
+            self.counts["needs_waited"] += 1
+        for o in purchase.bought:
+            self._execute(o, now, unbought)
+
+    def _fill(self: EconomySim, offers: list[Offer], nbytes: int, now: float) -> int:
+        """Execute offers in the given order until `nbytes` are covered; the bytes got."""
+        got = 0
+        for o in offers:
+            if got >= nbytes:
+                break
+            if self._execute(o, now):
+                got += o.bytes
+        return got
+
+    def _fixed_order(self: EconomySim, inst: Instance, now: float) -> None:
+        """The planner's order: the pool gives lent replicas, then LRU adapters, to KV when it runs
+        short; then layer drop at 95%; then migration at the high watermark; then a start."""
+        need = self._need(inst, now)
+        if need is not None:
+            got = self._fill(self._prewarm_offers(inst, now), need.bytes, now)
+            self._fill(self._adapter_offers(inst, now), need.bytes - got, now)
+        self._trigger_layers(inst, now)
+        self._trigger_migration(inst, now)
+        w = inst.engine
+        if w.waiting and w.blocked_on == "memory":
+            self._fill(self._scale_out_offers(inst, now), 1, now)
+
+    def _own_triggers(self: EconomySim, inst: Instance, now: float) -> None:
+        a = self.arm
+        if a.adapter_evict:
+            need = self._need(inst, now)
+            if need is not None:
+                self._fill(self._adapter_offers(inst, now), need.bytes, now)
+        if a.layer_drop:
+            self._trigger_layers(inst, now)
+        if a.migrate:
+            self._trigger_migration(inst, now)
+
+    def _trigger_layers(self: EconomySim, inst: Instance, now: float) -> None:
+        """KunServe: KV use >= 95% -> drop with the buddy using the least of its KV."""
+        w = inst.engine
+        if w.total and w.used >= self.eprofile.spec.layer_drop_at * w.total:
+            offers = self._layer_offers(inst, now)
+            offers.sort(key=lambda o: o.payload[2].engine.used / max(1, o.payload[2].engine.total))  # type: ignore
+            self._fill(offers[:1], 1, now)
+
+    def _trigger_migration(self: EconomySim, inst: Instance, now: float) -> None:
+        """Llumnix/MELL: KV use >= the high watermark -> move the largest-KV request out."""
+        w = inst.engine
+        if w.total and w.used >= self.hi * w.total:
+            self._fill(self._migrate_offers(inst, now), 1, now)
+
+
+__all__ = ["ArbiterMixin"]
