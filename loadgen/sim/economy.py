@@ -13,14 +13,14 @@ import argparse
 import math
 import time
 from collections import Counter, defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from heapq import heappush
 
 import msgspec
 import numpy as np
 
 from loadgen.sim.economy_arbiter import ArbiterMixin
-from loadgen.sim.economy_profile import EconomyProfile, load_economy_profile
+from loadgen.sim.economy_profile import EconomyProfile, load_economy_profile, with_models
 from loadgen.sim.economy_result import ARMS, EconomyResult, PoolSample, PurchaseRecord
 from loadgen.sim.economy_sources import MOVE, RESTORED, SourcesMixin, lent_blocks
 from loadgen.sim.economy_state import ARM_CONFIGS, UNBOUNDED_BLOCKS, EconomyWorker, Pool
@@ -308,8 +308,11 @@ def _main() -> None:
     ap.add_argument("--gpus", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default="economy-h800")
+    ap.add_argument("--batch", type=int, default=0, help="requests per instance (dispatcher and engine); 0: the profile's")
     args = ap.parse_args()
     profile = load_economy_profile(args.profile)
+    if args.batch:
+        profile = replace(profile, fleet=with_models(profile.fleet, batch_size=args.batch))
     dur = args.minutes * 60
 
     def trace(seed: int) -> Trace:

@@ -40,6 +40,7 @@ class EconomySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     fleet: str
     pipeline: str
     max_model_len: int = 0
+    batch_size: int = 0  # requests the dispatcher gives an instance at once and its engine's batch (0: the fleet's)
     adapter_slots: int = 32
     kv_high_watermark: float = 0.9
     layer_drop_at: float = 0.95
@@ -92,6 +93,14 @@ class EconomyProfile:
         return max(0.0, min(self.cpu_prefill_s(tokens, rank) - gpu_s, land_in_s))
 
 
+def with_models(fleet: FleetProfile, **overrides: int) -> FleetProfile:
+    """The fleet profile with every model's fields in `overrides` replaced (a 0 keeps the model's own)."""
+    changes = {k: v for k, v in overrides.items() if v}
+    if not changes:
+        return fleet
+    return msgspec.structs.replace(fleet, models=[msgspec.structs.replace(m, **changes) for m in fleet.models])
+
+
 def load_economy_profile(source: str | Path = "economy-h800") -> EconomyProfile:
     path = Path(source)
     if not path.exists() and (ECONOMY_DIR / f"{source}.toml").exists():
@@ -104,9 +113,7 @@ def load_economy_profile(source: str | Path = "economy-h800") -> EconomyProfile:
     except msgspec.DecodeError as exc:
         raise ValueError(f"economy profile {path}: {exc}") from None
     fleet = load_fleet_profile(spec.fleet)
-    if spec.max_model_len:
-        fleet = msgspec.structs.replace(fleet, models=[msgspec.structs.replace(m, max_model_len=spec.max_model_len)
-                                                       for m in fleet.models])
+    fleet = with_models(fleet, max_model_len=spec.max_model_len, batch_size=spec.batch_size)
     names = {m.name for m in fleet.models}
     if not set(spec.adapter_models) <= names:
         raise ValueError(f"economy profile {path}: adapter models {sorted(set(spec.adapter_models) - names)} "
@@ -124,4 +131,4 @@ def load_economy_profile(source: str | Path = "economy-h800") -> EconomyProfile:
                           source_mod.CPU_FLOPS_PER_CORE * source_mod.CPU_CORES, source_mod.INVOKE_S)
 
 
-__all__ = ["EconomyProfile", "EconomySpec", "load_economy_profile"]
+__all__ = ["EconomyProfile", "EconomySpec", "load_economy_profile", "with_models"]
