@@ -12,7 +12,6 @@ boundary; a budget below the blocks in use preempts, as vLLM does when it runs o
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -125,9 +124,4 @@ class EconomyWorker(SimWorker):
         return self.c_over + self.c_seq * self.decoding + self.c_ctx * self.ctx_sum
 
 
-def lru(adapters: OrderedDict[str, None]) -> list[str]:
-    """Resident adapters, least recently used first."""
-    return list(adapters)
-
-
-__all__ = ["ARM_CONFIGS", "ArmConfig", "EconomyWorker", "Pool", "UNBOUNDED_BLOCKS", "lru", "scaled"]
+__all__ = ["ARM_CONFIGS", "ArmConfig", "EconomyWorker", "Pool", "UNBOUNDED_BLOCKS", "scaled"]
