@@ -39,6 +39,7 @@ def _sample(cls: type) -> Message:
         ev.EvictModel: ev.EvictModel(model="m", **common),
         ev.LoadAdapter: ev.LoadAdapter(adapter="a", base="m", **common),
         ev.EvictAdapter: ev.EvictAdapter(adapter="a", **common),
+        ev.OffloadAdapter: ev.OffloadAdapter(adapter="a", **common),
         ev.DropLayers: ev.DropLayers(instance_id="i0", group_id="g", layers=layers, **common),
         ev.RestoreLayers: ev.RestoreLayers(instance_id="i0", layers=layers, **common),
         ev.Prewarm: ev.Prewarm(model="m", layers=layers, **common),

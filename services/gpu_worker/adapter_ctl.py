@@ -1,4 +1,5 @@
-"""LoRA adapters registered and removed at runtime: the worker's `LoadAdapter` / `EvictAdapter`.
+"""LoRA adapters registered, removed and offloaded at runtime: the worker's `LoadAdapter` /
+`EvictAdapter` / `OffloadAdapter`.
 
 * `LoadAdapter(adapter, base, path)`: the PEFT directory is read and checked off the event loop
   (once per instance of `base`: each engine keeps the layers it holds), then installed on the
@@ -12,6 +13,14 @@
   published at once); requests already running with it finish normally, and the adapter leaves
   the engine (its device bytes go back to the pool) when the last of them ends. The reply does
   not wait for that drain. vLLM's unload likewise never cuts a running request.
+* `OffloadAdapter(adapter)`: the memory economy's "evict a cold adapter" (the planner's
+  `ReleaseAdapter`). Only the device copy goes (`LoRAManager.offload`, on each instance's engine
+  thread: its bytes go back to the pool); the adapter stays registered, its host copy stays, and
+  the next request naming it loads it again (a cold start; CPU-assisted with `cpu_lora_assist`).
+  Refused `busy` while a request admitted here names it (checked again on the engine thread,
+  against the engine's queue), `invalid` if pinned, `not_found` if not registered; "not resident"
+  when it has no device copy. Stats go out at once (the freed bytes, `adapter_residency`), and
+  the reply's detail gives the device bytes freed.
 
 Replies can take a while (a large adapter is read from disk), so each command runs in a task of
 its own and answers with `bus.respond`: the worker's mailbox goes on with assignments and
@@ -30,11 +39,14 @@ import msgspec
 
 from services.gpu_worker.ctl_idempotency import IdempotentCommands
 from services.gpu_worker.engine.engine import LLMEngine
-from services.gpu_worker.engine.lora import LoRAAdapter, load_adapter
+from services.gpu_worker.engine.lora import AdapterPinnedError, LoRAAdapter, load_adapter
 from services.gpu_worker.instance import ModelInstance
+from services.gpu_worker.instance_snapshot import take_snapshot
 from shared.bus import Delivery
 from shared.events import AdapterRecord, Bucket, InstanceRecord
-from shared.events.ctl import CtlDone, CtlRefused, CtlRefusedCode, CtlReply, EvictAdapter, LoadAdapter
+from shared.events.ctl import (
+    CtlDone, CtlRefused, CtlRefusedCode, CtlReply, EvictAdapter, LoadAdapter, OffloadAdapter,
+)
 from shared.logging import get_logger
 from shared.wire import TidalError
 
@@ -43,7 +55,7 @@ if TYPE_CHECKING:
 
 log = get_logger("tidal.gpu_worker.adapters")
 
-AdapterCommand = LoadAdapter | EvictAdapter
+AdapterCommand = LoadAdapter | EvictAdapter | OffloadAdapter
 DRAIN_POLL_S = 0.05
 REGISTRY_TIMEOUT_S = 2.0
 MAX_DETAIL = 1000  # characters of an error kept in a reply (Reason allows 2048)
@@ -55,11 +67,32 @@ def _install(engine: LLMEngine, adapter: LoRAAdapter, path: str, pinned: bool) -
     engine.runner.lora.install(adapter, path, pinned=pinned)
 
 
+class AdapterInUse(Exception):
+    """`_offload_on_engine`: a request in the engine names the adapter."""
+
+
+def _offload_on_engine(inst: ModelInstance, name: str) -> int:
+    """On the engine thread: drop `name`'s device copy unless a request in the engine (running or
+    waiting) names it; returns the bytes freed. The instance's snapshot is taken again here, so
+    the stats published right after the reply show the freed bytes (not the last step's view)."""
+    engine = inst.engine
+    users = [s for s in (*engine.scheduler.running, *engine.scheduler.waiting) if s.adapter == name]
+    if users:
+        raise AdapterInUse(f"{len(users)} requests in the engine of {inst.instance_id} use adapter {name!r}")
+    loads = engine.cold.loads
+    if loads is not None and loads.loading(name):  # reserved, on its way: it would land after the offload
+        raise AdapterInUse(f"a copy of adapter {name!r} to the device of {inst.instance_id} is in flight")
+    freed = engine.runner.lora.offload(name)
+    inst.snapshot = take_snapshot(engine, tokens_emitted=inst.encoder.tokens_emitted, steps=inst.snapshot.steps)
+    return freed
+
+
 class AdapterControl:
     def __init__(self, worker: "WorkerContext") -> None:
         self.worker = worker  # what it needs of the worker (services/gpu_worker/worker_context.py)
         self.loading: set[str] = set()
         self.evicting: set[str] = set()  # refusing new requests; removed once its running ones end
+        self.offloading: set[str] = set()  # its device copy being dropped
         self._tasks: set[asyncio.Task[None]] = set()
         self.commands: IdempotentCommands[AdapterCommand] = IdempotentCommands(
             run=self._run, refused=self._refused, spawn=self._spawn, failed_message="adapter command failed")
@@ -75,7 +108,11 @@ class AdapterControl:
 
     async def _run(self, msg: AdapterCommand) -> CtlReply:
         try:
-            return await (self._load(msg) if isinstance(msg, LoadAdapter) else self._evict(msg))
+            if isinstance(msg, LoadAdapter):
+                return await self._load(msg)
+            if isinstance(msg, OffloadAdapter):
+                return await self._offload(msg)
+            return await self._evict(msg)
         except Exception:
             log.exception("adapter command failed", command=type(msg).__name__, adapter=msg.adapter)
             raise
@@ -88,8 +125,9 @@ class AdapterControl:
             return self._refused(msg, "not_found", f"worker {worker.worker_id} serves no instance of {msg.base!r}")
         if worker.draining:
             return self._refused(msg, "busy", f"worker {worker.worker_id} is draining")
-        if name in self.loading or name in self.evicting:
-            return self._refused(msg, "busy", f"adapter {name!r} is being loaded or evicted here; retry later")
+        if name in self.loading or name in self.evicting or name in self.offloading:
+            return self._refused(msg, "busy", f"adapter {name!r} is being loaded, evicted or offloaded here; "
+                                              "retry later")
         running = self._users(name)
         if running:  # a re-load would change the weights under them
             return self._refused(msg, "busy", f"{len(running)} running requests use adapter {name!r}; retry later")
@@ -162,8 +200,8 @@ class AdapterControl:
     async def _evict(self, msg: EvictAdapter) -> CtlReply:
         name = msg.adapter
         instances = [inst for inst in self.worker.instances.values() if name in inst.adapters]
-        if name in self.loading:
-            return self._refused(msg, "busy", f"adapter {name!r} is being loaded here; retry later")
+        if name in self.loading or name in self.offloading:
+            return self._refused(msg, "busy", f"adapter {name!r} is being loaded or offloaded here; retry later")
         if not instances:
             if name in self.evicting:
                 return self._done(msg, f"adapter {name!r} is already being evicted")
@@ -202,6 +240,46 @@ class AdapterControl:
         for inst in instances:
             await inst.run_on_engine(lambda engine: engine.remove_lora(name))
 
+    # --- offload (the device copy only) -----------------------------------------------------------
+    async def _offload(self, msg: OffloadAdapter) -> CtlReply:
+        name, worker = msg.adapter, self.worker
+        instances = [inst for inst in worker.instances.values() if name in inst.adapters]
+        if not instances:
+            return self._refused(msg, "not_found", f"adapter {name!r} is not registered on {worker.worker_id}")
+        if name in self.loading or name in self.evicting or name in self.offloading:
+            return self._refused(msg, "busy", f"adapter {name!r} is being loaded, evicted or offloaded here; "
+                                              "retry later")
+        running = self._users(name)
+        if running:  # a cold adapter only: its requests would load it again at once
+            return self._refused(msg, "busy", f"{len(running)} requests admitted on {worker.worker_id} use adapter "
+                                              f"{name!r} (e.g. {running[0]}); offload it once they have finished")
+        self.offloading.add(name)
+        freed: dict[str, int] = {}
+        try:
+            for inst in instances:
+                try:
+                    got = await inst.run_on_engine(lambda _engine, i=inst: _offload_on_engine(i, name))
+                    freed[inst.instance_id] = got if isinstance(got, int) else 0
+                except AdapterInUse as exc:
+                    return self._refused(msg, "busy", f"{exc}; retry once it is cold")
+                except AdapterPinnedError as exc:
+                    return self._refused(msg, "invalid", f"{exc} (it was loaded with pinned=true)")
+                except KeyError:  # unregistered on the engine meanwhile
+                    return self._refused(msg, "not_found", f"adapter {name!r} is not registered on "
+                                                           f"{inst.instance_id}")
+        finally:
+            self.offloading.discard(name)
+            if freed:
+                await worker.publish_stats()  # the planner sees the freed bytes and the residency now
+        total = sum(freed.values())
+        log.info("LoRA adapter offloaded from the device", adapter=name, freed_bytes=total, instances=freed)
+        if total == 0:
+            return self._done(msg, f"adapter {name!r}: not resident on the device of {worker.worker_id}; "
+                                   "still registered")
+        return self._done(msg, f"adapter {name!r}: {total} device bytes freed "
+                               f"({', '.join(f'{i} {b} B' for i, b in freed.items())}); still registered, "
+                               "reloaded on its next use")
+
     # --- shared -----------------------------------------------------------------------------------
     def _users(self, name: str) -> list[str]:
         """Requests admitted here (running or queued for the engine) that name `name`."""
@@ -236,4 +314,4 @@ class AdapterControl:
                           worker_id=self.worker.worker_id, code=code, message=message[:MAX_DETAIL])
 
 
-__all__ = ["AdapterControl"]
+__all__ = ["AdapterCommand", "AdapterControl"]

@@ -54,7 +54,7 @@ from shared.events import AbortRequest, AssignAccepted, AssignRejected, Assignme
 from shared.announce import Announcer
 from shared.events.ctl import (
     CtlReply, CtlRequest, EvictAdapter, EvictModel, LoadAdapter, LoadModel, MigrateIn, MigrateKvCancel, MigrateKvStage,
-    MigrateOut, MigrateRequest, Prewarm, RestoreLayers,
+    MigrateOut, MigrateRequest, OffloadAdapter, Prewarm, RestoreLayers,
 )
 from shared.events.worker import PoolBreakdown
 from shared.logging import get_logger
@@ -99,7 +99,7 @@ class GpuWorker(Actor):
             draining=lambda: self.draining, catalog=lambda: self.catalog, kv_inbound=lambda: self.kv_inbound,
             spawn_task=self.spawn_task, publish_stats=self.publish_stats, resume_here=self.resume_here,
             crashed=self._crashed)
-        self.adapter_ctl = AdapterControl(self.ctx)  # LoadAdapter / EvictAdapter (services/gpu_worker/adapter_ctl.py)
+        self.adapter_ctl = AdapterControl(self.ctx)  # Load/Evict/OffloadAdapter (services/gpu_worker/adapter_ctl.py)
         # JoinGroup / DropLayers / LeaveGroup (services/gpu_worker/group_ctl.py)
         self.group_ctl = GroupControl(worker_id, self.instances, self.dataplane, bus=lambda: self.bus,
                                       spawn_task=self.spawn_task, crashed=self._crashed,
@@ -272,7 +272,7 @@ class GpuWorker(Actor):
 
     # --- control commands (the other mechanisms arrive with later issues) -----------------------
     async def on_ctl(self, msg: object, _ctx: Delivery) -> CtlReply | None:
-        if isinstance(msg, (LoadAdapter, EvictAdapter)):
+        if isinstance(msg, (LoadAdapter, EvictAdapter, OffloadAdapter)):
             return await self.adapter_ctl.handle(msg, _ctx)  # may answer later, from its own task
         if isinstance(msg, (LoadModel, EvictModel, Prewarm)) and self.model_ctl is not None:
             return await self.model_ctl.handle(msg, _ctx)  # answered from its own task

@@ -6,7 +6,7 @@ retried command with the same key is applied once and answered `replayed=True`),
 answered with `CtlDone` or `CtlRefused`. They are declared here as the public contract;
 the mechanisms behind them arrive with later issues (engine residency, buddy groups, live
 migration) and until then a worker answers `CtlRefused(code="unsupported")`. Implemented
-today: `LoadAdapter`/`EvictAdapter` (services/gpu_worker/adapter_ctl.py) and
+today: `LoadAdapter`/`EvictAdapter`/`OffloadAdapter` (services/gpu_worker/adapter_ctl.py) and
 `MigrateIn`/`MigrateOut` (services/gpu_worker/migration.py), `JoinGroup`/`DropLayers`/`LeaveGroup`
 (services/gpu_worker/group_ctl.py).
 """
@@ -63,6 +63,19 @@ class LoadAdapter(CtlCommand, kw_only=True):
 class EvictAdapter(CtlCommand, kw_only=True):
     """Unregister `adapter`: new requests naming it are refused at once; it is removed from the
     engine (and its device bytes freed) when the requests already running with it have finished."""
+
+    adapter: AdapterName
+
+
+class OffloadAdapter(CtlCommand, kw_only=True):
+    """Free `adapter`'s device copy (its bytes go back to the pool); it stays registered and its host
+    copy stays, so requests naming it are still taken: the next one loads it again (a cold start).
+    What the memory economy buys when it evicts a cold adapter (the planner's `ReleaseAdapter`).
+
+    Refused `busy` while a request admitted on this worker names it (running, or queued for the
+    engine): a cold adapter only. Refused `not_found` when it is not registered here, `invalid`
+    when it is pinned (pinned adapters never leave the device). Done with detail "not resident"
+    when it has no device copy (idempotent); else the detail gives the device bytes freed."""
 
     adapter: AdapterName
 
@@ -172,6 +185,7 @@ CtlRequest = (
     | EvictModel
     | LoadAdapter
     | EvictAdapter
+    | OffloadAdapter
     | DropLayers
     | RestoreLayers
     | Prewarm
@@ -257,6 +271,7 @@ __all__ = [
     "MIGRATE_MESSAGES",
     "MigrationReport",
     "MigrationMode",
+    "OffloadAdapter",
     "Prewarm",
     "RestoreLayers",
 ]

@@ -92,6 +92,9 @@ class ReleasePrewarm(Message, kw_only=True):
 
 
 class ReleaseAdapter(Message, kw_only=True):
+    """Free `adapter`'s device copy on `worker_id` (ctl `OffloadAdapter`); it stays servable: still
+    registered, its host copy kept, reloaded by the next request naming it (a cold start)."""
+
     worker_id: WorkerId
     adapter: AdapterName
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from shared.events.common import GroupMember
 from shared.events.ctl import (
-    CtlCommand, DropLayers, EvictAdapter, EvictModel, JoinGroup, LeaveGroup, LoadModel, MigrateOut, Prewarm,
+    CtlCommand, DropLayers, EvictModel, JoinGroup, LeaveGroup, LoadModel, MigrateOut, OffloadAdapter, Prewarm,
     RestoreLayers,
 )
 from shared.events.plan import (
@@ -129,8 +129,8 @@ def ctl_commands(effect: Effect, *, group_members: Sequence[GroupMember] | None 
                                                kv_cap_bytes=action.kv_cap_bytes))]
         case ReleasePrewarm():
             return [(action.worker_id, EvictModel(**k(0), model=action.model))]
-        case ReleaseAdapter():
-            return [(action.worker_id, EvictAdapter(**k(0), adapter=action.adapter))]
+        case ReleaseAdapter():  # the device copy only: the adapter stays registered and servable
+            return [(action.worker_id, OffloadAdapter(**k(0), adapter=action.adapter))]
         case ScaleUp():
             return [(action.worker_id, LoadModel(**k(0), model=action.model, instance_id=action.instance_id))]
         case ScaleDown() if action.model is not None:  # drain: its requests finish, its weights stay warm

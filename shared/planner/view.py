@@ -186,7 +186,11 @@ def worker_view(stats: WorkerStats, *, alive: bool = True) -> WorkerView:
 
 
 def evictable_adapters(stats: WorkerStats) -> tuple[AdapterView, ...]:
-    """Device-resident, unpinned adapters (`adapter_residency`), and whether a host copy stays."""
+    """Device-resident, unpinned adapters (`adapter_residency`), and whether a host copy stays.
+
+    The stats do not say which adapters the running requests use (only their ranks), so a hot one
+    may be offered: the worker refuses its `OffloadAdapter` `busy`, the effect fails, and the
+    arbiter does not buy that target again for a horizon (it re-prices from the next view)."""
     host = {r.adapter for r in stats.adapter_residency if r.level == "host"}
     return tuple(AdapterView(r.adapter, r.bytes, r.adapter in host) for r in stats.adapter_residency
                  if r.level == "device" and not r.pinned and r.bytes > 0)

@@ -118,3 +118,28 @@ def test_an_adapter_with_no_directory_is_never_spilled(assets) -> None:  # type:
     with pytest.raises(MemoryError, match="does not fit the host repository"):
         lora.register("a1", paths["a1"])
     assert "a0" in lora.host_lru and "a1" not in lora.host
+
+
+def test_offload_frees_the_device_copy_and_keeps_the_adapter_registered(assets) -> None:  # type: ignore[no-untyped-def]
+    base, paths = assets
+    lora = manager(base)
+    for name in ("a0", "a1"):
+        lora.register(name, paths[name])
+    lora.ensure_resident(["a0", "a1"])
+    free, nbytes = lora.pool.free_bytes, lora.host["a0"].nbytes
+    assert lora.pool.by_owner()["lora"]["lora:a0"] == nbytes
+    assert lora.offload("a0") == nbytes
+    assert lora.pool.free_bytes == free + nbytes and "lora:a0" not in lora.pool.by_owner().get("lora", {})
+    assert "a0" not in lora.resident and "a1" in lora.resident  # only its device copy went
+    rows = {(n, level) for n, level, _, _, _ in lora.residency()}
+    assert ("a0", "host") in rows and ("a0", "device") not in rows and "a0" in lora.host
+    assert lora.offload("a0") == 0  # no device copy: nothing to free (idempotent)
+    before = {k: (a.clone(), b.clone()) for k, (a, b) in lora.host["a0"].weights.items()}
+    lora.ensure_resident(["a0"])  # its next use loads it again, from the host copy
+    assert all(torch.equal(lora.resident["a0"][0].weights[k][0], a) for k, (a, _) in before.items())
+    lora.pin("a1")
+    with pytest.raises(ValueError, match="'a1' is pinned"):
+        lora.offload("a1")
+    assert "a1" in lora.resident
+    with pytest.raises(KeyError, match="unknown LoRA adapter 'zz'"):
+        lora.offload("zz")

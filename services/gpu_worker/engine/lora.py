@@ -5,9 +5,11 @@ Reading one adapter is `lora_adapter` (re-exported here).
 Adapters are read once into host memory (`register`) and copied to the device on demand
 (`ensure_resident`) into an LRU cache; each resident adapter is charged to the pool as
 kind "lora" and its charge released on eviction. A pinned adapter (`pin`) stays on the
-device: LRU never evicts it. The host repository may be bounded (`host_limit_bytes`, the
-worker's `lora_host_memory`): beyond it the least recently used adapters that have a
-directory to re-read are spilled (registered still; read again on next use).
+device: LRU never evicts it. `offload` drops one device copy on demand (the planner's memory
+economy): the adapter stays registered, its host copy stays, and its next use loads it again.
+The host repository may be bounded (`host_limit_bytes`, the worker's `lora_host_memory`):
+beyond it the least recently used adapters that have a directory to re-read are spilled
+(registered still; read again on next use).
 
 With `share_host()` (a worker that runs CPU LoRA helpers) every host copy lives in a shared file
 (`lora_shared`): the helpers map the same copy, and `on_host(name, layout | None)` tells them when
@@ -28,7 +30,11 @@ from .lora_batch import LoRABatch, build_lora_batch
 from .lora_shared import SharedLayout, release, share
 from .model_config import ModelConfig
 
-__all__ = ["TARGETS", "LoRAAdapter", "LoRAManager", "load_adapter", "target_shape"]
+__all__ = ["TARGETS", "AdapterPinnedError", "LoRAAdapter", "LoRAManager", "load_adapter", "target_shape"]
+
+
+class AdapterPinnedError(ValueError):
+    """`offload` of a pinned adapter: it never leaves the device (unpin it, or unregister it)."""
 
 
 class LoRAManager:
@@ -136,6 +142,21 @@ class LoRAManager:
         rows = [(n, "device", n in self.pinned, a.rank, a.nbytes) for n, (a, _) in self.resident.items()]
         rows += [(n, "host", n in self.pinned, self.host[n].rank, self.host_lru.size(n)) for n in self.host_lru]
         return rows
+
+    def offload(self, name: str) -> int:
+        """Drop `name`'s device copy, releasing its pool charge; it stays registered and its host copy
+        stays (the next `ensure_resident` loads it again). Returns the device bytes freed (0: it had
+        no device copy). KeyError if `name` is not registered, AdapterPinnedError if it is pinned."""
+        if name not in self.host:
+            raise KeyError(f"unknown LoRA adapter {name!r} (registered: {sorted(self.host)})")
+        if name in self.pinned:
+            raise AdapterPinnedError(f"LoRA adapter {name!r} is pinned: it is never taken off the device")
+        entry = self.resident.get(name)
+        if entry is None:
+            return 0
+        freed = int(entry[0].nbytes)
+        self._evict(name)
+        return freed
 
     def room_bytes(self) -> int:
         """Device bytes a newly loaded adapter could get: the pool's free bytes and unpinned adapters."""
