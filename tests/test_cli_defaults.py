@@ -52,6 +52,8 @@ CASES: dict[str, tuple[list[str], bool]] = {
                                 "--duration", "5"], True),
     "repro kunserve --live": (["repro", "kunserve", "--live", "--workers", "2"], True),
     "repro warmserve --live": (["repro", "warmserve", "--live", "--duration", "16"], True),
+    "repro economy": (["repro", "economy", "--scale", "tiny", "--no-plots"], True),
+    "repro economy --live": (["repro", "economy", "--live", "--duration", "10"], True),
 }
 # `tidal bench serve` needs a running gateway: tests/e2e/test_e2e_trace_serve.py runs it from another folder
 ELSEWHERE = {"bench serve"}

@@ -17,6 +17,14 @@ def test_waiting_costs_each_waiting_request_until_the_scope_drains_or_the_horizo
     assert queue_price(Need("worker:w1", 1000, 10.0, 3, 50.0)) == pytest.approx(30.0)  # 20 s, capped at 10
     assert queue_price(Need("worker:w1", 1000, 10.0, 3, 0.0)) == pytest.approx(30.0)  # frees nothing by itself
     assert queue_price(Need("worker:w1", 0, 10.0, 3, 0.0)) == 0.0
+
+
+def test_waiting_that_preempts_also_pays_the_recompute():
+    # 2 waiting requests wait 5 s; 3 preempted ones wait as long and then re-prefill their context (0.4 s each)
+    need = Need("worker:w1", 1000, 10.0, 2, 200.0, preempted=3, recompute_s=0.4)
+    assert queue_price(need) == pytest.approx(2 * 5.0 + 3 * (5.0 + 0.4))
+    with pytest.raises(ValueError, match="preempted"):
+        Need("worker:w1", 1000, 10.0, 2, 200.0, preempted=-1)
     with pytest.raises(ValueError, match="horizon_s > 0"):
         Need("worker:w1", 10, 0.0, 1, 0.0)
 

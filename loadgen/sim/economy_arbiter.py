@@ -4,9 +4,10 @@ mechanisms' own triggers (single arms and the planner's fixed order), all every 
 An instance needs memory when its KV use is at or above the high watermark (0.9) or requests wait
 in its engine for memory. Its `Need`, in bytes: the KV its running requests grow into within the
 horizon (one token per decode step at its current step time, each capped by the context length),
-plus its waiting requests' prompts, minus its free KV; waiting: its waiting requests (at least 1:
-the running ones it would preempt); drain: the KV its finished requests freed per second over the
-last horizon.
+plus its waiting requests' prompts, minus its free KV; waiting: its waiting requests (at least 1);
+preempted: the running requests the growth that does not fit would preempt (at a mean context's KV
+each), each recomputing its context (the engine's prefill cost per token); drain: the KV its
+finished requests freed per second over the last horizon.
 """
 from __future__ import annotations
 
@@ -28,22 +29,32 @@ class ArbiterMixin:
             return None
         m = self.models[inst.model]
         per_req = self.horizon_s / max(w.step_s(), 1e-6)  # type: ignore[attr-defined]
-        grow = 0
+        grow, ctxs = 0, []
         for _, _, epoch, r in w.heap:
             if epoch == r.epoch:
                 ctx = r.ctx0 + w.step - r.start_step
+                ctxs.append(ctx)
                 grow += min(per_req, m.max_model_len - ctx, r.output - r.gen_at_start - (w.step - r.start_step))
         waiting = sum(w._blocks(r.to_prefill) for r in w.waiting) * w.bs
         block = w.pool.block_bytes  # type: ignore[attr-defined]
-        nbytes = int(max(0.0, grow) * m.kv_bytes_per_token) + waiting * m.kv_bytes_per_token \
-            - (w.total - w.used) * block
+        free = (w.total - w.used) * block
+        grow_bytes = int(max(0.0, grow) * m.kv_bytes_per_token)
+        nbytes = grow_bytes + waiting * m.kv_bytes_per_token - free
         if nbytes <= 0:
             return None
         q = self.freed[inst.id]
         while q and q[0][0] < now - self.horizon_s:
             q.popleft()
         drain = sum(b for _, b in q) / self.horizon_s
-        return Need(f"worker:i{inst.id}", nbytes, self.horizon_s, max(1, len(w.waiting)), drain)
+        # the growth that does not fit preempts running requests (the newest, each holding a mean context's KV)
+        # and each is recomputed: a prefill of its context at this engine's per-token prefill cost
+        preempted, recompute = 0, 0.0
+        if ctxs and grow_bytes > free:
+            mean_ctx = sum(ctxs) / len(ctxs)
+            preempted = min(len(ctxs), -(-(grow_bytes - free) // max(1, int(mean_ctx * m.kv_bytes_per_token))))
+            recompute = mean_ctx * w.cost.prefill_per_token_s
+        return Need(f"worker:i{inst.id}", nbytes, self.horizon_s, max(1, len(w.waiting)), drain,
+                    preempted=preempted, recompute_s=recompute)
 
     def _offers(self: EconomySim, inst: Instance, now: float) -> list[Offer]:
         a, out = self.arm, []

@@ -35,11 +35,17 @@ class Need:
     horizon_s: float  # within this long (the planning horizon)
     waiting: int  # requests that wait until it is found (>= 1 for a need worth pricing)
     drain_bytes_per_s: float  # how fast the scope frees memory by itself (finishing requests)
+    # running requests the engine would preempt if nothing is bought (their KV growth does not fit), and
+    # what recomputing one costs (re-prefilling its context): waiting is dearer when it means preempting
+    preempted: int = 0
+    recompute_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.bytes < 0 or self.horizon_s <= 0 or self.waiting < 0 or self.drain_bytes_per_s < 0:
-            raise ValueError(f"need {self.scope}: bytes, waiting and drain must be >= 0 and horizon_s > 0 "
-                             f"(got {self.bytes}, {self.waiting}, {self.drain_bytes_per_s}, {self.horizon_s})")
+        if (self.bytes < 0 or self.horizon_s <= 0 or self.waiting < 0 or self.drain_bytes_per_s < 0
+                or self.preempted < 0 or self.recompute_s < 0):
+            raise ValueError(f"need {self.scope}: bytes, waiting, drain, preempted and recompute_s must be >= 0 "
+                             f"and horizon_s > 0 (got {self.bytes}, {self.waiting}, {self.drain_bytes_per_s}, "
+                             f"{self.preempted}, {self.recompute_s}, {self.horizon_s})")
 
 
 @dataclass(frozen=True)
@@ -85,12 +91,14 @@ class Purchase:
 
 # --- the prices (request-seconds) ------------------------------------------------------------
 def queue_price(need: Need) -> float:
-    """Waiting: each waiting request waits until the scope frees the bytes itself (never beyond the
-    horizon's end being re-planned: a scope that frees nothing waits the whole horizon)."""
+    """Waiting (queue or preempt): each waiting request waits until the scope frees the bytes itself
+    (never beyond the horizon's end being re-planned: a scope that frees nothing waits the whole
+    horizon); each request the engine preempts for want of the bytes waits as long and then recomputes
+    its context (vLLM's recompute preemption)."""
     if need.bytes == 0:
         return 0.0
-    wait = need.bytes / need.drain_bytes_per_s if need.drain_bytes_per_s > 0 else math.inf
-    return need.waiting * min(wait, need.horizon_s)
+    wait = min(need.bytes / need.drain_bytes_per_s if need.drain_bytes_per_s > 0 else math.inf, need.horizon_s)
+    return need.waiting * wait + need.preempted * (wait + need.recompute_s)
 
 
 def price_prewarm_eviction(chance_needed: float, arrival_rps: float, cold_start_s: float, hit_start_s: float) -> float:
