@@ -16,6 +16,7 @@ from shared.policy.memory_market import queue_price
 
 from arbiter_views import (
     GIB, LIKELY, MIB, SETTINGS, UNLIKELY, Stub, arbiter, cluster, group_w1_w2, move_r1, needy_w1, pricing,
+    request,
 )
 
 
@@ -138,3 +139,23 @@ def test_a_cold_adapter_is_evicted_when_it_is_cheap() -> None:
 def _no_busy():  # type: ignore[no-untyped-def]
     from shared.planner.policy import Busy
     return Busy(())
+
+
+def test_growth_that_does_not_fit_prices_the_requests_it_would_preempt() -> None:
+    import dataclasses
+    from types import MappingProxyType
+
+    base = needy_w1(waiting=0, prompt_tokens=0, requests=(request("r1", 40 * MIB), request("r2", 20 * MIB)),
+                    running=2)
+    inst = dataclasses.replace(base.instances[0], kv_growth_blocks_per_s=400.0)  # 400 blocks x 64 KiB a second
+    w1 = dataclasses.replace(base, instances=(inst,), prewarmed=MappingProxyType({}))
+    view = cluster(w1=w1)
+    (plain,) = find_needs(view, SETTINGS)
+    assert plain.preempted == 0 and plain.recompute_s == 0.0  # without a prefill cost: waiting only
+    p = pricing()
+    (need,) = find_needs(view, SETTINGS, p.prefill)
+    room = 0.9 * w1.kv_capacity_bytes - w1.kv_used_bytes  # negative: already above the watermark
+    growth = 400.0 * 64 * 1024 * SETTINGS.horizon_s
+    assert need.preempted == min(2, -(-(growth - max(0.0, room)) // (30 * MIB)))  # mean request KV: 30 MiB
+    assert need.recompute_s == pytest.approx(p.prefill.reprefill_s(round((1280 + 640) / 2)))
+    assert queue_price(need) > queue_price(plain)  # preempting is dearer than waiting alone

@@ -108,7 +108,8 @@ def headline(points: list[Point], cfg: EconomyConfig, gpus: dict[str, int | None
     at = [p for p in points if p.rate == cfg.headline_rate] or points
     vs_best = [ratio(p.results[best_single(p)].p99_ttft, p.results["arbiter"].p99_ttft) for p in at]
     vs_fixed = [ratio(p.results["fixed-order"].p99_ttft, p.results["arbiter"].p99_ttft) for p in at]
-    gap = [ratio(p.results["arbiter"].p99_ttft, p.results["unbounded"].p99_ttft) for p in at if "unbounded" in p.results]
+    gap = [ratio(p.results["arbiter"].p99_ttft, p.results["unbounded"].p99_ttft)
+           for p in at if "unbounded" in p.results]
     names = [best_single(p) for p in at]
     best = max(set(names), key=lambda a: (names.count(a), -SINGLE_ARMS.index(a)))
     g_arb, g_best = gpus.get("arbiter"), gpus.get(best)

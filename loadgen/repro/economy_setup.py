@@ -28,9 +28,9 @@ class EconomyConfig:
     period_s: float = 3600.0  # one diurnal period (a day compressed into an hour), the run's length
     history_periods: int = 2  # earlier periods the forecasters learn from
     window_s: float = 300.0  # forecast window (WarmServe's 5 minutes)
-    rates: tuple[float, ...] = (10.0, 20.0, 30.0)
-    headline_rate: float = 20.0
-    seeds: tuple[int, ...] = (0, 1, 2)
+    rates: tuple[float, ...] = (5.0, 10.0, 15.0)  # 16 GPUs: KV binds from ~10 req/s; at 20 the fleet is compute-bound
+    headline_rate: float = 10.0
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     arms: tuple[str, ...] = ARMS
     bursts: int = 3  # per period
     burst_magnitude: float = 8.0
@@ -45,8 +45,8 @@ class EconomyConfig:
 
 SCALES: dict[str, EconomyConfig] = {
     "paper": EconomyConfig(),
-    "tiny": EconomyConfig(period_s=600.0, history_periods=1, window_s=60.0, rates=(20.0,), seeds=(0,),
-                          headline_rate=20.0, gpu_sweep=(12, 16), bursts=1, adapters_per_model=20),
+    "tiny": EconomyConfig(period_s=600.0, history_periods=1, window_s=60.0, rates=(15.0,), seeds=(0,),
+                          headline_rate=15.0, gpu_sweep=(12, 16), bursts=1, adapters_per_model=20),
 }
 
 

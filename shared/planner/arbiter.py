@@ -97,7 +97,7 @@ class ArbiterPolicy:
         for k in [k for k, until in self.cooldown.items() if until <= view.now]:
             del self.cooldown[k]
         asked = self._ask(view, busy, "decide")
-        needs = price.find_needs(view, self.pricing.settings)
+        needs = price.find_needs(view, self.pricing.settings, self.pricing.prefill)
         scopes = {n.scope: n for n in needs}
         passing: list[tuple[Policy | None, Decision]] = []
         offers: dict[str, list[Offer]] = {n.scope: [] for n in needs}

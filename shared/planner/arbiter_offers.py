@@ -16,6 +16,8 @@ cost profile and the forecasts (`forecast_outlook.chance_above` on the concurren
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from shared.events.plan import FormGroup, Migrate, ScaleUp
@@ -66,17 +68,28 @@ def kv_bytes_per_token(view: ClusterView, inst: InstanceView, block_tokens: int)
     return inst.kv_block_bytes * layers_held(view, inst) / block_tokens
 
 
-def worker_need(view: ClusterView, worker: WorkerView, s: ArbiterSettings) -> Need | None:
+def worker_need(view: ClusterView, worker: WorkerView, s: ArbiterSettings,
+                prefill: PrefillCost | None = None) -> Need | None:
+    """With `prefill`, the running requests its KV growth would preempt are priced too (each waits and then
+    re-prefills its context: vLLM's recompute preemption, our engine's too)."""
     capacity, used = worker.kv_capacity_bytes, worker.kv_used_bytes
     waiting = sum(i.waiting for i in worker.instances)
     if not worker.instances or (used <= s.kv_high_watermark * capacity and not waiting):
         return None
     prompts = sum(i.queued_prompt_tokens * kv_bytes_per_token(view, i, s.kv_block_tokens) for i in worker.instances)
     growth = sum(max(0.0, i.kv_growth_blocks_per_s) * i.kv_block_bytes for i in worker.instances) * s.horizon_s
-    short = int(prompts + growth - (s.kv_high_watermark * capacity - used))
+    room = s.kv_high_watermark * capacity - used
+    short = int(prompts + growth - room)
     if short <= 0:
         return None
-    return Need(f"worker:{worker.worker_id}", short, s.horizon_s, max(1, waiting), used / s.request_time_s)
+    preempted, recompute = 0, 0.0
+    running = worker.requests
+    if prefill is not None and running and growth > max(0.0, room):
+        mean_kv = max(1.0, sum(r.kv_bytes for r in running) / len(running))
+        preempted = min(len(running), math.ceil((growth - max(0.0, room)) / mean_kv))
+        recompute = prefill.reprefill_s(round(sum(r.tokens for r in running) / len(running)))
+    return Need(f"worker:{worker.worker_id}", short, s.horizon_s, max(1, waiting), used / s.request_time_s,
+                preempted=preempted, recompute_s=recompute)
 
 
 def model_need(view: ClusterView, model: str, queued: int, needy: set[str], s: ArbiterSettings) -> Need | None:
@@ -95,9 +108,9 @@ def model_need(view: ClusterView, model: str, queued: int, needy: set[str], s: A
     return Need(f"model:{model}", max(1, short), s.horizon_s, queued, drain)
 
 
-def find_needs(view: ClusterView, s: ArbiterSettings) -> list[Need]:
+def find_needs(view: ClusterView, s: ArbiterSettings, prefill: PrefillCost | None = None) -> list[Need]:
     """Every need in the view: workers (by id), then models (by name)."""
-    needs = [n for w in view.usable_workers() if (n := worker_need(view, w, s)) is not None]
+    needs = [n for w in view.usable_workers() if (n := worker_need(view, w, s, prefill)) is not None]
     needy = {n.scope.split(":", 1)[1] for n in needs}
     for model in sorted(view.queued):
         need = model_need(view, model, view.queued[model], needy, s)
