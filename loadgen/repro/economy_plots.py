@@ -13,6 +13,8 @@ from shared.policy.memory_market import SOURCES
 
 KINDS = ("weights", "dropped", "prewarm", "adapter", "kv_used", "kv_free")  # stacked bottom to top
 GIB = float(1 << 30)
+# one colour per source in every panel (matplotlib's default cycle would re-colour by what a panel has)
+SOURCE_COLORS = dict(zip(SOURCES, ("tab:green", "tab:red", "tab:orange", "tab:purple", "tab:blue", "tab:gray")))
 
 
 def pool_series(r: EconomyResult) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -63,7 +65,8 @@ def purchases_plot(path: Path, results: dict[str, EconomyResult], arms: Sequence
         bottom = np.zeros(len(t))
         for src in SOURCES:
             if by[src].any():
-                ax.bar(t / 60.0, by[src], width=bin_s / 60.0, bottom=bottom, align="edge", label=src)
+                ax.bar(t / 60.0, by[src], width=bin_s / 60.0, bottom=bottom, align="edge", label=src,
+                       color=SOURCE_COLORS[src])
                 bottom += by[src]
         ax.set_title(f"{arm}: memory bought per {bin_s:g} s, by source", fontsize=9)
         ax.set_xlabel("minutes")

@@ -93,23 +93,26 @@ def write_economy_report(out: Path, points: list[Point], cfg: EconomyConfig, hea
         f"SLO: TTFT <= max({cfg.slo_scale:g} x the request's unloaded TTFT, {cfg.slo_floor_s:g} s). "
         "Arms (loadgen/sim/economy_result.py): one mechanism alone (kunserve, mell, caraserve, warmserve), all "
         "four in the planner's fixed order, the arbiter (shared/policy/memory_market.py: every source priced in "
-        "request-seconds, cheapest per useful byte first, never dearer than waiting), and `unbounded` (free "
-        "memory: the lower bound). Every arm runs the same engine (vLLM 0.6 mode), autoscaler and costs.", "",
+        "request-seconds, cheapest per useful byte first, never dearer than waiting), and `unbounded` (memory "
+        "never short: a reference, not a strict bound, as its fleet's start-ups differ). Every arm runs the same "
+        "engine (vLLM 0.6 mode), autoscaler and costs.", "",
         "## Headline", "",
         md_table(["metric", "this run", "goal"], [
-            [f"P99 TTFT, best single ({head.best_single}) / arbiter, rate {cfg.headline_rate:g} (median of seeds)",
-             f"{head.p99_vs_best_single:.2f}x", ">= 1.5x"],
+            [f"P99 TTFT, best single ({head.best_single}: lowest median P99 over the seeds) / arbiter, rate "
+             f"{cfg.headline_rate:g} (median of seeds)", f"{head.p99_vs_best_single:.2f}x", ">= 1.5x"],
+            ["P99 TTFT, each seed's best single in hindsight / arbiter (median of seeds)",
+             f"{head.p99_vs_hindsight:.2f}x", "-"],
             ["P99 TTFT, fixed order / arbiter", f"{head.p99_vs_fixed_order:.2f}x", "-"],
             ["arbiter's SLO attainment", f"{head.slo_attainment:.3f}", "-"],
             [f"GPUs to reach SLO attainment {cfg.slo_target:.2f}: arbiter vs {head.best_single}",
              f"{g.get('arbiter')} vs {g.get(head.best_single)}"
              + ("" if math.isnan(head.gpus_vs_best_single) else f" ({head.gpus_vs_best_single * 100:+.0f}%)"), "-"],
-            ["arbiter's P99 TTFT / the lower bound (unbounded memory)", f"{head.lower_bound_gap:.2f}x", "1.0x"],
+            ["arbiter's P99 TTFT / unbounded memory (reference)", f"{head.lower_bound_gap:.2f}x", "-"],
             ["arbiter's purchases (headline rate, all seeds)", str(head.purchases), "-"],
         ]), "", f"`{head.line()}`", "",
         "## Ratios per rate (median over seeds, range)", "",
-        md_table(["rate", "seeds", "best single / arbiter", "fixed order / arbiter", "arbiter / lower bound",
-                  "best single"], _ratio_rows(points)), "",
+        md_table(["rate", "seeds", "best single in hindsight / arbiter", "fixed order / arbiter",
+                  "arbiter / unbounded", "best single per seed"], _ratio_rows(points)), "",
         "## Every arm, every point", "",
         f"Purchases by source: {'/'.join(SOURCES)}.", "",
         md_table(["rate", "seed", "arm", "requests", "P50 TTFT s", "P99 TTFT s", "SLO", "failed", "purchases",
