@@ -28,8 +28,12 @@ class EconomyConfig:
     period_s: float = 3600.0  # one diurnal period (a day compressed into an hour), the run's length
     history_periods: int = 2  # earlier periods the forecasters learn from
     window_s: float = 300.0  # forecast window (WarmServe's 5 minutes)
-    rates: tuple[float, ...] = (5.0, 10.0, 15.0)  # 16 GPUs: KV binds from ~10 req/s; at 20 the fleet is compute-bound
-    headline_rate: float = 10.0
+    # 16 GPUs: nothing runs short at 5 req/s; KV binds in bursts from 10 (in 2 of 5 seeds there, most at 15);
+    # at 20 the fleet is compute-bound (unbounded memory's own P99 TTFT is 2-92 s)
+    rates: tuple[float, ...] = (5.0, 10.0, 15.0, 20.0)
+    # the headline: where memory, not compute, is contested: KV runs short in most seeds while the
+    # unbounded-memory reference stays within seconds
+    headline_rate: float = 15.0
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     arms: tuple[str, ...] = ARMS
     bursts: int = 3  # per period

@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from loadgen.repro.economy_setup import SCALES
 
     p.add_argument("--scale", choices=sorted(SCALES), default="paper",
-                   help="paper: 16 GPUs, rates 5-15 req/s, 5 seeds, an hour each; "
+                   help="paper: 16 GPUs, rates 5-20 req/s, 5 seeds, an hour each; "
                         "tiny: 10 minutes, one rate, one seed")
     p.add_argument("--out", default=None, help="report directory (default runs/repro-economy-<timestamp>/)")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the scale's)")
