@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from loadgen.sim.lora_worker import lora_worker_factory
 from loadgen.sim.simulator import Simulator
 from loadgen.traces.schema import Trace, TraceRecord
 from shared.lora_profile_file import load_lora_profile
+from shared.nats_server import free_port
 from shared.policy.lora_perf_model import LoraPerfProfile, encode_profile
 from shared.policy.lora_routing import RoutingOptions
 from shared.policy.routing_policies import make_policy
@@ -257,7 +257,7 @@ def run_live(spec: LiveSpec, out: Path, *, profile: Path | None = None,
         progress(f"profile: {line}")
     progress(f"trace: {len(trace.records)} requests over {spec.adapters} adapters (ranks "
              f"{'/'.join(map(str, spec.ranks))}) at {spec.rate:g} RPS for {spec.duration_s:g} s; {spec.workers} workers")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
 
     def write_config(policy: str) -> Path:
@@ -326,11 +326,6 @@ def _asdict(res: PolicyFigures) -> dict:
 
     return msgspec.to_builtins(res)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 __all__ = ["LiveRun", "LoraCluster", "config_text", "run_live", "simulate", "write_live_report"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ import numpy as np
 from loadgen.repro.live_services import LOCAL_CLUSTER_TOML, LiveServices
 from loadgen.traces.mixed import generate_mixed
 from loadgen.traces.schema import MixedParams, ModelBurst, TraceRecord
+from shared.nats_server import free_port
 
 ECONOMIES = ("fixed-order", "arbiter")
 MAX_CONTEXT = 512
@@ -164,7 +164,7 @@ def run_live(cfg: EconomyLiveConfig, *, root: Path | None = None,
         for economy in ECONOMIES:
             root_e = base / f"cluster-{economy}"
             root_e.mkdir(parents=True, exist_ok=True)
-            port = _free_port()
+            port = free_port()
             config = root_e / "cluster.toml"
             config.write_text(config_text(cfg, economy, root_e / "data", port, models, adapters))
             services = LiveServices(root_e, config, f"econ-{economy}",
@@ -238,19 +238,14 @@ async def _drive(nats_url: str, url: str, trace: list[TraceRecord], economy: str
                    time.perf_counter() - t0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def pool_plot(path: Path, run: EconomyLiveRun) -> Path:
-    from loadgen.repro.report import _figure
+    """Each economy's pools summed over the workers, per second (each worker's latest stats by then)."""
+    from loadgen.repro.economy_plots import stacked_panels
 
     kinds = ("weights", "prewarm", "adapter", "kv", "workspace", "free")
-    fig = _figure(5.2 * len(run.arms), 3.6)
-    axes = np.atleast_1d(fig.subplots(1, len(run.arms), sharey=True))
-    for ax, (economy, arm) in zip(axes, run.arms.items()):
+    panels = []
+    for economy, arm in run.arms.items():
         times = sorted({round(t) for t, _, _ in arm.pool})
         latest: dict[str, dict[str, int]] = {}
         rows = {k: np.zeros(len(times)) for k in kinds}
@@ -262,15 +257,8 @@ def pool_plot(path: Path, run: EconomyLiveRun) -> Path:
                 i += 1
             for k in kinds:
                 rows[k][j] = sum(v.get(k, 0) for v in latest.values()) / (1 << 20)
-        ax.stackplot(np.array(times, dtype=float), *[rows[k] for k in kinds], labels=kinds, step="post")
-        ax.set_title(f"{economy}: pool by kind (all workers)", fontsize=9)
-        ax.set_xlabel("seconds")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("MiB")
-    axes[-1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+        panels.append((f"{economy}: pool by kind (all workers)", np.array(times, dtype=float), rows))
+    return stacked_panels(path, panels, kinds, "MiB", "seconds")
 
 
 def write_live(out: Path, run: EconomyLiveRun, command: str) -> Path:

@@ -39,21 +39,29 @@ def purchase_series(r: EconomyResult, bin_s: float) -> tuple[np.ndarray, dict[st
     return edges[:-1], out
 
 
-def pool_plot(path: Path, results: dict[str, EconomyResult], arms: Sequence[str]) -> Path:
-    arms = [a for a in arms if a in results]
-    fig = _figure(5.2 * len(arms), 3.8)
-    axes = np.atleast_1d(fig.subplots(1, len(arms), sharey=True))
-    for ax, arm in zip(axes, arms):
-        t, by = pool_series(results[arm])
-        ax.stackplot(t / 60.0, *[by[k] / GIB for k in KINDS], labels=KINDS, step="post")
-        ax.set_title(f"{arm}: device memory by kind (all GPUs)", fontsize=9)
-        ax.set_xlabel("minutes")
+def stacked_panels(path: Path, panels: Sequence[tuple[str, np.ndarray, dict[str, np.ndarray]]], kinds: Sequence[str],
+                   ylabel: str, xlabel: str) -> Path:
+    """One panel per (title, times, series by kind): the kinds stacked bottom to top over the times."""
+    fig = _figure(5.2 * len(panels), 3.8)
+    axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=True))
+    for ax, (title, t, by) in zip(axes, panels):
+        ax.stackplot(t, *[by[k] for k in kinds], labels=kinds, step="post")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("GiB")
+    axes[0].set_ylabel(ylabel)
     axes[-1].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path)
     return path
+
+
+def pool_plot(path: Path, results: dict[str, EconomyResult], arms: Sequence[str]) -> Path:
+    panels = []
+    for arm in (a for a in arms if a in results):
+        t, by = pool_series(results[arm])
+        panels.append((f"{arm}: device memory by kind (all GPUs)", t / 60.0, {k: v / GIB for k, v in by.items()}))
+    return stacked_panels(path, panels, KINDS, "GiB", "minutes")
 
 
 def purchases_plot(path: Path, results: dict[str, EconomyResult], arms: Sequence[str], bin_s: float = 60.0) -> Path:
@@ -97,4 +105,4 @@ def ttft_cdf(path: Path, results: dict[str, EconomyResult]) -> Path:
     return path
 
 
-__all__ = ["KINDS", "pool_plot", "pool_series", "purchase_series", "purchases_plot", "ttft_cdf"]
+__all__ = ["KINDS", "pool_plot", "pool_series", "purchase_series", "purchases_plot", "stacked_panels", "ttft_cdf"]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import socket
 import statistics
 import tempfile
 import time
@@ -35,6 +34,7 @@ import numpy as np
 
 from loadgen.repro.warmserve_live_cluster import WarmLiveCluster, WarmLiveClusterSpec
 from loadgen.traces.schema import TraceRecord
+from shared.nats_server import free_port
 
 # name -> (arch, layers, hidden) of fp32 weights
 MODELS = {"ws-a": ("llama", 2, 128), "ws-b": ("qwen2", 4, 256), "ws-c": ("llama", 4, 384),
@@ -165,7 +165,7 @@ def run_live(cfg: WarmLiveConfig, *, root: Path | None = None, progress: Callabl
         progress(f"live: {len(trace)} requests over {cfg.duration_s:.0f} s, {len(names)} models, {cfg.workers} CPU "
                  f"workers; hot pair shifts every {cfg.duration_s / cfg.phases:.0f} s")
         for name, prewarm in (("prewarm", True), ("no-prewarm", False)):
-            cluster = WarmLiveCluster(base / f"cluster-{name}", spec, _free_port())
+            cluster = WarmLiveCluster(base / f"cluster-{name}", spec, free_port())
             try:
                 cluster.start(prewarm)
                 run.runs[name] = asyncio.run(_run(cluster, trace, prewarm))
@@ -313,11 +313,6 @@ def _quantile(sorted_values: list[float], q: float) -> float:
         return math.nan
     return float(np.quantile(np.asarray(sorted_values), q))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_summary(out: Path, run: WarmLiveRun, command: str) -> Path:

@@ -21,7 +21,7 @@ from loadgen.sim.fleet_profile import BLOCK_TOKENS, FleetModel, FleetProfile, lo
 from loadgen.sim.lora_worker import LoraGeometry
 from shared.policy.kunserve_profile import PipelineProfile
 from shared.policy.movement import MovementCosts
-from shared.profiles import load_pipeline_profile
+from shared.profiles import load_pipeline_profile, resolve_profile
 
 ECONOMY_DIR = Path(__file__).with_name("profiles") / "economy"
 CPU_ASSIST_SOURCES = {"loadgen.repro.caraserve_cold": caraserve_cold}
@@ -102,9 +102,7 @@ def with_models(fleet: FleetProfile, **overrides: int) -> FleetProfile:
 
 
 def load_economy_profile(source: str | Path = "economy-h800") -> EconomyProfile:
-    path = Path(source)
-    if not path.exists() and (ECONOMY_DIR / f"{source}.toml").exists():
-        path = ECONOMY_DIR / f"{source}.toml"
+    path = resolve_profile(source, ECONOMY_DIR)
     try:
         spec = msgspec.toml.decode(path.read_bytes(), type=EconomySpec)
     except OSError as exc:

@@ -31,6 +31,7 @@ import msgspec
 
 from loadgen.sim.profile import ENGINE_MODES, LinkSpec, StepCost, WorkerSpec
 from shared.policy.movement import MovementCosts, MovementSpec, movement_costs
+from shared.profiles import resolve_profile
 
 FLEET_DIR = Path(__file__).with_name("profiles") / "fleet"
 BLOCK_TOKENS = 16
@@ -173,9 +174,7 @@ class FleetProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 def load_fleet_profile(source: str | Path) -> FleetProfile:
     """A fleet profile from a .toml file, or a built-in (loadgen/sim/profiles/fleet/) by name."""
-    path = Path(source)
-    if not path.exists() and (FLEET_DIR / f"{source}.toml").exists():
-        path = FLEET_DIR / f"{source}.toml"
+    path = resolve_profile(source, FLEET_DIR)
     try:
         profile = msgspec.toml.decode(path.read_bytes(), type=FleetProfile)
     except OSError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shared.policy.movement import MovementProfile, decode_movement_profile
+from shared.profiles import resolve_profile
 
 SIM_PROFILES_DIR = Path(__file__).resolve().parents[2] / "loadgen" / "sim" / "profiles"
 
@@ -20,10 +21,7 @@ def builtin_cost_profiles() -> list[str]:
 
 
 def load_cost_profile(source: str | Path) -> MovementProfile:
-    path = Path(source)
-    builtin = SIM_PROFILES_DIR / f"{source}.toml"
-    if not path.is_file() and builtin.is_file():
-        path = builtin
+    path = resolve_profile(source, SIM_PROFILES_DIR)
     try:
         data = path.read_bytes()
     except OSError as exc:

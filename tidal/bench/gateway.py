@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import socket
 import statistics
 import tempfile
 import time
@@ -25,6 +24,7 @@ from typing import Any, TypeVar
 
 from loadgen.runner.bench_cluster import BenchCluster
 from tidal.bench.sse_client import BenchHTTPError, SSEConnection
+from shared.nats_server import free_port
 
 T = TypeVar("T")
 
@@ -104,11 +104,6 @@ def _cores() -> int:
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -206,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     model = args.model or str(make_model(root / "model", arch="llama", layers=4, hidden=128, heads=4, kv_heads=2,
                                          intermediate=352, vocab=2048, seed=1))
     context = args.prompt_len + args.output_len + 16
-    port = _free_port()
+    port = free_port()
     text = CONFIG.format(data=root / "data", port=port, model=model, context=context, memory=args.memory,
                          batch=max(args.streams, 1), budget=max(2048, args.streams),
                          worker_extra=f'stream_interval = "{args.stream_interval}"\n' if args.stream_interval else "")
