@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     from loadgen.traces.schema import PoissonParams
     from shared.config_units import ByteSize
     from tidal.bench.fidelity_cluster import MultiWorkerCluster
-    from tidal.bench.gateway import _free_port
+    from shared.nats_server import free_port
 
     if not args.pressure and (args.mode != "chunked" or args.engine_run):
         raise SystemExit("tidal bench fidelity: --mode and --engine-run apply to --pressure runs only")
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"trace: {len(trace.records)} requests over {args.duration:.0f} s (Poisson {args.rate}/s), "
           f"prompt {args.prompt_tokens}, output {args.output_tokens}; {args.workers} workers")
 
-    port = _free_port()
+    port = free_port()
     ids = [f"fid-{i}" for i in range(args.workers)]
     workers = "".join(f'[[workers]]\nid = "{w}"\ndevice = "cpu"\nmemory = "{args.memory}"\nmodels = ["fidelity"]\n\n'
                       for w in ids)

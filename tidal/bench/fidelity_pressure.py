@@ -46,7 +46,7 @@ def run_pressure(args: argparse.Namespace) -> int:
     from tidal.bench.fidelity_model import CONFIG, model_dir
     from tidal.bench.fidelity_cluster import HostShare, MultiWorkerCluster, StatsWatch
     from tidal.bench.fidelity_compare import Side, summary_line, table
-    from tidal.bench.gateway import _free_port
+    from shared.nats_server import free_port
 
     for name, value in PRESSURE_DEFAULTS.items():
         if getattr(args, name) is None:
@@ -77,7 +77,7 @@ def run_pressure(args: argparse.Namespace) -> int:
     print(f"trace: {len(trace.records)} requests over {args.duration:.0f} s (Poisson {args.rate}/s), "
           f"prompt {args.prompt_tokens}, output {args.output_tokens}; {args.workers} worker(s)")
 
-    port = _free_port()
+    port = free_port()
     ids = [f"fid-{i}" for i in range(args.workers)]
     workers = "".join(f'[[workers]]\nid = "{w}"\ndevice = "cpu"\nmemory = {kv.pool_bytes}\nmodels = ["fidelity"]\n\n'
                       for w in ids)
