@@ -16,22 +16,22 @@ whose dot products are reduced together, and V is accumulated in registers over 
 dims or CPUs take the portable loops. The build uses -march=native and is keyed by the
 CPU's flags, so a cached build never runs on a CPU it was not compiled for.
 
-Built on first use with torch's C++ extension JIT (~10-30 s once per machine, cached
-under TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions), parallel over sequences
-with torch's own thread pool. Anything that goes wrong (no compiler, a build error, a
-non-fp32 dtype) leaves the caller on the torch path. TIDAL_CPU_KERNELS=0 turns it off.
+Built ahead of time into the venv with torch's C++ extension JIT (`make install` and
+`tidal up` run `python -m gpu_ext.cpu_attention --build`; where and why: gpu_ext/cpu_kernel_build.py),
+parallel over sequences with torch's own thread pool. Anything that goes wrong (no compiler, a
+build error, a non-fp32 dtype) leaves the caller on the torch path. TIDAL_CPU_KERNELS=0 turns it off.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
-import platform
-import tempfile
+import sys
 from collections.abc import Callable
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from gpu_ext import cpu_kernel_build
+
+if TYPE_CHECKING:  # torch is imported when the kernel is used: `tidal up` asks `pending()` without it
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -273,44 +273,66 @@ _tried = False
 
 
 def _namespace() -> str:
-    # -march=native code must not be reused on another CPU: key the build by the CPU too.
-    cpu = platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu += next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        pass
-    digest = hashlib.sha256((_SOURCE + " ".join(_FLAGS) + cpu + torch.__version__).encode()).hexdigest()[:12]
-    return f"tidal_cpu_attn_{digest}"
+    return cpu_kernel_build.kernel_name("tidal_cpu_attn", _SOURCE, _FLAGS)
+
+
+def pending() -> bool:
+    """True when the kernel is wanted here but not built yet (cheap: no torch import)."""
+    return cpu_kernel_build.enabled() and not cpu_kernel_build.built(_namespace())
 
 
 def paged_decode_kernel() -> Callable[..., torch.Tensor] | None:
-    """The compiled kernel, built once per process (None: use the torch path)."""
+    """The compiled kernel, loaded (built if missing) once per process (None: use the torch path)."""
     global _kernel, _tried
     if _tried:
         return _kernel
     _tried = True
-    if os.environ.get("TIDAL_CPU_KERNELS", "1") == "0":
+    if not cpu_kernel_build.enabled():
         return None
     name = _namespace()
     try:
-        from torch.utils.cpp_extension import load
+        import torch
 
-        # A source file, not load_inline: that would prepend <torch/extension.h> (2x the build time).
-        src = Path(tempfile.gettempdir()) / "tidal_cpu_kernels" / f"{name}.cpp"
-        src.parent.mkdir(parents=True, exist_ok=True)
-        text = _SOURCE.replace("NAMESPACE", name)
-        if not src.is_file() or src.read_text() != text:
-            tmp = src.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(text)
-            tmp.replace(src)
-        load(name, [str(src)], extra_cflags=_FLAGS, extra_ldflags=["-lmvec"], is_python_module=False, verbose=False)
+        cpu_kernel_build.build_and_load(name, _SOURCE.replace("NAMESPACE", name), _FLAGS, ["-lmvec"])
         _kernel = getattr(torch.ops, name).paged_decode
     except Exception as exc:  # no compiler, headers or libmvec: the torch path still works
-        log.warning("CPU paged attention kernel unavailable, using torch: %s", exc)
+        log.warning("CPU paged attention kernel unavailable, using torch (install g++ and ninja, "
+                    "or set TIDAL_CPU_KERNELS=0): %s", exc)
         _kernel = None
     return _kernel
 
 
 def supported(q: torch.Tensor) -> bool:
+    import torch
+
     return q.device.type == "cpu" and q.dtype == torch.float32 and paged_decode_kernel() is not None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m gpu_ext.cpu_attention --build`: build it now (install time), say where or why not.
+
+    Exits 0 either way: without a compiler the workers still serve, on the slower torch path."""
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["--build"]:
+        print("usage: python -m gpu_ext.cpu_attention --build", file=sys.stderr)
+        return 2
+    if not cpu_kernel_build.enabled():
+        print("tidal: TIDAL_CPU_KERNELS=0: the CPU attention kernel is off (the torch path serves)")
+        return 0
+    name = _namespace()
+    if cpu_kernel_build.built(name):
+        print(f"tidal: CPU attention kernel already built: {cpu_kernel_build.library_path(name)}")
+        return 0
+    print(f"tidal: building the CPU attention kernel once for this venv (C++ compiler, ~10-90 s) "
+          f"into {cpu_kernel_build.library_path(name).parent}", flush=True)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if paged_decode_kernel() is None:
+        print("tidal: warning: the CPU attention kernel did not build (see above); workers use the slower "
+              "torch path. Install a C++ compiler (g++) to get it, or set TIDAL_CPU_KERNELS=0 to skip it.")
+        return 0
+    print(f"tidal: CPU attention kernel built: {cpu_kernel_build.library_path(name)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
