@@ -99,11 +99,14 @@ HEADER = """\
 
 
 def render_nats_conf(
-    listen: str = "0.0.0.0:4222", http: str = "0.0.0.0:8222", store_dir: str = "/data/jetstream"
+    listen: str = "0.0.0.0:4222", http: str | None = "127.0.0.1:8222", store_dir: str = "/data/jetstream"
 ) -> str:
+    """The server config. `http`: the monitoring endpoint, which lists every connection with its user, so
+    it is bound to the loopback (in compose, the container's own healthcheck) or off (None)."""
+    monitoring = f'http: "{http}"  # monitoring lists every connection and its user: never on a public address\n' if http else ""
     server = (
         f'listen: "{listen}"\n'
-        f'http: "{http}"\n'
+        + monitoring +
         "max_payload: 8MB\n"
         "jetstream {\n"
         f'  store_dir: "{store_dir}"\n'

@@ -57,7 +57,9 @@ class NatsServer:
     store_dir: Path
     host: str = "127.0.0.1"
     port: int = 0
-    monitor_port: int = 0
+    # the monitoring endpoint lists every connection with its user: off unless asked for (a port, 0 = a free one),
+    # and then only on `host` (127.0.0.1 by default)
+    monitor_port: int | None = None
     jetstream: bool = True
     log_file: Path | None = None
     extra_config: str = ""
@@ -73,11 +75,9 @@ class NatsServer:
         return self.users.url(self.url, role) if self.users is not None else self.url
 
     def config_text(self) -> str:
-        lines = [
-            f'listen: "{self.host}:{self.port}"',
-            f'http: "{self.host}:{self.monitor_port}"',
-            "max_payload: 8MB",
-        ]
+        lines = [f'listen: "{self.host}:{self.port}"', "max_payload: 8MB"]
+        if self.monitor_port is not None:
+            lines.append(f'http: "{self.host}:{self.monitor_port}"')
         if self.jetstream:
             store = str(Path(self.store_dir) / "jetstream")
             lines += ["jetstream {", f'  store_dir: "{store}"', "  sync_interval: always", "}"]
@@ -92,7 +92,7 @@ class NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_port(self.host)
-        if not self.monitor_port:
+        if self.monitor_port == 0:
             self.monitor_port = free_port(self.host)
         conf = self.store_dir / "nats.conf"
         conf.touch(mode=0o600)  # it may hold the users' passwords

@@ -123,6 +123,10 @@ class Subject:
         return found
 
 
+# The commands of the `worker.adapters` subject (the only worker commands the gateway may send).
+ADAPTER_COMMANDS: Final = (ev.ctl.LoadAdapter, ev.ctl.EvictAdapter, ev.ctl.OffloadAdapter)
+
+
 def _subjects() -> list[Subject]:
     S, P, R = Subject, Pattern.PUBSUB, Pattern.REQUEST
     worker_readers = frozenset({"dispatcher", "planner", "scheduler"})
@@ -140,8 +144,16 @@ def _subjects() -> list[Subject]:
           "Workers send it to each other to hand over a migrated request (with `kv_computed_tokens` in KV mode).",
           reply=(ev.AssignAccepted, ev.AssignRejected)),
         S("worker.ctl", f"{PREFIX}.worker.<worker_id>.ctl", R, ev.ctl.CTL_COMMANDS,
-          frozenset({"planner", "scheduler", "gateway"}), frozenset({"gpu_worker"}),  # gateway: runtime LoRA routes
+          frozenset({"planner", "scheduler"}), frozenset({"gpu_worker"}),
           "Control command to one worker: load/evict, drop/restore layers, prewarm, groups, migration.",
+          reply=(ev.CtlDone, ev.CtlRefused), stable=False),
+        # The adapter commands alone, on their own subject: the internet-facing gateway may send these (its
+        # runtime LoRA routes) and nothing else, so its credentials cannot evict a model, form a group or move
+        # a request (NATS refuses it `worker.ctl`; the worker decodes only adapter commands here).
+        S("worker.adapters", f"{PREFIX}.worker.<worker_id>.adapters", R, ADAPTER_COMMANDS,
+          frozenset({"gateway", "planner", "scheduler"}), frozenset({"gpu_worker"}),
+          "Register, unregister or offload a LoRA adapter on one worker (LoadAdapter, EvictAdapter, "
+          "OffloadAdapter); the same commands are also taken on `worker.ctl`.",
           reply=(ev.CtlDone, ev.CtlRefused), stable=False),
         S("worker.migrate", f"{PREFIX}.worker.<worker_id>.migrate", R, ev.ctl.MIGRATE_MESSAGES,
           frozenset({"gpu_worker"}), frozenset({"gpu_worker"}),
@@ -249,6 +261,10 @@ def worker_assign(worker_id: str) -> str:
 
 def worker_ctl(worker_id: str) -> str:
     return CATALOG["worker.ctl"].subject(worker_id=worker_id)
+
+
+def worker_adapters(worker_id: str) -> str:
+    return CATALOG["worker.adapters"].subject(worker_id=worker_id)
 
 
 def worker_migrate(worker_id: str) -> str:

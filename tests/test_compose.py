@@ -274,8 +274,15 @@ async def test_the_server_enforces_the_catalog(secured_nats):
         await _wait_for(errors["gpu_worker"], "Permissions Violation for Publish")
         await conns["gpu_worker"].subscribe(subjects.CATALOG["request.out"].wildcard)
         await _wait_for(errors["gpu_worker"], "Permissions Violation for Subscription")
-        # (the gateway may send worker.ctl: the runtime LoRA routes load adapters there) but it never hands a
-        # request to a worker past the dispatcher, nor asks the planner for capacity
+        # the gateway may send adapter commands (its runtime LoRA routes) and nothing else: no model, group or
+        # migration command on worker.ctl, no request handed to a worker past the dispatcher, no capacity request
+        await conns["gpu_worker"].subscribe(subjects.worker_adapters("cpu-0"), cb=worker)
+        await conns["gpu_worker"].flush()
+        assert (await conns["gateway"].request(subjects.worker_adapters("cpu-0"), b"a", timeout=2)).data == b"done"
+        with pytest.raises(Exception):  # the server drops it: no worker ever sees it
+            await conns["gateway"].request(subjects.worker_ctl("cpu-0"), b"evict", timeout=1)
+        await _wait_for(errors["gateway"], f'Permissions Violation for Publish to "{subjects.worker_ctl("cpu-0")}"')
+        errors["gateway"].clear()
         await conns["gateway"].publish(subjects.worker_assign("cpu-0"), b"forged assignment")
         await _wait_for(errors["gateway"], "Permissions Violation for Publish")
         errors["gateway"].clear()

@@ -91,7 +91,8 @@ def test_the_flows_the_design_describes_are_in_the_catalog():
     assert {s.key for s in listen} >= {"worker.assign", "worker.ctl", "request.abort"}
     assert {s.key for s in pub} >= {"request.out", "worker.stats", "worker.heartbeat"}
     assert "worker.ctl" not in {s.key for s in pub}  # workers never command each other
+    assert "worker.ctl" not in {s.key for s in subjects.uses("gateway")[0]}  # adapters only: worker.adapters
     assert CATALOG["dispatch.submit"].queue_group == "dispatcher"
     assert subjects.uses("scheduler")[0] and all(
-        s.key in {"worker.ctl", "registry.get", "registry.list"} for s in subjects.uses("scheduler")[0]
+        s.key in {"worker.ctl", "worker.adapters", "registry.get", "registry.list"} for s in subjects.uses("scheduler")[0]
     )

@@ -41,7 +41,7 @@ from shared.events.base import NAME_PATTERN
 from shared.events.ctl import CtlDone, CtlRefused, CtlReply, EvictAdapter, LoadAdapter
 from shared.logging import get_logger
 from shared.registry_client import RegistryClient
-from shared.subjects import worker_ctl
+from shared.subjects import worker_adapters
 from shared.wire import DeadlineExceeded, NoResponders, RemoteError, RevisionConflict, TidalError
 
 log = get_logger("tidal.gateway.adapters")
@@ -194,7 +194,7 @@ async def _fan_out(bus: Bus, workers: list[str], command: LoadAdapter | EvictAda
 
     async def one(worker_id: str) -> CtlReply | str:
         try:
-            reply: CtlReply = await bus.request(worker_ctl(worker_id), command, CtlReply, timeout=CTL_TIMEOUT_S)
+            reply: CtlReply = await bus.request(worker_adapters(worker_id), command, CtlReply, timeout=CTL_TIMEOUT_S)
             return reply
         except DeadlineExceeded:
             return f"no reply within {CTL_TIMEOUT_S:.0f}s"

@@ -61,7 +61,7 @@ from shared.logging import get_logger
 from shared.metrics import REGISTRY
 from shared.registry_client import RegistryClient
 from shared.service import Service
-from shared.subjects import CATALOG, worker_assign, worker_ctl, worker_migrate, worker_stats
+from shared.subjects import CATALOG, worker_adapters, worker_assign, worker_ctl, worker_migrate, worker_stats
 from shared.wire import TidalError
 
 log = get_logger("tidal.gpu_worker")
@@ -118,6 +118,8 @@ class GpuWorker(Actor):
         await self.bind(worker_assign(self.worker_id), Assignment, self.on_assign)
         await self.bind(CATALOG["request.abort"].wildcard, AbortRequest, self.on_abort, label="tidal.v1.req.*.abort")
         await self.bind(worker_ctl(self.worker_id), CtlRequest, self.on_ctl)
+        # adapter commands only (what the gateway may send; NATS keeps it off `worker.ctl`)
+        await self.bind(worker_adapters(self.worker_id), CATALOG["worker.adapters"].payload_type, self.on_ctl)
         await self.bind(worker_migrate(self.worker_id), MigrateRequest, self.on_migrate)
         self.spawn("publisher", lambda: self.chunks.run(self.bus.nc))
         self.spawn("stats", self._stats_loop)
