@@ -62,8 +62,22 @@ def test_a_peer_that_left_is_reported_and_can_be_dropped() -> None:
     w.heartbeat("b", "b-1", 0.0)
     w.stats("b", {"b-m": "g"})
     w.stats("b", {"b-m": None})
+    assert w.due(0.3) == []  # not yet: a restarted worker's first stats look the same
+    w.heartbeat("b", "b-1", 0.4)  # the process that joined: it left
     assert [x.reason for x in w.due(0.5)] == ["left"]
     w.drop_peer("a-m", "b-m")  # the member runs every layer itself
     assert w.due(0.6) == []
     w.forget("a-m")
     assert w.heartbeat("b", "b-9", 0.7) == []
+
+
+def test_stats_out_of_the_group_before_a_new_incarnations_heartbeat_is_a_restart() -> None:
+    """A restarted worker's first stats (no group) may overtake its first heartbeat: the peer is
+    lost as `restarted` (its requests died with it), never as a clean leave."""
+    w = watch()
+    w.heartbeat("b", "b-1", 0.0)
+    w.stats("b", {"b-m": "g"})
+    w.stats("b", {"b-m": None})  # the new process's stats first
+    assert w.due(0.5) == []
+    lost = w.heartbeat("b", "b-2", 0.6)
+    assert [(x.peer, x.reason) for x in lost] == [("b-m", "restarted")]

@@ -324,7 +324,8 @@ class GroupMember(MemberLifecycle):
         if isinstance(frame, KvExchange):
             landed, offset = [], 0
             for e in frame.entries:
-                if self.executor.import_kv(e.seq_id, frame.layer, tensors[0][:, offset:offset + e.num_tokens]):
+                if self.executor.import_kv(e.seq_id, frame.layer, tensors[0][:, offset:offset + e.num_tokens],
+                                           frame.owner):
                     landed.append(e.seq_id)
                 offset += e.num_tokens
             # answered even if nothing landed: the owner stops waiting (and resends or falls back)

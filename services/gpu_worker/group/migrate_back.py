@@ -110,8 +110,8 @@ class MigrateBack:
             if start < n:
                 spans.append(KvSpan(seq_id=seq.seq_id, start=start, end=n))
         freed, m._freed = (m._freed, []) if final else ([], m._freed)
-        if not spans and not freed:
-            return
+        if not spans and not freed and not final:
+            return  # (the final pull always goes: it tells the keepers this owner runs alone now)
         for st in m.stages:
             if st.member == m.member_id:
                 continue
@@ -149,7 +149,9 @@ class MigrateBack:
 
 def serve_pull(member: "GroupMember", frame: KvPull) -> None:
     """The keeper's side: send the spans' KV of each layer of this member's stage, then (final)
-    free those requests: their owner runs them alone from now on."""
+    free every request of that owner held here, not only the spans': it runs them alone from now
+    on and never routes through this member again, so whatever path a request took (finished or
+    aborted while the owner stopped launching, migrated away, preempted) none of its KV stays."""
     m = member
     blocks, cache, cfg = m.engine.blocks, m.engine.runner.kv_cache, m.engine.runner.cfg
     for layer in m.layers:
@@ -168,3 +170,4 @@ def serve_pull(member: "GroupMember", frame: KvPull) -> None:
     if frame.final:
         for seq_id in [*(s.seq_id for s in frame.spans), *frame.freed]:
             m.executor.free(seq_id)
+        m.executor.free_owner(frame.owner)

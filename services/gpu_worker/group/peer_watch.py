@@ -9,7 +9,10 @@ A member (an instance here) depends on every other member's stage. A peer is los
 * it never joined: its worker's stats have not shown the peer instance in this group within
   `join_timeout` of the join (a JoinGroup that never reached it, or that it refused);
 * it left while this member still routes through it: its stats showed it in the group, then
-  not (reported as `left`; a member already running every layer alone ignores it).
+  not (reported as `left`; a member already running every layer alone ignores it). A left peer
+  is reported only once a heartbeat of the incarnation that joined is heard after those stats: a
+  restarted worker's first stats (no group) may overtake its first heartbeat, and its death must
+  be told as `restarted` (its requests are gone), never as a clean leave.
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ class _Peer:
     worker: str
     incarnation: str | None  # the worker's process when this member joined (None: not known yet)
     joined: bool = False  # its worker's stats showed it in the group
-    left: bool = False  # ... and then not
+    out: bool = False  # ... and then not (a leave, or a restart whose heartbeat is yet to come)
+    left: bool = False  # ... and a heartbeat of the incarnation that joined came after: it left
 
 
 @dataclass
@@ -86,7 +90,9 @@ class PeerWatch:
                     continue
                 if p.incarnation is None:
                     p.incarnation = incarnation
-                elif p.incarnation != incarnation:
+                if p.incarnation == incarnation:
+                    p.left = p.left or p.out  # the same process, out of the group: it left
+                else:
                     lost.append(PeerLost(instance_id, peer, worker, "restarted",
                                          f"{worker} restarted ({p.incarnation} -> {incarnation})"))
         return lost
@@ -100,7 +106,7 @@ class PeerWatch:
                 if groups[peer] == w.group_id:
                     p.joined = True
                 elif p.joined:
-                    p.left = True
+                    p.out = True  # `left` once its next heartbeat shows the same incarnation
 
     def due(self, now: float) -> list[PeerLost]:
         """Peers lost by now: silent, never joined, or left (one per member, the first found)."""

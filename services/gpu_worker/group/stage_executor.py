@@ -82,6 +82,7 @@ class StageExecutor:
         self.tombstones: OrderedDict[str, None] = OrderedDict()
         self.remote_calls = 0
         self.held: set[str] = set()  # sequences with blocks of this stage here (every owner's)
+        self.owner_of: dict[str, str] = {}  # another owner's sequence held here -> that owner
         self.stage_only = False  # set once this member runs its own requests on every layer (solo)
 
     def _allocate(self, seq_id: str, end: int) -> bool:
@@ -96,16 +97,27 @@ class StageExecutor:
     def free(self, seq_id: str) -> None:
         self.blocks.free(seq_id)
         self.held.discard(seq_id)
+        self.owner_of.pop(seq_id, None)
         self.victims.pop(seq_id, None)
         self.imported.pop(seq_id, None)
         self.tombstones[seq_id] = None
         if len(self.tombstones) > TOMBSTONES:
             self.tombstones.popitem(last=False)
 
+    def free_owner(self, owner: str) -> list[str]:
+        """Free every sequence of `owner` held here (it runs them alone now, or it is gone): whatever
+        path its requests took (finished, aborted, migrated, preempted), no KV of its stays here."""
+        gone = [s for s, o in self.owner_of.items() if o == owner]
+        for seq_id in gone:
+            self.free(seq_id)
+        return gone
+
     def run(self, header: StagePass, hidden: torch.Tensor | None) -> StepOutput:
         if header.owner != self.member_id:  # the owner's own scheduler frees its own sequences
             for seq_id in header.freed:
                 self.free(seq_id)
+            for c in header.chunks:
+                self.owner_of[c.seq_id] = header.owner
         stage = self.layers
         chunks: list[ScheduledChunk] = []
         remote: dict[int, list[int]] = {}
@@ -136,11 +148,13 @@ class StageExecutor:
                 for layer in remote:
                     self.runner.set_attention(layer, None)
 
-    def import_kv(self, seq_id: str, layer: int, data: torch.Tensor) -> bool:
-        """A victim's exchanged KV of `layer` (tokens [0, n)) lands here; from now on that
-        layer's attention for it is local. False: the sequence is gone (nothing kept)."""
+    def import_kv(self, seq_id: str, layer: int, data: torch.Tensor, owner: str = "") -> bool:
+        """A victim's exchanged KV of `layer` (tokens [0, n)) from `owner` lands here; from now on
+        that layer's attention for it is local. False: the sequence is gone (nothing kept)."""
         if seq_id in self.tombstones:
             return False
+        if owner and owner != self.member_id:
+            self.owner_of[seq_id] = owner
         n = data.shape[1]
         if not self._allocate(seq_id, n):
             return False  # no room: the owner keeps it (remote attention), retries, or recomputes it
