@@ -36,6 +36,7 @@ from nats.js import JetStreamContext
 from shared import metrics
 from shared.inbound import Delivery, Handler, Inbound, Mailbox, deadline_var
 from shared.logging import get_logger, request_id_var, traceparent_var
+from shared.nats_credentials import split_credentials
 from shared.reply_mux import NoRespondersStatus, ReplyMux, ReplyTimeout
 from shared.tracing import CLIENT, PRODUCER, Tracing, inject
 from shared.url_credentials import redact
@@ -138,10 +139,14 @@ class Bus:
         settings = settings or BusSettings.from_env()
         nc = Client()
         bus = cls(nc, settings, service, tracing)
+        # comma-separated servers (a NATS cluster); credentials as options, so discovered servers get them too
+        servers, user, password = split_credentials(settings.url)
+        auth: dict[str, str] = {} if user is None else {"token": user} if password is None else \
+            {"user": user, "password": password}
         try:
             await asyncio.wait_for(
                 nc.connect(
-                    settings.url, name=name or service, error_cb=bus._on_error, disconnected_cb=bus._on_disconnected,
+                    servers, **auth, name=name or service, error_cb=bus._on_error, disconnected_cb=bus._on_disconnected,
                     reconnected_cb=bus._on_reconnected, closed_cb=bus._on_closed,
                     connect_timeout=settings.connect_timeout_s, reconnect_time_wait=settings.initial_retry_s,
                     max_reconnect_attempts=settings.max_reconnect_attempts, ping_interval=settings.ping_interval_s,
