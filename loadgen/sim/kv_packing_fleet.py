@@ -36,9 +36,15 @@ loadgen/sim/engine_modes.py, at planning-interval granularity):
 - Policies see what a copy still holds: before each batch, the bytes a device physically holds for
   requests the books have moved away are given to the policy (`MellScheduler.hold`,
   `BinPackPolicy.held`), so nothing is placed into memory a copy still occupies.
-- A device counts as active while the books have it or it physically holds anything (a request,
-  a waiting one, a reservation). `LoadBalance.balance` runs after each batch with the devices that
-  have a migration in flight excluded (the concurrency limit).
+- GPUs (MELL's y, Eq. 3) come from the placement: a device counts as active while the books have it.
+  Beside it, `active_physical`: the devices that also hold something physically (a copy still being
+  drained, a reservation, a request waiting). `LoadBalance.balance` runs after each batch with the
+  devices that have a migration in flight excluded (the concurrency limit).
+- A fixed pool (`pool=N`): the policy gets the device list gpu-0..gpu-N-1 and `when_full="wait"`; an
+  arrival that fits on none of them is refused and waits (first come, first served, offered again
+  every interval at the size it arrived with; the wait is its TTFT's), a growth that fits nowhere stays
+  over C and the device's engine preempts. `tidal repro mell` bisects N for the smallest pool that
+  meets its SLO.
 """
 from __future__ import annotations
 
@@ -55,8 +61,13 @@ from loadgen.sim.kv_packing_fleet_state import FUTURE, QUEUED, RUNNING, Budgets,
 from loadgen.sim.kv_packing_moves import MoveModel, MoveStats
 from shared.policy.mell_ops import Allocate, Depart, Update
 
+def pool_devices(n: int) -> list[str]:
+    return [f"gpu-{k}" for k in range(n)]
+
+
 def run_fleet(schedule: Schedule, policy, name: str, *, moves: MoveModel | None = None, mode: str = "kv",
-              budgets: Budgets | None = None, per_op: bool = False, check: bool = True) -> FleetResult:
+              budgets: Budgets | None = None, per_op: bool = False, check: bool = True,
+              pool: int | None = None) -> FleetResult:
     """Play `schedule`'s requests on `policy`'s books and simulated devices (module docstring). `mode`: how
     the policy's moves travel ("kv", "tokens", or "auto" = adaptive under `budgets`); `per_op`: ops one by one
     (measures the most moves one operation decides)."""
@@ -66,6 +77,8 @@ def run_fleet(schedule: Schedule, policy, name: str, *, moves: MoveModel | None 
         raise ValueError(f"mode must be kv, tokens or auto, got {mode!r}")
     if mode == "auto" and budgets is None:
         raise ValueError(f"{name}: adaptive migration needs budgets")
+    if pool is not None:
+        policy.when_full = "wait"  # the policy was built on pool_devices(pool)
     return _Fleet(schedule, policy, name, moves, mode, budgets, per_op, check).run()
 
 
@@ -119,6 +132,10 @@ class _Fleet(FleetEngine, FleetMoves):
         self.decided = self.deferred = self.requeued = self.preemptions = self.held_back = 0
         self.max_round = 0
         self.max_op = 0 if per_op else -1
+        self.max_op_items = 0 if per_op else -1
+        self.pool_wait: list[int] = []  # arrivals refused by a full pool, first come first served
+        self.offered: dict[int, tuple[float, int, int]] = {}  # refused arrival -> (first offered, size, frozen)
+        self.refused = 0  # arrival-intervals refused by a full pool
 
     # --- a request's clock ------------------------------------------------------------------
     def _generated(self, i: int, now: float) -> int:
@@ -215,6 +232,7 @@ class _Fleet(FleetEngine, FleetMoves):
     def run(self) -> FleetResult:
         started = time.perf_counter()
         active: list[int] = []
+        physical: list[int] = []
         used: list[int] = []
         overcommitted = 0
         e = done = 0
@@ -238,8 +256,10 @@ class _Fleet(FleetEngine, FleetMoves):
                         ops.append(Update(self.ids[i], new))
                         self._resize(i, new)
                     self._schedule_growth(i, e, v)
-            for i in self.arrivals.get(e, ()):
-                self.size[i] = self._granule(self.P[i] + self._generated(i, now))
+            waiting, self.pool_wait = self.pool_wait, []
+            for i in (*waiting, *self.arrivals.get(e, ())):
+                first = self.offered.get(i)
+                self.size[i] = first[1] if first else self._granule(self.P[i] + self._generated(i, now))
                 self.ubs[i] = self._ub_bytes(self.size[i])
                 self.book_bytes += self.size[i]
                 self.first_e[i] = e
@@ -259,8 +279,9 @@ class _Fleet(FleetEngine, FleetMoves):
                 self._carry_out(now, e)
             self._enforce(now, e)
             books = policy.active_devices()
-            phys = [d for d, dev in self.dev.items() if not dev.empty()]
-            active.append(len(set(books).union(phys)))
+            phys = [d for d, dev in self.dev.items() if not dev.empty() or dev.out]
+            active.append(len(books))
+            physical.append(len(set(books).union(phys)))
             used.append(self.live_bytes)
             if self.check:
                 if ops and sum(policy.used(d) for d in books) != self.book_bytes:
@@ -268,7 +289,7 @@ class _Fleet(FleetEngine, FleetMoves):
                                          f"{sum(policy.used(d) for d in books)} B, the requests {self.book_bytes} B")
                 if any(self._held_exact(dev, now) > self.C for dev in self.dev.values() if dev.ub > self.C):
                     overcommitted += 1
-            if done == self.n and e >= last_arrival:
+            if done == self.n and e >= last_arrival and not self.pool_wait:
                 break
             e += 1
         st = self.stats
@@ -282,7 +303,8 @@ class _Fleet(FleetEngine, FleetMoves):
             token_migrations=st.token_moves, deferred=self.deferred, requeued=self.requeued,
             preemptions=self.preemptions, held_back=self.held_back, ttft_delay=np.asarray(self.d_first),
             tpot_delay=np.asarray(self.d_after) / np.maximum(1, np.asarray(self.O) - 1),
-            max_moves_per_round=self.max_round)
+            max_moves_per_round=self.max_round, active_physical=np.asarray(physical, np.int64),
+            max_items_per_op=self.max_op_items, refused=self.refused)
 
     # --- the policy ---------------------------------------------------------------------------
     def _tell_held(self) -> None:
@@ -311,18 +333,32 @@ class _Fleet(FleetEngine, FleetMoves):
                 if type(op) is Allocate:
                     placements.update(r.placements)
                 self.max_op = max(self.max_op, len(r.moves))
+                self.max_op_items = max(self.max_op_items, getattr(policy, "last_op_items", len(r.moves)))
                 moves.extend(r.moves)
         else:
             r = policy.run_batch(ops)
             placements, moves = r.placements, r.moves
         self.decided += len(moves)
+        refused = set(getattr(policy, "refused", ()))
+        if refused:
+            kept = []
+            for i in arrived:
+                if self.ids[i] not in refused:
+                    kept.append(i)
+                    continue
+                self.book_bytes -= self.size[i]
+                self.refused += 1
+                self.offered.setdefault(i, (now, self.size[i], self._generated(i, now)))
+                self.pool_wait.append(i)
+            arrived = kept
         for i in arrived:
             d = placements.get(self.ids[i]) or policy.device_of(self.ids[i])
             assert d, f"{self.name}: {self.ids[i]} was not placed"
             self.where[i] = d
-            self.frozen[i] = self._generated(i, now)  # what it holds once admitted (its clock stops while it waits)
-            self.st[i] = QUEUED
-            self.qsince[i] = now
+            first = self.offered.pop(i, None)
+            self.frozen[i] = first[2] if first else self._generated(i, now)  # what it holds once admitted (its
+            self.st[i] = QUEUED  # clock stops while it waits)
+            self.qsince[i] = first[0] if first else now
             insort(self._device(d).queue, i)
         for m in moves:
             i = self.index[m.request_id]

@@ -40,6 +40,12 @@ class FleetResult(PackingResult):
     ttft_delay: np.ndarray | None = None  # per request: seconds added before its first token
     tpot_delay: np.ndarray | None = None  # per request: seconds added after it, per later token
     max_moves_per_round: int = 0  # LB: the most migrations one balancing round decided
+    active_physical: np.ndarray | None = None  # per epoch: active GPUs counting those a copy or a wait holds
+    max_items_per_op: int = -1  # per_op: the most items one operation moved (a multi-item counts once)
+    refused: int = 0  # arrival-intervals a full pool refused (`pool`)
+
+    def peak_physical(self) -> int:
+        return int(self.active_physical.max(initial=0)) if self.active_physical is not None else self.peak_devices()
 
     @property
     def migrations(self) -> int:

@@ -45,6 +45,8 @@ class BinPackPolicy:
         self._bytes: dict[str, int] = {}  # active device -> bytes in use
         self._order: list[str] = []  # active devices in activation order (deterministic ties)
         self.held: dict[str, int] = {}  # device -> bytes it physically holds beyond the books (see the docstring)
+        self.when_full = "raise"  # "wait": a batch's arrival that fits no device of the list is refused (it waits)
+        self.refused: list[str] = []  # arrivals the last batch refused (when_full="wait")
 
     # --- queries -------------------------------------------------------------------------
     def device_of(self, request_id: str) -> str | None:
@@ -112,12 +114,22 @@ class BinPackPolicy:
         """Departs, then updates, then allocates (the order MELL's batching uses)."""
         placements: dict[str, str] = {}
         moves: list[Move] = []
+        self.refused = []
         for kind in (Depart, Update, Allocate):
             for op in ops:
                 if type(op) is not kind:
                     continue
                 if kind is Depart:
                     self.depart(op.request_id)
+                    continue
+                if kind is Allocate and self.when_full == "wait":
+                    try:
+                        res = self.allocate(op.request_id, op.size)
+                    except NoCapacity:
+                        self.refused.append(op.request_id)
+                        self._seq.pop(op.request_id, None)
+                        continue
+                    placements.update(res.placements)
                     continue
                 res = self.update(op.request_id, op.size) if kind is Update else self.allocate(op.request_id, op.size)
                 placements.update(res.placements)
@@ -145,8 +157,10 @@ class BinPackPolicy:
             if self._load[device] <= self.capacity:
                 break
             size, charge = self._size[rid], self._members[device][rid]
+            target = self._choose(charge, exclude=device) or self._spare()
+            if target is None:  # a fixed pool with no room anywhere: the rest wait where they are
+                return
             self._remove(rid, device)
-            target = self._choose(charge, exclude=device) or self._activate()
             self._add(rid, size, target, charge)
             moves.append(Move(request_id=rid, source=device, destination=target))
 
@@ -191,6 +205,13 @@ class BinPackPolicy:
         self._bytes[device] = 0
         self._order.append(device)
         return device
+
+    def _spare(self) -> str | None:
+        """A freshly activated device, or None when the device list has none idle."""
+        try:
+            return self._activate()
+        except NoCapacity:
+            return None
 
     def _known(self, request_id: str, op: str) -> str:
         device = self._loc.get(request_id)

@@ -8,7 +8,7 @@ simulator drives all of them alike (bookkeeping in binpack_base.py):
 - WF (worst fit): the active device with the most free memory (vLLM/Splitwise-style dispatch
   to the least-loaded instance); never migrates.
 - LB (load balancing): worst fit plus Llumnix's periodic load balancing by live KV migration
-  (binpack_lb.py).
+  (binpack_lb.py); LB-open (extra arm, Eq. 2 kept): LB that opens a GPU when no pair relieves an overflow.
 
 All three activate a new device when no active device has the memory an arrival needs, and
 terminate a device when it is idle.
@@ -34,10 +34,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from shared.policy.binpack_base import BinPackPolicy
-from shared.policy.binpack_lb import LoadBalance, worst_fit
+from shared.policy.binpack_lb import LoadBalance, LoadBalanceOpen, worst_fit
 from shared.policy.mell_ops import Move, NoCapacity
 
-__all__ = ["BASELINES", "BestFit", "BestFitReserve", "BestFitRestart", "BinPackPolicy", "LoadBalance", "NoCapacity",
+__all__ = ["BASELINES", "BestFit", "BestFitReserve", "BestFitRestart", "BinPackPolicy", "LoadBalance",
+           "LoadBalanceOpen", "NoCapacity",
            "WorstFit", "WorstFitReserve", "WorstFitRestart"]
 
 
@@ -129,7 +130,7 @@ class WorstFitReserve(_Reserving):
 
 BASELINES: dict[str, type[BinPackPolicy]] = {
     "BF": BestFit, "WF": WorstFit, "LB": LoadBalance, "BF-reserve": BestFitReserve, "WF-reserve": WorstFitReserve,
-    "BF-restart": BestFitRestart, "WF-restart": WorstFitRestart}
+    "BF-restart": BestFitRestart, "WF-restart": WorstFitRestart, "LB-open": LoadBalanceOpen}
 # the paper's baselines, which the summary line compares MELL against
 PAPER_BASELINES = ("BF", "WF", "LB")
 RESERVING = ("BF-reserve", "WF-reserve")  # hindsight arms: the final size reserved at admission

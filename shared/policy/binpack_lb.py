@@ -92,3 +92,34 @@ class LoadBalance(BinPackPolicy):
                 self._add(best, size, dst, charge)
                 moves.append(Move(request_id=best, source=src, destination=dst))
         return moves
+
+
+class LoadBalanceOpen(LoadBalance):
+    """LB with Eq. 2 kept (an extra arm at equal service): after the balancing round, a device whose requests
+    still outgrow it (no pair relieved it) moves requests off -- the smallest that ends the overflow, else the
+    largest, again while it overflows -- to the freest device with room, or to a GPU it opens (as Llumnix's
+    auto-scaling would), instead of letting its engine preempt them."""
+
+    name = "LB-open"
+
+    def balance(self, busy: Collection[str] = (), movable: Callable[[str], bool] | None = None) -> list[Move]:
+        moves = super().balance(busy, movable)
+        moved = {m.request_id for m in moves}
+        for src in [d for d in self._order if d not in busy and self._load[d] > self.capacity]:
+            while src in self._members and self._load[src] > self.capacity:
+                over = self._load[src] - self.capacity
+                cands = [(c, rid) for rid, c in self._members[src].items()
+                         if rid not in moved and (movable is None or movable(rid))]
+                if not cands:
+                    break
+                enough = [x for x in cands if x[0] >= over]
+                charge, rid = min(enough) if enough else max(cands)
+                dst = worst_fit(self, charge, src) or self._spare()
+                if dst is None:
+                    break
+                size = self._size[rid]
+                self._remove(rid, src)
+                self._add(rid, size, dst, charge)
+                moved.add(rid)
+                moves.append(Move(request_id=rid, source=src, destination=dst))
+        return moves

@@ -58,13 +58,20 @@ __all__ = ["Allocate", "BatchResult", "Depart", "MellScheduler", "Move", "NoCapa
 
 class MellScheduler(MellPlacement):
     def __init__(self, capacity: int, devices: Sequence[str] | None = None, *, max_migrations_per_op: int = 10,
-                 batching: bool = True, bundle_members: int | None = None) -> None:
+                 batching: bool = True, bundle_members: int | None = None, when_full: str = "raise") -> None:
         check_capacity(capacity)
         if devices is not None and len(set(devices)) != len(devices):
             raise ValueError("device ids must be unique")
+        if when_full not in ("raise", "wait"):
+            raise ValueError(f"when_full must be raise or wait, got {when_full!r}")
         super().__init__(capacity, devices, max_migrations_per_op, bundle_members)
         self.batching = batching
+        self.when_full = when_full  # "wait": a batch's arrival that fits nowhere is refused (it waits), a growth
+        # that fits nowhere stays where it is, over C (the device's engine preempts)
+        self.refused: list[str] = []  # arrivals the last batch refused (when_full="wait")
         self.removed_by_batching = 0  # moves the batches' buffers dropped (coalesced, or made unnecessary)
+        self.filled_holes = 0  # arrivals placed into a hole a buffered refill would have filled
+        self._holes_filled = 0  # holes the batch's arrivals filled to 75% (a refill each, op by op)
 
     def hold(self, held: dict[str, int]) -> None:
         """Memory each device physically holds beyond these books (device -> bytes; a device not named holds
@@ -140,16 +147,20 @@ class MellScheduler(MellPlacement):
         dev = item.device
         assert dev is not None
         before = dev.category
-        if item.members is not None and len(item.members) > 1:
-            size = item.members.pop(request_id)
-            self.fleet.resize(item, item.size - size, "T", cost_delta=-1)
-            self._top_up(dev)
-        else:
-            if item is self._filling:
-                self._filling = None
-            self.fleet.remove(item)
-            self._settle(dev, before)
-        return OpResult({}, coalesce_moves(self._end_op()))
+        self._one_refill = True
+        try:
+            if item.members is not None and len(item.members) > 1:
+                size = item.members.pop(request_id)
+                self.fleet.resize(item, item.size - size, "T", cost_delta=-1)
+                self._top_up(dev)
+            else:
+                if item is self._filling:
+                    self._filling = None
+                self.fleet.remove(item)
+                self._settle(dev, before)
+            return OpResult({}, coalesce_moves(self._end_op()))
+        finally:
+            self._one_refill = False
 
     def update(self, request_id: str, size: int) -> OpResult:
         item = self._known(request_id)
@@ -176,11 +187,12 @@ class MellScheduler(MellPlacement):
             if not isinstance(op, (Allocate, Depart, Update)):
                 raise TypeError(f"not a MELL operation: {op!r}")
         departed = {op.request_id for op in ops if isinstance(op, Depart)}
+        self.refused = []
         if not self.batching:
             placements: dict[str, str] = {}
             moves: list[Move] = []
             for op in ops:
-                r = self.apply(op)
+                r = self._apply_or_wait(op)
                 placements.update(r.placements)
                 moves.extend(r.moves)
             placements = {rid: d for rid, d in placements.items() if rid in self._item_of}
@@ -197,13 +209,104 @@ class MellScheduler(MellPlacement):
         buffered: list[Move] = []
         placed: set[str] = set()
         self.fleet.retired.clear()
-        for op in ordered:
-            r = self.apply(op)
-            placed.update(r.placements)
-            buffered.extend(r.moves)
+        holes: dict = {}
+        self._defer = holes  # steps (1)-(2): Depart/Update refills held in the buffer
+        try:
+            for op in ordered:
+                if isinstance(op, Allocate) and self._defer is not None:
+                    self._defer = None  # step (3): the arrivals, filling the held holes first
+                if isinstance(op, Allocate) and holes and self._fill_hole(op.request_id, op.size, holes):
+                    placed.add(op.request_id)
+                    continue
+                r = self._apply_or_wait(op)
+                placed.update(r.placements)
+                buffered.extend(r.moves)
+        finally:
+            self._defer = None
+        self._one_refill = True  # step (4): the refills the arrivals left to do, one per held hole
+        try:
+            for dev in holes.values():
+                self._begin_op()
+                self._top_up(dev)
+                buffered.extend(self._end_op())
+        finally:
+            self._one_refill = False
+        placed.difference_update(self.refused)
+        unbatched = self._unbatched_moves(buffered)
         final = self._swap_with_arrivals(coalesce_moves(buffered, skip=placed | departed), placed)
-        self.removed_by_batching += len(buffered) - len(final)
-        return BatchResult({rid: self.device_of(rid) or "" for rid in placed}, final, len(buffered))
+        self.removed_by_batching += max(0, unbatched - len(final))
+        return BatchResult({rid: self.device_of(rid) or "" for rid in placed}, final, unbatched)
+
+    def _unbatched_moves(self, buffered: list[Move]) -> int:
+        """What the batch would have moved op by op: the buffered moves plus the refills its arrivals took
+        the place of (one per hole filled)."""
+        n, self._holes_filled = len(buffered) + self._holes_filled, 0
+        return n
+
+    def _fill_hole(self, request_id: str, size: int, holes: dict) -> bool:
+        """§VI step (3), bundle-aware: a tiny or T arrival goes into a device whose refill is held (under 75%,
+        where the refill would move a T item in), joining a multi-item there or as one of its own, so the
+        refill may not be needed."""
+        cls = request_class(size, self.capacity)
+        if cls not in ("tiny", "T"):
+            return False
+        best = None
+        for dev in holes.values():
+            if not self._alive(dev) or dev.free < size or 4 * dev.used >= 3 * self.capacity:
+                continue
+            cat = dev.category
+            if not (cat == "L" or (cat == "M" and dev.counts["M"] >= 2)
+                    or (cat == "T" and dev is not self.fleet.latest("T"))):
+                continue
+            if best is None or (dev.used, -dev.seq) > (best.used, -best.seq):
+                best = dev
+        if best is None:
+            return False
+        if cls == "T":
+            item = Item(request_id, size, "T")
+            self.fleet.add(best, item)
+        else:
+            item = next((it for it in best.items.values() if it.members is not None and it is not self._filling
+                         and 4 * (it.size + size) <= self.capacity and it.cost < self._bundle_members), None)
+            if item is None:
+                self._bundles += 1
+                item = Item(f"bundle:{self._bundles}", size, "T", {request_id: size})
+                self.fleet.add(best, item)
+            else:
+                assert item.members is not None
+                item.members[request_id] = size
+                self.fleet.resize(item, item.size + size, "T", cost_delta=1)
+        self._item_of[request_id] = item
+        self.filled_holes += 1
+        if 4 * best.used >= 3 * self.capacity:
+            self._holes_filled += 1  # its refill is no longer needed
+        return True
+
+    def _apply_or_wait(self, op: Op) -> OpResult:
+        """`apply`, or with when_full="wait": an arrival that fits nowhere is refused (it waits), a growth
+        that fits nowhere stays, over C."""
+        if self.when_full == "raise":
+            return self.apply(op)
+        try:
+            return self.apply(op)
+        except NoCapacity:
+            done = coalesce_moves(self._moves)  # what the operation moved before it found no room
+            if isinstance(op, Allocate):
+                self.refused.append(op.request_id)
+                return OpResult({}, done)
+            if isinstance(op, Update):
+                self._grow_in_place(op.request_id, op.size)
+                return OpResult({}, done)
+            raise
+
+    def _grow_in_place(self, request_id: str, size: int) -> None:
+        item = self._known(request_id)
+        if item.members is not None:
+            old = item.members[request_id]
+            item.members[request_id] = size
+            self.fleet.resize(item, item.size + size - old, "T")
+        else:
+            self.fleet.resize(item, size, request_class(size, self.capacity))
 
     # ---- internals --------------------------------------------------------------------------
     def _swap_with_arrivals(self, moves: tuple[Move, ...], placed: set[str]) -> tuple[Move, ...]:

@@ -162,6 +162,9 @@ class MellPlacement(MellRules):
             if delta < 0:
                 self._top_up(dev)
             return
+        if cls in ("tiny", "T") and delta <= dev.room:
+            self._split_in_place(bundle, request_id, size, cls)  # Fig. 10 Update has no rule for it: it stays
+            return
         # the request leaves its bundle: one migration unless it lands on the same device
         before = dev.category
         if len(bundle.members) > 1:
@@ -188,5 +191,27 @@ class MellPlacement(MellRules):
             raise
         if dest is not dev:
             self._budget -= 1
+            self._op_items += 1
             self._moves.append(Move(request_id, dev.id, dest.id))
             self._settle(dev, before)
+
+    def _split_in_place(self, bundle: Item, request_id: str, size: int, cls: str) -> None:
+        """A tiny request that grew into T, or whose bundle would pass C/4, leaves its bundle where it is:
+        as a T item, or as a multi-item of its own (Fig. 10 prescribes no move for it)."""
+        assert bundle.members is not None and bundle.device is not None
+        dev = bundle.device
+        old = bundle.members[request_id]
+        if len(bundle.members) > 1:
+            del bundle.members[request_id]
+            self.fleet.resize(bundle, bundle.size - old, "T", cost_delta=-1)
+        else:
+            if bundle is self._filling:
+                self._filling = None
+            self.fleet.remove(bundle)
+        if cls == "T":
+            item = Item(request_id, size, "T")
+        else:
+            self._bundles += 1
+            item = Item(f"bundle:{self._bundles}", size, "T", {request_id: size})
+        self.fleet.add(dev, item)
+        self._item_of[request_id] = item

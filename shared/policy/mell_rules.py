@@ -52,12 +52,17 @@ class MellRules:
         self._moves: list[Move] = []
         self._capped = False
         self._pending: dict[str, Device] = {}  # devices whose refill the cap cut short
+        self._one_refill = False  # Fig. 10 Depart: one T-request moved in per departure (not "until 75%")
+        self._defer: dict[str, Device] | None = None  # batching: refills held until the batch's arrivals are placed
+        self._op_items = 0  # items (a multi-item counts once, as Theorem 3 does) moved in this operation
+        self.last_op_items = 0  # ... in the last operation that ended
 
     # ---- operation frame ----------------------------------------------------------------
     def _begin_op(self) -> None:
         self._budget = self.max_migrations_per_op
         self._moves = []
         self._capped = False
+        self._op_items = 0
 
     def _end_op(self) -> tuple[Move, ...]:
         capped = self._capped
@@ -68,6 +73,7 @@ class MellRules:
                     self._top_up(dev)
         if capped:
             self.capped_operations += 1
+        self.last_op_items = self._op_items
         return tuple(self._moves)
 
     def _alive(self, dev: Device) -> bool:
@@ -75,6 +81,7 @@ class MellRules:
 
     def _record(self, item: Item, source: Device, destination: Device) -> None:
         self._budget -= item.cost
+        self._op_items += 1
         self._moves.extend(Move(rid, source.id, destination.id) for rid in item.request_ids())
 
     def _move(self, item: Item, dest: Device) -> bool:
@@ -216,6 +223,9 @@ class MellRules:
     def _top_up(self, dev: Device) -> None:
         if not self._alive(dev):
             return
+        if self._defer is not None:  # batching (§VI): the batch's arrivals may fill the hole first
+            self._defer[dev.id] = dev
+            return
         capped, self._capped = self._capped, False
         self._refill(dev)
         if self._capped:
@@ -237,7 +247,8 @@ class MellRules:
             self._pull_t(dev)
 
     def _pull_t(self, dev: Device) -> None:
-        """Pull T items from the most recently activated T-GPU while `dev` is under 75%."""
+        """Pull T items from the most recently activated T-GPU while `dev` is under 75% (after a departure:
+        one, as Fig. 10 Depart rule 2 moves "a T-request")."""
         while self._alive(dev) and not at_least_three_quarters(dev.used, self.capacity):
             src = self.fleet.latest("T")
             if src is None or src is dev:
@@ -250,6 +261,8 @@ class MellRules:
             if not self._move(item, dev):
                 return
             self._settle(src, before)
+            if self._one_refill:
+                return
 
     def _pull_into(self, dev: Device, item: Item) -> bool:
         """Move `item` into `dev`, moving dev's T items off first if they are in the way."""

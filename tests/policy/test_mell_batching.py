@@ -23,13 +23,17 @@ def _three_m_gpus(batching: bool) -> MellScheduler:
 
 def test_a_to_b_then_b_to_c_becomes_a_to_c() -> None:
     s = _three_m_gpus(batching=True)
-    # Depart(c) refills gpu-1 with e from gpu-2; the new L then takes e (the only M that fits
-    # beside it) from gpu-1: e moves gpu-2 -> gpu-1 -> gpu-3, executed as one move
+    # op by op, Depart(c) refills gpu-1 with e from gpu-2 and the new L then takes e (the only M that
+    # fits beside it) from gpu-1: e moves gpu-2 -> gpu-1 -> gpu-3
+    one = _three_m_gpus(batching=False).run_batch([Depart("c"), Allocate("big", 1300)])
+    assert one.moves == (Move("e", "gpu-2", "gpu-1"), Move("e", "gpu-1", "gpu-3"))
+    # batched, the refill is held (§VI step 1): the L takes e from gpu-2, which empties, so gpu-1 is the
+    # latest M-GPU and needs no refill: one move, nothing buffered beside it
     r = s.run_batch([Allocate("big", 1300), Depart("c")])
     assert r.placements == {"big": "gpu-3"}
     assert r.moves == (Move("e", "gpu-2", "gpu-3"),)
-    assert r.moves_before_dedup == 2
-    assert s.device_of("e") == "gpu-3"
+    assert r.moves_before_dedup == 1
+    assert s.device_of("e") == "gpu-3" and s.theorem1_violations() == []
 
 
 def test_a_request_that_departs_in_the_batch_is_not_moved() -> None:

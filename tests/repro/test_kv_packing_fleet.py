@@ -68,7 +68,8 @@ def test_a_copy_holds_its_source_until_the_hand_over_and_stalls_the_request() ->
     st = paid.move_costs
     assert st.copy_s > 0 and st.bytes_copied > 0 and st.stalls and all(v > 0 for v in st.delay.values())
     assert paid.tpot_delay.max() > 0  # the stall shifts the moved requests' later tokens
-    assert paid.active.sum() > free.active.sum()  # a drained source counts until its copies are handed over
+    # GPUs from the placement (Eq. 3) are the same; a drained source counts physically until the hand-over
+    assert (paid.active == free.active).all() and paid.active_physical.sum() > free.active_physical.sum()
     tokens = run_fleet(s, MellScheduler(1000), "tokens", moves=one_token_blocks(), mode="tokens")
     assert tokens.token_migrations == free.moves and tokens.move_costs.recompute_s > 0
     assert tokens.move_costs.kv_moves == 0
