@@ -6,10 +6,15 @@ Engines are SimWorkers (continuous batching, chunked prefill, exact KV blocks): 
 instance, or a group built by loadgen/sim/pipeline.py. Arrivals go to the engine with the most
 free KV (Llumnix's load balancing). Every `tick_s` a controller looks at the instances:
 - kunserve: KunServe's monitor (shared/policy/kunserve_monitor.py) decides drop / restore, and the
-  drop plan is `shared.policy.kunserve.plan_drop` (throughput- or memory-greedy). A drop is
-  instant; the victims' KV is exchanged over the link while they keep decoding with remote
-  attention. A restore reloads the dropped layers over PCIe and migrates the KV back over the
-  link, then splits the group (cancelled if the burst returns meanwhile).
+  drop plan is `shared.policy.kunserve.plan_drop` (throughput- or memory-greedy); the plan's
+  deficit counts the queued prompts of memory-blocked instances only (a compute backlog is not a
+  memory shortage). Each member drops at its own step boundary: the first to get there forms
+  the group with its share of the memory, the others join at theirs (nobody idles waiting for a
+  partner's long prefill). The victims' KV is exchanged over the link while they keep decoding
+  with remote attention. While dropped, requests a group cannot batch (§4.3's batch limit)
+  overflow back to the dispatcher, which re-routes them to engines with room. A restore reloads
+  the dropped layers over PCIe and migrates the KV back over the link, then splits the group
+  (cancelled if the burst returns meanwhile).
 - migration: Llumnix's live migration with Llumnix's costs (loadgen/sim/llumnix_migration.py).
 Regroups and migrations apply between steps (`at_boundary`): nothing completes a step early.
 Every `sample_s` the cluster's KV occupancy, demand, waiting split and preemptions are sampled.
@@ -60,6 +65,7 @@ class Engine:
     exchanging_until: float = 0.0
     restoring: bool = False
     draining: bool = False  # waiting for its step in progress to end before a merge: starts no new step
+    joined: list[int] | None = None  # a forming group: the members that dropped so far (None: all)
 
 
 class BuddyCluster:
@@ -80,6 +86,8 @@ class BuddyCluster:
         self.state = mon.MonitorState()
         self.prev_used: dict[int, int] = {}
         self.drops = self.restores = 0
+        self.overflowed = 0  # requests a group sent back to the dispatcher (§4.3)
+        self.max_stages = pipeline.max_stages
         self.grouped_time = 0.0
         self.hooks: dict[int, list[Callable[[float], None]]] = {}  # engine id -> run at its next step boundary
         self.migration = LlumnixMigration(self)
@@ -95,6 +103,11 @@ class BuddyCluster:
                 self._new_engine([i], 0.0)
 
     # --- engines ---------------------------------------------------------------------------
+    def _share_blocks(self, k: int) -> int:
+        """KV blocks one member brings to a k-member group: its own KV and the layers it drops."""
+        spec = self.profile.worker
+        return spec.kv_blocks + (k - 1) * self.num_layers * self.layer_bytes // k // self.block_bytes
+
     def _new_engine(self, members: list[int], now: float, exchange_s: float = 0.0) -> Engine:
         k, spec = len(members), self.profile.worker
         freed = (k - 1) * self.num_layers * self.layer_bytes
@@ -136,40 +149,55 @@ class BuddyCluster:
         eng.worker.finished.clear()
 
     def _merge(self, member_ids: list[int], now: float) -> None:
-        """Form a group once every member is between steps (members that get there first idle)."""
+        """Form a group: each member drops its layers at its own step boundary. The first one there
+        creates the group with its share of the KV; the others bring theirs when they get there."""
         old = [e for e in list(self.engines.values()) if e.members[0] in member_ids and len(e.members) == 1]
         if len(old) != len(member_ids) or any(e.draining for e in old):
             return  # a member is in another group or already forming one: the plan is stale
-        pending = {e.worker.index for e in old}
         for e in old:
             e.draining = True
+        k, members = len(member_ids), sorted(member_ids)
+        forming: dict[str, Engine] = {}
 
-        def ready(eid: int) -> Callable[[float], None]:
+        def join(e: Engine) -> Callable[[float], None]:
             def fn(t: float) -> None:
-                pending.discard(eid)
-                if not pending:
-                    self._form(old, member_ids, t)
+                settle(e.worker, t)
+                e.worker.finished.clear()
+                moved = take_all(e.worker)
+                self._retire(e)
+                blocks = sum(-(-c // e.worker.bs) for _, c, _ in moved.decoding)
+                exchange = self.moves.kv.transfer_s(int(blocks * self.block_bytes * (k - 1) / k)) if blocks else 0.0
+                group = forming.get("g")
+                if group is None:
+                    group = forming["g"] = self._new_engine(members, t)
+                    group.joined, group.worker.total = [], 0
+                    self.drops += 1
+                self.at_boundary(group, t, lambda t2: self._land(group, e.members[0], moved, exchange, t2))
             return fn
 
         for e in old:
-            self.at_boundary(e, now, ready(e.worker.index))
+            self.at_boundary(e, now, join(e))
 
-    def _form(self, old: list[Engine], member_ids: list[int], now: float) -> None:
-        moved = []
-        for e in old:
-            settle(e.worker, now)
-            e.worker.finished.clear()
-            moved.append(take_all(e.worker))
-            self._retire(e)
-        k = len(member_ids)
-        victim_bytes = max((sum(-(-c // e.worker.bs) for _, c, _ in m.decoding) * self.block_bytes for m, e in
-                            zip(moved, old)), default=0)
-        exchange = self.moves.kv.transfer_s(int(victim_bytes * (k - 1) / k)) if victim_bytes else 0.0
-        eng = self._new_engine(sorted(member_ids), now, exchange_s=exchange)
-        for m in moved:
-            put_all(eng.worker, m)
-        self.drops += 1
-        self._kick(eng, now)
+    def _land(self, group: Engine, member: int, moved, exchange_s: float, now: float) -> None:
+        """A member's requests and memory join its (settled) group; its victims' KV starts moving."""
+        if group.worker.index not in self.engines:
+            return
+        settle(group.worker, now)
+        group.worker.finished.clear()
+        assert group.joined is not None
+        group.joined.append(member)
+        k = len(group.members)
+        group.worker.total = (group.worker.spec.kv_blocks if len(group.joined) == k
+                              else group.worker.total + self._share_blocks(k))
+        if len(group.joined) == k:
+            group.joined = None
+        put_all(group.worker, moved)
+        if exchange_s > 0:
+            if group.exchanging_until <= now:
+                set_cost(group.worker, group_cost(self.profile.step, k, self.link, self.pipe, exchanging=True))
+            group.exchanging_until = max(group.exchanging_until, now + exchange_s)
+            self._at(group.exchanging_until, 2, ("exchanged", group.worker.index))
+        self._kick(group, now)
 
     def _retire(self, e: Engine) -> None:
         self.preemptions_gone += e.worker.preemptions
@@ -211,23 +239,52 @@ class BuddyCluster:
 
     # --- the controllers ---------------------------------------------------------------------
     def _loads(self) -> list[InstanceLoad]:
-        """Each instance as KunServe's monitor sees it; a group's KV is shared evenly by its members."""
+        """Each instance as KunServe's monitor sees it; a group's KV is shared evenly by the members
+        that dropped so far. Queued prompts count as KV demand only where the head of the queue is
+        blocked on memory (KunServe's trigger: pending >= free, at >= 95% usage)."""
         loads = []
         for eid, e in self.engines.items():
             w, k = e.worker, len(e.members)
+            here = e.members if e.joined is None else e.joined
+            n = max(1, len(here))
             used = w.used * self.block_bytes
             growth = (w.used - self.prev_used.get(eid, w.used)) * self.block_bytes / self.cfg.tick_s
             self.prev_used[eid] = w.used
+            queued = w.queued_tokens * self.profile.worker.kv_bytes_per_token if w.blocked_on == "memory" else 0
             per = self.num_layers // k
-            for j, m in enumerate(e.members):
+            for m in here:
+                j = e.members.index(m)
                 kept = None if k == 1 else (j * per, self.num_layers if j == k - 1 else (j + 1) * per)
                 loads.append(InstanceLoad(
                     instance_id=f"i{m}", worker_id=f"w{m}", model=self.model, num_layers=self.num_layers,
-                    layer_bytes=self.layer_bytes, kv_capacity_bytes=w.total * self.block_bytes // k,
-                    kv_used_bytes=used // k, kv_growth_bytes_per_s=growth / k,
-                    queued_kv_bytes=w.queued_tokens * self.profile.worker.kv_bytes_per_token // k,
+                    layer_bytes=self.layer_bytes, kv_capacity_bytes=w.total * self.block_bytes // n,
+                    kv_used_bytes=used // n, kv_growth_bytes_per_s=growth / n, queued_kv_bytes=queued // n,
                     kept_layers=kept, group_id=None if k == 1 else f"g{eid}"))
         return loads
+
+    def _rebalance(self, now: float) -> None:
+        """§4.3: a group's queued requests beyond its batch limit go back to the dispatcher, which
+        sends them (newest first) to engines with batch room and free KV for them."""
+        for g in [e for e in self.engines.values() if len(e.members) > 1 and not e.draining]:
+            w = g.worker
+            room = w.spec.max_batch - w.decoding - len(w.prefilling)
+            overflow = list(w.waiting)[max(0, room):]
+            for req in reversed(overflow):
+                need = -(-req.to_prefill // w.bs) + 1
+                spare = [e for e in self.engines.values() if e is not g and not e.draining
+                         and e.worker.blocked_on != "memory"
+                         and e.worker.decoding + len(e.worker.prefilling) + len(e.worker.waiting) < e.worker.spec.max_batch
+                         and e.worker.total - e.worker.used - -(-e.worker.queued_tokens // e.worker.bs) >= need]
+                if not spare:
+                    break
+                target = max(spare, key=lambda e: (e.worker.total - e.worker.used, -e.worker.index))
+                w.waiting.remove(req)
+                w.queued_tokens -= req.to_prefill
+                self.overflowed += 1
+                end = target.worker.enqueue(req, now)
+                if end is not None:
+                    self._at(end, 0, (target.worker.index, target.worker.gen))
+                target.worker.finished.clear()
 
     def _kunserve_tick(self, now: float) -> None:
         loads = self._loads()
@@ -251,10 +308,15 @@ class BuddyCluster:
         elif action == mon.Action.CANCEL_RESTORE:
             for e in self.engines.values():
                 e.restoring = False
+        if self.state.phase != mon.Phase.NORMAL:
+            self._rebalance(now)
 
     def _restore_done(self, eid: int, now: float) -> None:
         eng = self.engines.get(eid)
         if eng is None or not eng.restoring or self.state.phase != mon.Phase.RESTORING:
+            return
+        if eng.joined is not None:  # a member has not dropped yet: look again in a second
+            self._at(now + 1.0, 3, ("restore", eid))
             return
         k, spec = len(eng.members), self.profile.worker
         if eng.worker.used > 0.9 * k * spec.kv_blocks:  # would not fit back: keep the group
@@ -321,7 +383,7 @@ class BuddyCluster:
                 self._route(payload, t)  # type: ignore[arg-type]
             elif kind == 2:
                 eng = self.engines.get(payload[1])  # type: ignore[index]
-                if eng is not None:
+                if eng is not None and t + 1e-9 >= eng.exchanging_until:
                     def exchanged(t: float, eng: Engine = eng) -> None:
                         settle(eng.worker, t)
                         set_cost(eng.worker, group_cost(self.profile.step, len(eng.members), self.link, self.pipe))

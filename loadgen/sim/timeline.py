@@ -62,17 +62,22 @@ class ClusterSample(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     waiting_memory: int
     waiting_compute: int
     preemptions: int  # cumulative
+    # KV in use plus each worker's head-of-line queued prompt, as a fraction of all blocks: the demand
+    # Llumnix (and KunServe §2.2, "in-processing requests and head-of-line queuing requests") counts
+    demand_hol: float = 0.0
 
 
 def sample_workers(t: float, workers: list, preemptions: int) -> ClusterSample:
     """One ClusterSample of `workers` (SimWorkers) at `t`."""
-    used = total = queued = mem = comp = 0
+    used = total = queued = head = mem = comp = 0
     peak = 0.0
     for w in workers:
         used += w.used
         total += w.total
         queued += -(-w.queued_tokens // w.bs)
-        peak = max(peak, w.used / w.total)
+        if w.waiting:
+            head += -(-w.waiting[0].to_prefill // w.bs)
+        peak = max(peak, w.used / w.total) if w.total else peak
         n = len(w.waiting)
         if w.blocked_on == "memory":
             mem += n
@@ -80,4 +85,5 @@ def sample_workers(t: float, workers: list, preemptions: int) -> ClusterSample:
             comp += n
     total = total or 1
     return ClusterSample(t_s=t, kv_used=used / total, kv_used_max=peak, demand=(used + queued) / total,
-                         waiting_memory=mem, waiting_compute=comp, preemptions=preemptions)
+                         waiting_memory=mem, waiting_compute=comp, preemptions=preemptions,
+                         demand_hol=(used + head) / total)

@@ -56,3 +56,42 @@ def generate_burstgpt(params: BurstGPTParams) -> Trace:
     prompts, outputs = sample_lengths(params.dataset, rng, len(times))
     return make_trace(params, params.duration_s, times, [params.model], np.zeros(len(times), np.int64),
                       prompts, outputs)
+
+
+# --- 1-second bins, as KunServe's harness replays BurstGPT (SJTU-IPADS/kunserve, evaluation/) ---
+# evaluation/trace/burstgpt.py keeps `int(Timestamp / 10)` of a CSV segment (the /10 time scaling:
+# 1-second bins); evaluation/trace.py replays the gaps between those integer timestamps, so every
+# request of a bin arrives at its start; evaluation/bench.py upscales by a factor f as TraceUpscaler
+# does: each trace row is tried ceil(f) times and each try is kept with probability f / ceil(f).
+
+
+def bin_counts(times_s: np.ndarray | list[float], duration_s: float | None = None) -> np.ndarray:
+    """Requests per 1-second bin (`int(t)`, as the harness truncates its timestamps)."""
+    t = np.floor(np.asarray(times_s, dtype=np.float64)).astype(np.int64)
+    if t.size and t.min() < 0:
+        raise ValueError("arrival times must be >= 0")
+    n = int(np.ceil(duration_s)) if duration_s is not None else (int(t.max()) + 1 if t.size else 0)
+    return np.bincount(t[t < n], minlength=n) if n else np.zeros(0, np.int64)
+
+
+def upscale_bins(counts: np.ndarray, factor: float, rng: np.random.Generator) -> np.ndarray:
+    """The harness's ceil(f)-Bernoulli upscaling: each of a bin's rows is tried ceil(f) times, each
+    try kept with probability f / ceil(f). The mean is f x counts; f = 1 keeps every row."""
+    if factor <= 0:
+        raise ValueError(f"the upscaling factor must be > 0, got {factor}")
+    reps = int(np.ceil(factor))
+    return rng.binomial(np.asarray(counts, dtype=np.int64) * reps, factor / reps)
+
+
+def bin_arrivals(counts: np.ndarray) -> np.ndarray:
+    """Arrival times of binned counts: every request of bin i arrives at i seconds."""
+    return np.repeat(np.arange(len(counts), dtype=np.float64), np.asarray(counts, dtype=np.int64))
+
+
+def spike_bins(rng: np.random.Generator, duration_s: float, base_per_s: float, bursts: list[Burst]) -> np.ndarray:
+    """Poisson counts per 1-second bin of a base rate with bursts (`burst_envelope` at bin starts)."""
+    t = np.arange(int(np.ceil(duration_s)), dtype=np.float64)
+    rate = np.full_like(t, base_per_s)
+    for b in bursts:
+        rate += base_per_s * (b.magnitude - 1.0) * burst_envelope(t + 0.5, b)
+    return rng.poisson(rate)
