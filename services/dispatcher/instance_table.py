@@ -152,13 +152,17 @@ class InstanceTable:
         """Instances of `model` on routable workers, with this dispatcher's recent assignments added; a
         buddy group's members as one pooled instance, its entry (shared/policy/routing_groups.py)."""
         out: list[InstanceView] = []
+        restoring: list[InstanceView] = []
         for w in self.workers.values():
             if not self.routable(w, now):
                 continue
             for inst in w.instances.values():
-                if inst.model == model and inst.accepting and inst.group_id not in self.restoring_groups:
-                    out.append(self._view(w, inst))  # not one being evicted (EvictModel) or restored (KunServe)
-        return collapse_groups(out, self.group_batch)
+                if inst.model == model and inst.accepting:  # not one being evicted (EvictModel)
+                    (restoring if inst.group_id in self.restoring_groups else out).append(self._view(w, inst))
+        units = collapse_groups(out, self.group_batch)
+        if not units and restoring:  # a group being restored (KunServe) takes nothing new, unless it is all
+            units = collapse_groups(out + restoring, self.group_batch)  # there is: never a 503 wedge
+        return units
 
     def _view(self, w: WorkerView, inst: InstanceStats) -> InstanceView:
         load = self.loads.get(inst.instance_id) or InstanceLoad()

@@ -36,6 +36,8 @@ def refusal(a: Assignment, *, worker_id: str, draining: bool, instances: Mapping
     if inst is None or inst.model != a.model:
         served = ", ".join(f"{i.instance_id} ({i.model})" for i in instances.values()) or "none yet"
         return "model_not_loaded", f"worker {worker_id} has no instance {a.instance_id} of {a.model}; it serves {served}"
+    if inst.group is not None and inst.group.collapsing:
+        return "no_capacity", f"instance {a.instance_id} is collapsing out of buddy group {inst.group.group_id}"
     if a.adapter is not None and a.adapter not in inst.adapters:
         return "adapter_unavailable", f"adapter {a.adapter!r} is not registered for {a.model} on {worker_id}"
     if a.request_id in active:

@@ -16,7 +16,10 @@
 * `LeaveGroup` — run alone again (restoring what is still dropped); refused `busy` while
   leaving would lose KV: micro-batches in flight, an exchange, other owners' KV here, or its
   own requests not yet migrated back. The record is marked `dissolved` once the last member
-  has left.
+  has left. A member still refused `FORCE_LEAVE_AFTER_S` after its first RestoreLayers (a group
+  stuck `restoring`: an owner that never migrates back, KV that never frees) leaves by force: it
+  collapses as if a peer were lost (its requests recomputed token-exact, the other owners' KV
+  freed), and the peers, seeing it left, collapse in turn; the planner's DissolveGroup then applies.
 * Before joining, every other member is checked in the registry (a live worker holding that
   instance of the model: `group/member_check.py`); one that is not there is refused `not_found`
   and nothing joins.
@@ -61,6 +64,9 @@ GROUP_COMMANDS = (JoinGroup, DropLayers, LeaveGroup, RestoreLayers)
 MEMORY = 10_000
 RESTORE_TIMEOUT_S = 120.0  # a restore waiting this long for KV to free is refused (insufficient_memory)
 RESTORE_POLL_S = 0.05
+# A LeaveGroup refused `busy` this long after the member's first RestoreLayers leaves by force: longer
+# than a restore waiting for KV to free (RESTORE_TIMEOUT_S) plus a migrate-back, so only a stuck one.
+FORCE_LEAVE_AFTER_S = RESTORE_TIMEOUT_S + 30.0
 
 
 class GroupControl:
@@ -71,8 +77,11 @@ class GroupControl:
     def __init__(self, worker_id: str, instances: "dict[str, ModelInstance]", dataplane: "WorkerDataPlane", *,
                  bus: "Callable[[], Bus]", spawn_task: Callable[[Coroutine[Any, Any, Any]], None],
                  crashed: Callable[[str, BaseException], None],
-                 publish_stats: "Callable[[], Coroutine[Any, Any, None]]", dead_after: float = 3.0) -> None:
+                 publish_stats: "Callable[[], Coroutine[Any, Any, None]]", dead_after: float = 3.0,
+                 force_leave_after_s: float = FORCE_LEAVE_AFTER_S) -> None:
         self.worker_id, self.instances, self.dataplane = worker_id, instances, dataplane
+        self.force_leave_after_s = force_leave_after_s
+        self._restoring_since: dict[str, float] = {}  # member instance -> its first RestoreLayers (monotonic)
         self._bus, self._publish_stats = bus, publish_stats
         self._router: GroupRouter | None = None
         self._done: OrderedDict[str, CtlReply] = OrderedDict()
@@ -144,6 +153,7 @@ class GroupControl:
         if checked.problem is not None:  # nothing joined: no record is written, no frame sent
             return self._refused(msg, "busy" if checked.unreachable else "not_found", checked.problem)
         self.router.install()
+        self._restoring_since.pop(msg.instance_id, None)  # (an earlier group's restore)
         transport = self.router.transport(inst, {m.instance_id: m.worker_id for m in msg.members})
         member = GroupMember(inst.engine, msg.instance_id, transport)
 
@@ -180,6 +190,7 @@ class GroupControl:
             freed = await inst.run_on_engine(lambda _e: member.drop_layers(msg.layers.start, msg.layers.end))
         except RuntimeError as exc:
             return self._refused(msg, "busy", str(exc))
+        self._restoring_since.pop(msg.instance_id, None)  # the restore is cancelled: no deadline runs
         await self._record(msg.group_id, lambda r: with_state(r, "active") if r and r.state == "restoring" else None)
         return self._done_reply(msg, f"released {freed} bytes of weights to the KV pool")
 
@@ -190,6 +201,7 @@ class GroupControl:
         member = inst.group
         if member is not None and member.group_id is not None:
             group_id = member.group_id
+            self._restoring_since.setdefault(msg.instance_id, time.monotonic())
             await self._record(group_id, lambda r: with_state(r, "restoring") if r and r.state == "active" else None)
         start, end = msg.layers.start, msg.layers.end
 
@@ -241,7 +253,19 @@ class GroupControl:
         try:
             await inst.run_on_engine(leave)
         except (RuntimeError, MemoryError) as exc:
-            return self._refused(msg, "busy" if isinstance(exc, RuntimeError) else "insufficient_memory", str(exc))
+            since = self._restoring_since.get(msg.instance_id)
+            if since is None or time.monotonic() - since < self.force_leave_after_s:
+                return self._refused(msg, "busy" if isinstance(exc, RuntimeError) else "insufficient_memory", str(exc))
+            why = (f"left by force {time.monotonic() - since:.0f} s after its restore began (deadline "
+                   f"{self.force_leave_after_s:.0f} s): {exc}")
+            log.warning("buddy group member stuck restoring: leaving by force", group=msg.group_id,
+                        instance=msg.instance_id, why=why)
+            if await self.loss.force(msg.instance_id, why):
+                self._restoring_since.pop(msg.instance_id, None)
+                return self._done_reply(msg, f"left {msg.group_id}: {why}; it runs alone again "
+                                             "(every layer resident, its requests recomputed)")
+            return self._refused(msg, "busy", f"{msg.instance_id} could not leave {msg.group_id} by force: {exc}")
+        self._restoring_since.pop(msg.instance_id, None)
         self.router.forget(msg.instance_id)
         self.loss.left(msg.instance_id)
         await self._publish_stats()  # the other members see this one left

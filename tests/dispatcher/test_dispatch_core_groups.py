@@ -61,9 +61,33 @@ def test_a_group_being_restored_takes_no_new_requests() -> None:
         return CatalogChanged(bucket=Bucket.GROUPS, key="g", revision=revision, op="put", ts=0.1,
                               record=GroupRecord(group_id="g", model="tiny", members=members, state=s))
 
+    c.heartbeat(heartbeat("w2"), 0.0)  # and an instance in no group
+    c.worker_stats(stats("w2", member("i2", None, total=64, used=32, running=2)), 0.0)
     c.catalog_changed(state("restoring", 1), 0.1)
     _, effects = c.submit(submit("r-restoring"), 0.2)
-    assert sends(effects) == []  # the group's members are not routable while it restores
+    # the group's members are not routable while it restores: the other instance takes it
+    assert [(s.worker_id, s.assignment.instance_id) for s in sends(effects)] == [("w2", "i2")]
     c.catalog_changed(state("active", 2), 0.3)  # the restore was cancelled (a burst came back)
     _, effects = c.submit(submit("r-active"), 0.4)
+    assert [(s.worker_id, s.assignment.instance_id) for s in sends(effects)] == [("w0", "i0")]
+
+
+def test_a_group_being_restored_still_admits_when_it_is_all_the_model_has() -> None:
+    """A restore that never ends (a member refusing LeaveGroup) must not leave the model with no
+    admitting instance: every request refused 503 no_capacity for as long as it lasts."""
+    from shared.events.common import GroupMember
+    from shared.events.registry import Bucket, CatalogChanged, GroupRecord
+
+    c = DispatchCore(dispatcher_id="dispatcher-test", policy=make_policy("least-load"),
+                     catalog=ModelCatalog.from_config(CONFIG), queue_bound=8, max_redispatches=2,
+                     dead_after=DEAD_AFTER, block_size=16, max_batch=4, now=0.0, group_batch=profiled_batch(PROFILE))
+    for worker, iid, layers in (("w0", "i0", (0, 1)), ("w1", "i1", (1, 2))):
+        c.heartbeat(heartbeat(worker), 0.0)
+        c.worker_stats(stats(worker, member(iid, layers, total=96, used=0, running=0)), 0.0)
+    members = [GroupMember(worker_id="w0", instance_id="i0", layers=LayerRange(start=0, end=1)),
+               GroupMember(worker_id="w1", instance_id="i1", layers=LayerRange(start=1, end=2))]
+    c.catalog_changed(CatalogChanged(bucket=Bucket.GROUPS, key="g", revision=1, op="put", ts=0.1, record=GroupRecord(
+        group_id="g", model="tiny", members=members, state="restoring")), 0.1)
+    reply, effects = c.submit(submit("r-only-group"), 0.2)
+    assert type(reply).__name__ == "SubmitAccepted", reply
     assert [(s.worker_id, s.assignment.instance_id) for s in sends(effects)] == [("w0", "i0")]

@@ -102,6 +102,9 @@ class GroupMember(MemberLifecycle):
         self.restore_requested = False  # RestoreLayers came (a DropLayers clears it): migrate back once restored
         self.back = MigrateBack(self)
         self.fallbacks = 0  # victims recomputed because their KV exchange kept failing
+        # Set (on the event loop) once a collapse is decided: the member admits nothing new until the
+        # engine thread has run it, so a request is never admitted into a pipeline that is going away.
+        self.collapsing = False
 
     # --- forming the group ----------------------------------------------------------------
     def join(self, group_id: str, stages: list[Stage], *, drop: bool = True) -> int:

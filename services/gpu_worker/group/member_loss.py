@@ -87,21 +87,34 @@ class MemberLoss:
         inst = self.instances.get(lost.instance_id)
         if lost.reason == "left" and inst is not None and inst.group is not None and inst.group.solo:
             self.watch.drop_peer(lost.instance_id, lost.peer)  # it runs every layer itself: nothing lost
+            member = inst.group
+            # ... and the peer never routes through it again: whatever of its KV is still here goes
+            await inst.run_on_engine(lambda _e: member.executor.free_owner(lost.peer))
             return
         await self._collapse(lost)
 
-    async def _collapse(self, lost: PeerLost) -> None:
+    async def force(self, instance_id: str, why: str) -> bool:
+        """Collapse member `instance_id` now although no peer is lost (a LeaveGroup refused `busy`
+        past its deadline): its own requests are recomputed here, the other owners' KV freed; the
+        peers see it left and collapse in turn. False: it is in no group (any more)."""
+        inst = self.instances.get(instance_id)
+        if inst is None or inst.group is None:
+            return False
+        return await self._collapse(PeerLost(instance_id, "", self.worker_id, "left", why))
+
+    async def _collapse(self, lost: PeerLost) -> bool:
         instance_id, peer = lost.instance_id, lost.peer
         inst = self.instances.get(instance_id)
         self.watch.forget(instance_id)
-        if inst is None or inst.group is None:
-            return
+        if inst is None or inst.group is None or inst.group.collapsing:
+            return False  # (a collapse already under way is the one that counts: handled once)
+        inst.group.collapsing = True  # from now on it admits nothing (admission.refusal)
         group_id = inst.group.group_id or ""
         log.warning("buddy group member lost: running alone again", group=group_id, instance=instance_id,
                     lost=peer, worker=lost.worker, reason=lost.reason, detail=lost.detail)
         router = self._router()
         transport = router.members.get(instance_id)
-        if transport is not None:
+        if transport is not None and peer:
             transport[1].fail_peer(peer)  # a remote-attention call waiting on it ends now
 
         def collapse(_engine: object) -> None:
@@ -113,12 +126,14 @@ class MemberLoss:
             await inst.run_on_engine(collapse)
         except (RuntimeError, MemoryError) as exc:  # the engine's state is unknown: the worker must go
             self._crashed(instance_id, exc)
-            return
+            return False
         router.forget(instance_id)
-        self._collapsed[instance_id] = (group_id, f"member {peer} lost ({lost.reason}: {lost.detail})")
+        why = f"member {peer} lost ({lost.reason}: {lost.detail})" if peer else lost.detail
+        self._collapsed[instance_id] = (group_id, why)
         await self._publish_stats()
         await write_record(self._bus(), group_id,
                            lambda r: with_state(r, "dissolved") if r and r.state != "dissolved" else None)
+        return True
 
 
 __all__ = ["JOIN_TIMEOUT_S", "MemberLoss"]
