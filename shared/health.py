@@ -32,3 +32,6 @@ class HealthReply(msgspec.Struct, frozen=True, kw_only=True):
     state: Literal["starting", "ready", "draining"] = "ready"
     inflight: int = 0  # messages being handled by the service's actors
     metrics_port: int | None = None  # where its Prometheus /metrics is served, if anywhere
+    # while `starting`: what it is doing (e.g. "loading smollm2-135m-instruct (1/3)"), so a slow start on a
+    # busy host reads as progress, not as a hang; `tidal up` prints it and keeps waiting
+    progress: str = ""

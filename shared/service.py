@@ -117,6 +117,7 @@ class Service:
         self.on_drain: list[Hook] = []  # first thing on shutdown, before actors drain (e.g. mark draining)
         self.on_stop: list[Hook] = []  # after actors drained, before the bus closes (e.g. deregister)
         self.state = "starting"
+        self.progress = ""  # what a `starting` service is doing (HealthReply.progress); on_start hooks set it
         self.exit_code = 0
         self.metrics_port: int | None = None
         self.tracing = tracing
@@ -152,6 +153,7 @@ class Service:
             service=self.name, instance=self.settings.instance, version=self.version,
             uptime_s=round(time.monotonic() - self._started, 3), state=self.state,  # type: ignore[arg-type]
             inflight=sum(actor.inflight for actor in self.actors), metrics_port=self.metrics_port,
+            progress=self.progress if self.state == "starting" else "",
         )
 
     async def run(self, *, install_signals: bool = True) -> int:

@@ -4,13 +4,20 @@
 that are missing or stale (cached under `data_dir`, see services.gpu_worker.demo_assets)
 before any worker starts.
 `wait_until_serving` polls the gateway's `/ready` until a worker serves something, and
-`usage_banner` prints a ready-to-paste `curl` line and the equivalent `openai` snippet.
+`usage_banner` prints a ready-to-paste `curl` line and the equivalent `openai` snippet, run by
+this venv's interpreter (named by its path: `python` on PATH may be another one, without openai);
+`tidal_command` is how to call `tidal` from the user's shell (`tidal` when it is on PATH, else its path).
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shlex
+import shutil
+import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 from loadgen.runner.bench_cluster import gateway_ready
@@ -55,7 +62,28 @@ def example_model(cfg: ClusterConfig) -> str | None:
     return next((m.name for m in cfg.models if m.name in served), None)
 
 
-def usage_banner(cfg: ClusterConfig, url: str) -> str:
+def shell_path(path: Path) -> str:
+    """`path` as a user pastes it: relative to the current folder when inside it, else absolute."""
+    try:
+        rel = path.relative_to(Path.cwd())
+        text = str(rel) if str(rel).startswith(".") or os.sep in str(rel) else f".{os.sep}{rel}"
+    except ValueError:
+        text = str(path)
+    return shlex.quote(text)
+
+
+def tidal_command() -> str:
+    """`tidal` if that is this install's on PATH (an activated venv), else the script's path (`.venv/bin/tidal`)."""
+    script = Path(sys.executable).parent / "tidal"
+    found = shutil.which("tidal")
+    if found and script.exists() and Path(found).resolve() == script.resolve():
+        return "tidal"
+    return shell_path(script) if script.exists() else f"{shell_path(Path(sys.executable))} -m tidal"
+
+
+def usage_banner(cfg: ClusterConfig, url: str, python: str | None = None) -> str:
+    """`python`: the interpreter the openai snippet names (default: this one, whose venv has openai)."""
+    python = python or shell_path(Path(sys.executable))
     model = example_model(cfg)
     if model is None:
         return "  (no worker serves a model in this config: nothing to call yet)"
@@ -75,8 +103,8 @@ def usage_banner(cfg: ClusterConfig, url: str) -> str:
         + f"  try it (models: {names}):\n\n"
         f"curl -sN {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
         f"  -d '{body}'\n\n"
-        f"  or with the openai client (pip install openai):\n\n"
-        f"python - <<'EOF'\n"
+        f"  or with the openai client, in this venv's Python:\n\n"
+        f"{python} - <<'EOF'\n"
         f"from openai import OpenAI\n"
         f"import os\n"
         f"client = OpenAI(base_url=\"{url}/v1\", api_key=os.environ.get(\"TIDAL_API_KEY\", \"unused\"))\n"

@@ -1,9 +1,11 @@
 """The supervisor behind `tidal up`: NATS, then every service as a child process, then stop in order.
 
-Start: the embedded nats-server (unless a NATS url is given), the registry (waited for: the
-others announce themselves in it), then the other services; each must answer its health
-subject within `wait_s`, or start-up fails, everything started is stopped and the exit code
-is 1. The state file `<data_dir>/run.json` records the NATS url and every child (pid,
+Start: the CPU attention kernel, built once per venv if missing (tidal/prebuild.py: never inside a
+worker's start), the embedded nats-server (unless a NATS url is given), the registry (waited for:
+the others announce themselves in it), then the other services; each must answer its health
+subject (`starting` with its progress, which is printed, then `ready`) and never stay silent for
+`wait_s`, or start-up fails with the cause read from its log (tidal/start_report.py), everything
+started is stopped and the exit code is 1. The state file `<data_dir>/run.json` records the NATS url and every child (pid,
 process group, start time) for `tidal down` and `tidal status`.
 
 Running: a child that exits on its own is reported and restarted with backoff
@@ -34,11 +36,14 @@ from shared.wire import TidalError
 from tidal import demo
 from tidal.health_probe import gather_health
 from tidal.launch_plan import ChildSpec, plan_children
+from tidal.prebuild import build_kernels
 from tidal.process_control import create_time, pid_alive, recorded_alive, stop_recorded
 from tidal.restart_policy import RestartPolicy
+from tidal.start_report import failure_cause, last_progress
 from shared.run_state import ProcessInfo, RunState, read_state, remove_state, write_state
 
 STOP_GRACE_S = 5.0  # beyond a service's drain deadline, before SIGKILL
+STALLED_S = 900.0  # a service answering `starting` with the same progress this long is stuck, not slow
 
 
 class Child:
@@ -169,6 +174,8 @@ class Launcher:
             except AssetError as exc:
                 self.out(f"tidal: {exc}")
                 return False
+            if not await build_kernels(self.cfg, self.services, self.workers, self._stop, self.out):
+                return False
         if self.external_nats is None:
             # per-service users by default: a client without credentials cannot publish anything
             self.nats = NatsServer(store_dir=self.data_dir / "nats", log_file=self.logs_dir / "nats.log",
@@ -208,28 +215,46 @@ class Launcher:
         return True
 
     async def _wait_healthy(self, children: list[Child]) -> bool:
+        """Until every child answers `ready`. A child that answers `starting` (with its progress, printed when it
+        changes) is waited for as long as it keeps answering; one silent for `wait_s`, or stuck on one progress
+        for STALLED_S, fails the start with the cause from its log."""
         assert self.bus is not None
-        deadline = time.monotonic() + self.wait_s
+        heard = {c.instance: time.monotonic() for c in children}  # the start counts as heard: wait_s of silence
+        progress: dict[str, tuple[str, float]] = {}
         waiting = {c.instance: c for c in children}
         while waiting:
             for instance, child in list(waiting.items()):
                 code = child.exited()
                 if code is not None:
-                    self.out(f"tidal: {child.spec.label} exited with code {code} during start-up; its log "
-                             f"({child.spec.log_path}) ends with:\n{child.log_tail()}")
+                    self.out(f"tidal: {child.spec.label} exited with code {code} during start-up "
+                             f"(log: {child.spec.log_path}); the cause:\n{failure_cause(child.spec.log_path)}")
                     return False
             if self._stop.is_set():
                 return False
-            if time.monotonic() > deadline:
-                names = ", ".join(c.spec.label for c in waiting.values())
-                self.out(f"tidal: no health reply within {self.wait_s:.0f}s from {names}; see {self.logs_dir}")
+            now = time.monotonic()
+            silent = [c for i, c in waiting.items() if now - heard[i] > self.wait_s]
+            stalled = [c for i, c in waiting.items() if i in progress and now - progress[i][1] > STALLED_S]
+            if silent or stalled:
+                for child in silent + stalled:
+                    what = progress.get(child.instance, ("", 0.0))[0] or last_progress(child.spec.log_path)
+                    why = (f"no health reply for {self.wait_s:.0f}s" if child in silent
+                           else f"no progress for {STALLED_S:.0f}s")
+                    self.out(f"tidal: {child.spec.label}: {why}" + (f" (last: {what})" if what else "")
+                             + f"; its log ({child.spec.log_path}) says:\n{failure_cause(child.spec.log_path)}")
                 return False
             for service in {c.spec.name for c in waiting.values()}:
-                replies = await gather_health(self.bus, service, timeout=0.3, expect=set(waiting))
+                # a busy host may take a while to answer: a late reply must not count as silence
+                replies = await gather_health(self.bus, service, timeout=1.0, expect=set(waiting))
                 for instance, reply in replies.items():
-                    if instance in waiting and reply.state == "ready":
+                    if instance not in waiting:
+                        continue
+                    heard[instance] = time.monotonic()
+                    if reply.state == "ready":
                         self.out(f"tidal: {waiting[instance].spec.label} ready ({instance}, pid {waiting[instance].proc.pid})")  # type: ignore[union-attr]
                         del waiting[instance]
+                    elif reply.progress and reply.progress != progress.get(instance, ("", 0.0))[0]:
+                        progress[instance] = (reply.progress, heard[instance])
+                        self.out(f"tidal: {waiting[instance].spec.label} starting: {reply.progress}")
             await asyncio.sleep(0.1)
         return True
 
@@ -239,12 +264,13 @@ class Launcher:
 
     def _banner(self) -> None:
         assert self.state is not None
+        tidal = demo.tidal_command()
         self.out(
             f"tidal: cluster up: {len(self.children)} service processes on {redact(self.state.nats_url)}\n"
             f"  gateway:  {self.gateway_url} (OpenAI API)\n"
             f"  logs:     {self.logs_dir}/\n"
-            f"  status:   tidal status{self._config_flag()}\n"
-            f"  stop:     Ctrl-C here, or `tidal down{self._config_flag()}` from another shell"
+            f"  status:   {tidal} status{self._config_flag()}\n"
+            f"  stop:     Ctrl-C here, or `{tidal} down{self._config_flag()}` from another shell"
         )
 
     async def _show_usage(self) -> None:

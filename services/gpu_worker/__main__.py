@@ -2,7 +2,8 @@
 
 Start-up: announce the WorkerRecord and send heartbeats (state `starting`), bind the
 assignment/abort/control subjects, then load the models the config assigns to this worker
-(off the event loop; demo checkpoints are generated first if missing), start one engine
+(off the event loop; demo checkpoints are generated first if missing, the CPU attention kernel
+built if `tidal up` did not; health answers `starting` with what it is doing), start one engine
 thread per instance, register models/adapters/instances in the registry (retried until
 one answers) and become `ready`. SIGTERM drains (see services.gpu_worker.worker).
 """
@@ -12,6 +13,7 @@ import argparse
 import asyncio
 import os
 
+from gpu_ext import cpu_attention
 from services.gpu_worker.catalog import CatalogWriter
 from services.gpu_worker.demo_assets import AssetError, ensure_demo_assets
 from services.gpu_worker.engine.memory_pool import MemoryPool
@@ -53,9 +55,18 @@ def main() -> None:
     boot.service.add_actor(worker)
 
     async def load_and_serve(service: Service) -> None:
+        def report(what: str) -> None:  # answered on health while starting (`tidal up` prints it)
+            service.progress = what
+            log.info("starting", progress=what)
+
         def load() -> list:
+            report("checking demo checkpoints")
             ensure_demo_assets(cfg, models=spec.models)
-            return load_instances(cfg, spec, threads=threads, pool=pool)
+            if spec.device == "cpu" and spec.models and cpu_attention.pending():
+                # `make install` / `tidal up` build it ahead of time; a bare `pip install` gets it here, once
+                report("building the CPU attention kernel (once per venv; a minute on a busy box)")
+                cpu_attention.paged_decode_kernel()
+            return load_instances(cfg, spec, threads=threads, pool=pool, progress=report)
 
         try:
             instances = await asyncio.to_thread(load)

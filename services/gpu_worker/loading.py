@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from services.gpu_worker.engine.engine import EngineConfig, LLMEngine
@@ -67,14 +68,20 @@ def engine_config(cfg: ClusterConfig, worker: WorkerSpec, model: ModelSpec, pool
 
 
 def load_instances(cfg: ClusterConfig, worker: WorkerSpec, *, threads: int | None = None,
-                   pool: MemoryPool | None = None) -> list[ModelInstance]:
+                   pool: MemoryPool | None = None, progress: Callable[[str], None] | None = None,
+                   ) -> list[ModelInstance]:
     """Load every model of `worker` (blocking: call it off the event loop) on `pool` (default: a
-    new pool of the worker's `memory`). Raises LoadError."""
+    new pool of the worker's `memory`); `progress` hears "loading <model> (i/n)" before each. Raises LoadError."""
     if not worker.models:
         return []
     threads = threads or default_threads(cfg, worker)
     pool = pool if pool is not None else MemoryPool(int(worker.memory), worker.device)  # shared by every instance
-    return [load_instance(cfg, worker, name, pool, threads) for name in worker.models]
+    loaded = []
+    for i, name in enumerate(worker.models, 1):
+        if progress is not None:
+            progress(f"loading {name} ({i}/{len(worker.models)})")
+        loaded.append(load_instance(cfg, worker, name, pool, threads))
+    return loaded
 
 
 def load_instance(cfg: ClusterConfig, worker: WorkerSpec, name: str, pool: MemoryPool, threads: int, *,
