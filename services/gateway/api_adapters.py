@@ -47,6 +47,7 @@ def _spec(description: str) -> ResponseSpec:
 COMMON = {
     401: _spec("Missing or wrong API key (`invalid_api_key`)"),
     413: _spec("Request body over the gateway's limit (`request_too_large`)"),
+    415: _spec("A body declared as anything but `application/json` (`unsupported_media_type`)"),
     429: _spec("API key over its rate limit (`rate_limit_exceeded`)"),
     500: _spec("Internal error (`internal_error`); details only in the gateway's log"),
 }

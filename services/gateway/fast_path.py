@@ -4,22 +4,26 @@ The time to first token is the serving path's figure of merit, and for one reque
 routing, parameter injection and body validation cost about 0.2 ms of the gateway's CPU on
 this path (traced in docs/benchmarks.md#gateway). So a `POST` to a generation route whose
 body decodes (strictly) as that route's request with `stream: true` is handed to the
-endpoint's `generate` here, and its `EventStream` answers; anything else — a body that does
-not decode, a non-streaming request, every other route — goes to Litestar unchanged, so
-validation errors, the OpenAPI document and the non-streaming answers are Litestar's as
-before. The Edge in front has already authenticated, rate-limited and read the body.
+endpoint's `generate` here, and its `EventStream` answers.
+
+Every `POST` with a JSON body is checked here first (`body_guard.py`): a body that is not JSON,
+not UTF-8, nested past what msgspec decodes, of another content type or not of the route's
+type is answered 4xx here, so Litestar only ever decodes bodies known to decode. The rest — a
+non-streaming request, every other route — goes to Litestar unchanged. The Edge in front has
+already authenticated, rate-limited and read the body.
 """
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import msgspec
 from litestar import Response
 
 from services.gateway import chat, completions
+from services.gateway.api_adapters import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
 from services.gateway.api_chat import ChatCompletionRequest
 from services.gateway.api_completions import CompletionRequest
+from services.gateway.body_guard import BodyGuard
 from services.gateway.edge import ASGIApp, Message, Receive, Scope, Send, send_error
 from services.gateway.errors import ApiError
 from services.gateway.sse import EventStreamResponse
@@ -27,9 +31,12 @@ from services.gateway.state import GatewayState
 
 Endpoint = Callable[[GatewayState, Scope, Receive, Any], Awaitable[Response[bytes]]]
 
-ROUTES: dict[str, tuple[msgspec.json.Decoder[Any], Endpoint]] = {
-    completions.ROUTE: (msgspec.json.Decoder(CompletionRequest), completions.generate),
-    chat.ROUTE: (msgspec.json.Decoder(ChatCompletionRequest), chat.generate),
+# route -> its body's guard, and the endpoint that streams without Litestar (None: never streams)
+ROUTES: dict[str, tuple[BodyGuard, Endpoint | None]] = {
+    completions.ROUTE: (BodyGuard.for_type(CompletionRequest), completions.generate),
+    chat.ROUTE: (BodyGuard.for_type(ChatCompletionRequest), chat.generate),
+    "/v1/load_lora_adapter": (BodyGuard.for_type(LoadLoraAdapterRequest), None),
+    "/v1/unload_lora_adapter": (BodyGuard.for_type(UnloadLoraAdapterRequest), None),
 }
 
 
@@ -53,17 +60,21 @@ class FastPath:
             await self.app(scope, receive, send)
             return
         first = await receive()  # the whole body: the Edge read it
-        data = None
-        if first["type"] == "http.request" and not first.get("more_body", False):
-            try:
-                data = route[0].decode(first.get("body", b""))
-            except msgspec.MsgspecError:
-                pass  # Litestar's validation names what is wrong
-        if data is None or not data.stream:
+        if first["type"] != "http.request" or first.get("more_body", False):
+            await self.app(scope, _replaying(first, receive), send)  # the client left: Litestar sees it
+            return
+        body = first.get("body", b"")
+        checked = route[0].check(scope["headers"], body)
+        if isinstance(checked, ApiError):
+            await send_error(send, checked)
+            return
+        data, strict = checked
+        endpoint = route[1]
+        if endpoint is None or not strict or not data.stream:
             await self.app(scope, _replaying(first, receive), send)
             return
         try:
-            response = await route[1](self.state, scope, receive, data)
+            response = await endpoint(self.state, scope, receive, data)
         except ApiError as error:
             await send_error(send, error)
             return

@@ -41,8 +41,13 @@ async def test_non_streaming_undecodable_and_other_routes_reach_litestar_with_th
     assert (await _call("/v1/completions", plain))[0] == [json.dumps(plain).encode()]
     lax = {"model": "m", "prompt": "hi", "stream": True, "max_tokens": "5"}  # strict decoding refuses it
     assert (await _call("/v1/completions", lax))[0] == [json.dumps(lax).encode()]
-    assert (await _call("/v1/chat/completions", b"{not json"))[0] == [b"{not json"]
     assert (await _call("/v1/models", b""))[0] == [b""]
+
+
+async def test_a_body_that_does_not_decode_is_answered_400_before_litestar() -> None:
+    seen, sent = await _call("/v1/chat/completions", b"{not json")
+    assert seen == [] and sent[0]["status"] == 400
+    assert "could not parse the JSON body" in json.loads(sent[1]["body"])["error"]["message"]
 
 
 async def test_a_streaming_request_is_answered_without_litestar() -> None:
