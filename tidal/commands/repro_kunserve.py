@@ -26,7 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="trace seed (with --live); simulated: run this one seed only")
     p.add_argument("--seeds", type=int, default=None, help="simulated: run seeds 0..N-1 (default 3 at paper scale)")
     p.add_argument("--burst-magnitude", type=float, default=None,
-                   help="simulated: the burst's rate multiplier (default 14, KunServe §2.2)")
+                   help="simulated: the spikes' rate multiplier (default 14, KunServe §2.2)")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="simulated: a BurstGPT segment (`tidal trace burstgpt --csv CSV --kunserve-segment --out FILE`): "
+                        "its 1-second bins replace the synthetic spikes, through the same upscaling")
     p.add_argument("--systems", default=None,
                    help="simulated: comma-separated subset of replication,migration,pipeline,kunserve")
     p.add_argument("--no-ablation", action="store_true", help="skip the Fig. 16 drop-plan ablation")
@@ -64,7 +67,8 @@ def run_live(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadgen.repro.kunserve import SCALES, headline, run_repro
+    from loadgen.repro.kunserve import SCALES, run_repro
+    from loadgen.repro.kunserve_regime import headline
     from loadgen.repro.kunserve_report import write_kunserve_report
     from loadgen.repro.report import default_out
 
@@ -85,7 +89,17 @@ def run(args: argparse.Namespace) -> int:
         if args.burst_magnitude < 1:
             print(f"error: --burst-magnitude must be >= 1, got {args.burst_magnitude}", file=sys.stderr)
             return 2
-        cfg = dataclasses.replace(cfg, burst_magnitude=args.burst_magnitude)
+        cfg = dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, burst_magnitude=args.burst_magnitude))
+    if args.trace is not None:
+        from loadgen.repro.kunserve_workload import segment_bins
+        from loadgen.traces.io import read_trace
+
+        try:
+            bins = segment_bins(read_trace(args.trace))
+        except (OSError, ValueError) as exc:
+            print(f"error: --trace {args.trace}: {exc}", file=sys.stderr)
+            return 2
+        cfg = dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, bins=bins))
     if args.systems is not None:
         from loadgen.sim.buddy_cluster import SYSTEMS
 
