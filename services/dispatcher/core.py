@@ -132,7 +132,10 @@ class DispatchCore:
         order = self.queues.in_order(model)
         head = self.requests.get(order[0]) if order else None
         head_wait = now - head.queued_ts if head is not None and head.queued_ts else 0.0
-        return self.drain.retry_after(model, len(order), now, head_wait)
+        ahead = sum(self.drain.expected_tokens(model, r.submit.sampling.max_tokens)
+                    for r in map(self.requests.get, order) if r is not None)
+        return self.drain.retry_after(model, len(order), now, head_wait, tokens_ahead=ahead,
+                                      tokens_per_s=self.table.tokens_per_s(model, now))
 
     # --- placement ------------------------------------------------------------------------
     def _place(self, req: TrackedRequest, now: float) -> SendAssignment | None:
@@ -244,6 +247,7 @@ class DispatchCore:
             req.early.clear()
         if msg.final:
             self.counters.completion(req.model, req.submit.adapter, msg.usage.completion_tokens if msg.usage else 0)
+            self.drain.finished(req.model, msg.usage.completion_tokens if msg.usage else len(req.emitted))
             self._forget(req)
             return self.drain_queue(req.model, now)
         return []

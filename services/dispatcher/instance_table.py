@@ -181,6 +181,11 @@ class InstanceTable:
             group_id=inst.group_id, layers=(inst.layers.start, inst.layers.end),
         )
 
+    def tokens_per_s(self, model: str, now: float) -> float:
+        """Tokens per second `model`'s instances on routable workers generate (their latest stats)."""
+        return sum(inst.tokens_per_s for w in self.workers.values() if self.routable(w, now)
+                   for inst in w.instances.values() if inst.model == model)
+
     def worker_of(self, instance_id: str) -> str | None:
         return self._instance_worker.get(instance_id)
 

@@ -1,6 +1,8 @@
 """Retry-After of a refused submit comes from the queue's measured drain rate (pure: time passed in)."""
 from __future__ import annotations
 
+import msgspec
+
 from dispatcher.dispatch_builders import chunk, core, heartbeat, instance, stats, submit, two_workers
 
 from shared.events import SubmitAccepted, SubmitRejected
@@ -55,3 +57,38 @@ def test_drain_rate_is_measured_over_its_window_and_bounded() -> None:
     assert d.retry_after("m", 1000, 60.0) == RETRY_MAX_S
     assert d.retry_after("m", 0, 60.0) == 1.0
     assert d.rate("m", 200.0) is None  # nothing left in the last minute: no rate, the head's wait decides
+
+
+def cold_burst_refusal(max_tokens: int, tokens_per_s: float) -> float:
+    """Two instances of one slot each that already report their decode rate (first stats interval),
+    a queue of 4 filled at once: the Retry-After of the next request, before any departure."""
+    c = core(max_batch=1, queue_bound=4)
+    for worker, iid in (("w0", "i0"), ("w1", "i1")):
+        c.heartbeat(heartbeat(worker), 0.0)
+        c.worker_stats(stats(worker, msgspec.structs.replace(instance(iid, running=1), tokens_per_s=tokens_per_s)),
+                       0.0)
+    n = 0
+    while not c.queues.full("m"):
+        reply, _ = c.submit(submit(f"r{n}", max_tokens=max_tokens), 0.1)
+        assert isinstance(reply, SubmitAccepted)
+        n += 1
+    reply, _ = c.submit(submit("burst", max_tokens=max_tokens), 0.3)
+    assert isinstance(reply, SubmitRejected) and reply.reason == "queue_full" and reply.retry_after_s is not None
+    return reply.retry_after_s
+
+
+def test_a_cold_burst_is_told_the_wait_from_the_workers_decode_rate_in_the_first_second() -> None:
+    # 4 queued (the 2 running took the first 2) x 200 tokens at 2 x 20 tokens/s: 20 s, not 1 s
+    assert cold_burst_refusal(200, 20.0) == 20.0
+    assert cold_burst_refusal(200, 80.0) == 5.0  # twice as fast twice: a quarter
+    assert cold_burst_refusal(200, 0.0) == 1.0  # nothing generated yet: the head's (tiny) wait, floored
+
+
+def test_finished_requests_teach_the_typical_length() -> None:
+    d = DrainRate()
+    assert d.expected_tokens("m", 200) == 200.0  # nothing finished yet: max_tokens
+    for _ in range(60):
+        d.finished("m", 10)
+    assert abs(d.expected_tokens("m", 200) - 10.0) < 0.01
+    assert d.expected_tokens("m", 4) == 4.0  # never more than the request may generate
+    assert d.retry_after("m", 4, 1.0, tokens_ahead=4 * 10.0, tokens_per_s=20.0) == 2.0
