@@ -89,6 +89,9 @@ class GatewayLimits(Section, kw_only=True):
     max_adapters_per_request: Annotated[int, Meta(ge=0, le=16)] = 1
     max_stop_sequences: Annotated[int, Meta(ge=0, le=16)] = 4
     request_timeout: Duration = 600.0
+    # a request with no message (token, error) for this long is ended with an error (503 stream_stalled):
+    # a defence against a lost request; above any queue wait for capacity. 0 turns it off
+    stream_stall_timeout: Duration = 300.0
 
 
 class RateLimit(Section, kw_only=True):

@@ -55,8 +55,9 @@ class Choice:
 
 class Generation:
     def __init__(self, hub: StreamHub, submits: list[SubmitRequest], *, prompt_groups: list[int], timeout_s: float,
-                 prompt_param: str = "prompt", gap_wait_s: float = 0.5) -> None:
+                 prompt_param: str = "prompt", gap_wait_s: float = 0.5, stall_timeout_s: float = 0.0) -> None:
         self.hub = hub
+        self.stall_timeout_s = stall_timeout_s  # no message this long: ended (stream_guard.py); 0: never
         self.submits = submits
         self.choices = [Choice(i, s.request_id, g, len(s.prompt_token_ids))
                         for i, (s, g) in enumerate(zip(submits, prompt_groups, strict=True))]

@@ -27,6 +27,7 @@ class GatewayState:
         self.limits = gw.limits
         self.max_body_bytes = int(gw.limits.max_body_bytes)
         self.request_timeout_s = float(gw.limits.request_timeout)
+        self.stream_stall_timeout_s = float(gw.limits.stream_stall_timeout)
         self.api_keys = ApiKeys(gw.api_keys)
         self.rate_limiter = RateLimiter(gw.rate_limit.requests_per_s, gw.rate_limit.burst)
         self.catalog = catalog

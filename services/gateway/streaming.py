@@ -18,6 +18,7 @@ from services.gateway.errors import ApiError
 from services.gateway.generation import Abandoned, Choice, Generation
 from services.gateway.metrics import GENERATED_TOKENS, TPOT_SECONDS, TTFT_SECONDS
 from services.gateway.sse import DONE, event, event_stream, wait_disconnect
+from services.gateway.stream_guard import StreamStalled, progress_guarded
 from shared.events.stream import StreamError, TokenChunk
 
 encoder = msgspec.json.Encoder()
@@ -101,7 +102,7 @@ async def sse_events(gen: Generation, fmt: Format, meter: Metering, *, include_u
         head = fmt.head()
         if head:
             yield head
-        async for batch in gen.batches():
+        async for batch in progress_guarded(gen, gen.batches(), gen.stall_timeout_s):
             parts: list[bytes] = []
             failed: StreamError | None = None
             for choice, msg in batch:
@@ -124,6 +125,8 @@ async def sse_events(gen: Generation, fmt: Format, meter: Metering, *, include_u
     except Abandoned as exc:
         if exc.reason != "client_disconnected":
             yield event(abandoned_error(exc.reason).encode()) + DONE
+    except StreamStalled as exc:
+        yield event(exc.error.encode()) + DONE
     finally:
         await gen.close()
 
@@ -140,7 +143,7 @@ async def collect(gen: Generation, meter: Metering, receive: Callable[[], Awaita
 
     watcher = asyncio.ensure_future(wait_disconnect(receive, disconnected))
     try:
-        async for batch in gen.batches():
+        async for batch in progress_guarded(gen, gen.batches(), gen.stall_timeout_s):
             for choice, msg in batch:
                 if isinstance(msg, StreamError):
                     await gen.abandon("cancelled")
@@ -151,6 +154,8 @@ async def collect(gen: Generation, meter: Metering, receive: Callable[[], Awaita
         if gone or exc.reason == "client_disconnected":
             raise ClientGone() from None
         raise abandoned_error(exc.reason) from None
+    except StreamStalled as exc:
+        raise exc.error from None
     finally:
         watcher.cancel()
         await gen.close()

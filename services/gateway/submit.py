@@ -51,7 +51,8 @@ def build_submits(state: GatewayState, target: Target, prompts: list[list[int]],
 async def start_generation(state: GatewayState, submits: list[SubmitRequest], groups: list[int], *, route: str,
                            prompt_param: str) -> Generation:
     hub = state.require_hub()
-    gen = Generation(hub, submits, prompt_groups=groups, timeout_s=state.request_timeout_s, prompt_param=prompt_param)
+    gen = Generation(hub, submits, prompt_groups=groups, timeout_s=state.request_timeout_s, prompt_param=prompt_param,
+                     stall_timeout_s=state.stream_stall_timeout_s)
     state.begin(gen, route)
     try:
         await gen.start()  # on refusal it has closed itself (and ended the in-flight count)

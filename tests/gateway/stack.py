@@ -43,6 +43,7 @@ max_tokens = 64
 max_n = 4
 max_stop_sequences = 2
 request_timeout = "60s"
+{limits_extra}
 
 [registry]
 heartbeat_interval = "200ms"
@@ -51,14 +52,16 @@ dead_after = "1s"
 
 
 class GatewayStack:
-    def __init__(self, root: Path, tokenizer_dir: Path, *, dispatcher: bool, gateway_extra: str = "") -> None:
+    def __init__(self, root: Path, tokenizer_dir: Path, *, dispatcher: bool, gateway_extra: str = "",
+                 limits_extra: str = "") -> None:
         self.root = root
         self.tokenizer_dir = tokenizer_dir
         self.with_dispatcher = dispatcher
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = root / "cluster.toml"
-        self.config.write_text(BASE_TOML.format(data=root / "data", port=self.port, gateway_extra=gateway_extra))
+        self.config.write_text(BASE_TOML.format(data=root / "data", port=self.port, gateway_extra=gateway_extra,
+                                               limits_extra=limits_extra))
         self.nats: NatsServer | None = None
         self.procs: dict[str, ServiceProcess] = {}
 
