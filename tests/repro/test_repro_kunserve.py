@@ -1,12 +1,16 @@
 """`tidal repro kunserve` at tiny scale: deterministic, a parseable summary line, buddy groups help a
-memory-bound burst; and moving requests between simulated workers keeps their progress exactly."""
+memory-bound spike; the operating point is Llumnix's (in-process + head-of-line demand); and moving
+requests between simulated workers keeps their progress exactly."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import re
 
-from loadgen.repro.kunserve import SCALES, build_trace, headline, mean_demand, operating_rate, run_repro, simulate
+from loadgen.repro.kunserve import (
+    HARNESS, SCALES, build_trace, harness_profile, mean_demand, operating_rate, pipeline_profile, run_repro, simulate,
+)
+from loadgen.repro.kunserve_regime import headline
 from loadgen.sim.pipeline import put_all, settle, take_all
 from loadgen.sim.profile import load_profile
 from loadgen.sim.request import SimRequest
@@ -14,8 +18,8 @@ from loadgen.sim.worker import SimWorker
 from tidal.cli import main
 
 LINE = re.compile(r"^repro kunserve: p99_ttft_vs_replication=\d+\.\dx p99_ttft_vs_migration=\d+\.\dx "
-                  r"p99_ttft_vs_pipeline=\d+\.\dx p50_tbt_vs_replication=\d+\.\d\dx seeds=\d+ "
-                  r"kv_peak_replication=\d+% preemptions_replication=\d+$")
+                  r"p50_tbt_vs_replication=\d+\.\dx regime_match=\d+/\d+ slo_violation_replication=\d+% "
+                  r"slo_violation_kunserve=\d+% kv_load_before_burst=\d+% seeds=\d+$")
 
 
 def test_cli_tiny_writes_report_and_ends_with_summary_line(tmp_path, capsys):
@@ -26,41 +30,50 @@ def test_cli_tiny_writes_report_and_ends_with_summary_line(tmp_path, capsys):
     assert (tmp_path / "fig16_ablation.png").exists() and (tmp_path / "fig10_ttft_p99.png").exists()
     assert (tmp_path / "kv_occupancy.png").exists() and (tmp_path / "waiting_split.png").exists()
     report = (tmp_path / "report.md").read_text()
-    assert "replication preemptions" in report and "vllm-0.6" in report
+    assert "Regime check" in report and "vllm-0.6" in report and "MISMATCH" in report  # tiny sits below the band
 
 
-def test_tiny_is_deterministic_and_kunserve_cuts_the_tail_of_a_memory_bound_burst():
+def test_tiny_is_deterministic_and_kunserve_cuts_the_tail_of_a_memory_bound_spike():
     cfg = dataclasses.replace(SCALES["tiny"], systems=("replication", "kunserve"), ablation=False)
     a, b = run_repro(cfg), run_repro(cfg)
     assert headline(a).line() == headline(b).line()
     dataset, = cfg.datasets
     rate = a.rates[dataset][0]
     kun, rep = a.get(dataset, rate, "kunserve"), a.get(dataset, rate, "replication")
-    assert kun.drops >= 1  # the burst throttled KV and the monitor dropped layers
-    assert kun.ttft_p99 <= rep.ttft_p99
+    assert kun.drops >= 1  # the spike throttled KV and the monitor dropped layers
+    assert kun.ttft_p99 < rep.ttft_p99 and kun.preemptions < rep.preemptions
     assert kun.requests == rep.requests
-    # at the operating point the vllm-0.6 baseline runs out of KV and recomputes (issue 17's "done when")
-    assert rep.kv_peak > 0.99 and rep.preemptions > 0 and rep.waiting_memory_peak > 0
-    head = headline(a)
-    assert head.preemptions_replication == rep.preemptions and head.seeds == 1
+    assert rep.kv_peak > 0.99 and rep.preemptions > 0  # the baseline runs out of KV and recomputes
+    assert 0.3 < rep.kv_before < 0.7  # the long-lived base holds KV near half full before the spikes
 
 
-def test_the_operating_point_puts_mean_demand_at_the_papers_memory_level():
-    # KunServe §2.2: KV provisioned at 2.1x the mean demand over the trace (in use + queued)
+def test_the_operating_point_puts_mean_head_of_line_demand_at_the_papers_memory_level():
+    # KunServe §2.2: KV provisioned at 2.1x the mean demand (in-process + head-of-line queued, Llumnix's)
     cfg = dataclasses.replace(SCALES["tiny"], systems=("replication",), ablation=False)
     dataset, = cfg.datasets
     rate = operating_rate(cfg, dataset)
     _, at = simulate(cfg, build_trace(cfg, dataset, rate), "replication")
-    assert abs(mean_demand(at, cfg.duration_s) - 1 / 2.1) < 0.05
+    assert abs(mean_demand(cfg, at) - 1 / 2.1) < 0.05
     _, low = simulate(cfg, build_trace(cfg, dataset, rate / 2), "replication")
-    assert mean_demand(low, cfg.duration_s) < 1 / 2.1
+    assert mean_demand(cfg, low) < 1 / 2.1 - 0.1
+    # the head-of-line demand never exceeds the all-queued demand Llumnix's rule replaced
+    assert all(s.demand_hol <= s.demand + 1e-9 for s in at.samples)
+
+
+def test_the_engine_is_kunserves_harness_and_groups_stop_at_two_stages():
+    cfg = SCALES["paper"]
+    spec = harness_profile(cfg).worker
+    assert (spec.max_batch, spec.max_batched_tokens, spec.block_size) == (256, 131072, 256)
+    assert abs(spec.kv_blocks * spec.block_size * spec.kv_bytes_per_token - 33e9) < spec.block_size * spec.kv_bytes_per_token
+    assert spec.engine_mode == "vllm-0.6" and HARNESS["kv_blocks"] == spec.kv_blocks
+    assert pipeline_profile(cfg).max_stages == 2  # the published efficiencies cover 2 stages
 
 
 def test_every_request_finishes_once_with_all_its_tokens_through_drops_and_restores():
     cfg = SCALES["tiny"]
     dataset, = cfg.datasets
-    reqs, cluster = simulate(cfg, build_trace(cfg, dataset, operating_rate(cfg, dataset)), "kunserve")
-    assert cluster.drops >= 1
+    reqs, cluster = simulate(cfg, build_trace(cfg, dataset, cfg.rate_steps[0] * operating_rate(cfg, dataset)), "kunserve")
+    assert cluster.drops >= 1 and cluster.restores >= 1
     assert all(r.status == "ok" and r.first_token >= r.arrival and r.finish >= r.first_token for r in reqs)
     assert all(r.generated == r.output for r in reqs)
 
@@ -89,3 +102,6 @@ def test_cli_refuses_unknown_systems_and_a_burst_below_one(tmp_path, capsys):
     assert "unknown vllm" in capsys.readouterr().err
     assert main(["repro", "kunserve", "--scale", "tiny", "--burst-magnitude", "0.5", "--out", str(tmp_path)]) == 2
     assert "--burst-magnitude must be >= 1" in capsys.readouterr().err
+    assert main(["repro", "kunserve", "--scale", "tiny", "--trace", str(tmp_path / "none.jsonl"),
+                 "--out", str(tmp_path)]) == 2
+    assert "--trace" in capsys.readouterr().err
