@@ -36,7 +36,7 @@ def test_registry_first_one_worker_process_per_configured_worker():
     argv = w1.argv(0)
     assert argv[1:3] == ["-m", "services.gpu_worker"]
     assert argv[argv.index("--worker-id") + 1] == "cpu-1"
-    assert argv[argv.index("--nats") + 1] == "nats://10.0.0.1:4222"
+    assert "--nats" not in argv and children[0].env["TIDAL_NATS_URL"] == "nats://10.0.0.1:4222"  # not in `ps`
     assert argv[argv.index("--config") + 1] == "/etc/tidal.toml"
     assert argv[argv.index("--metrics-port") + 1] == "9111"  # base + 10 + index
     assert w1.log_path == Path("/logs/gpu_worker-cpu-1.log")

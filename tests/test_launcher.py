@@ -1,6 +1,7 @@
 """`tidal up` / `tidal status` / `tidal down` as a user runs them: real processes, real NATS."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -14,7 +15,11 @@ import psutil
 import pytest
 
 from service_procs import ROOT, write_config
+from shared.bus import Bus, BusSettings
 from shared.config import load_config
+from shared.events.ctl import CtlDone, CtlRefused, EvictModel
+from shared.nats_credentials import read_credentials
+from shared.subjects import worker_ctl
 from shared.run_state import RunState, read_state
 
 pytestmark = pytest.mark.timeout(240)
@@ -80,6 +85,15 @@ def assert_nothing_left(state: RunState, config: Path) -> None:
     assert processes_mentioning(str(Path(state.data_dir) / "nats")) == []  # no nats-server on our store
 
 
+async def scheduler_ctl(url: str) -> CtlDone | CtlRefused:
+    bus = await Bus.connect(BusSettings(url=url, initial_connect_s=5.0), service="scheduler")
+    try:
+        return await bus.request(worker_ctl("w0"), EvictModel(idempotency_key="sched-1", model="not-loaded"),
+                                 CtlDone | CtlRefused, timeout=10)  # type: ignore[no-any-return]
+    finally:
+        await bus.close()
+
+
 def test_up_status_down_leaves_no_process(tmp_path):
     config = write_config(tmp_path)
     data_dir = tmp_path / "data"
@@ -93,6 +107,15 @@ def test_up_status_down_leaves_no_process(tmp_path):
         assert nats is not None and state.embedded_nats and state.nats_url.startswith("nats://operator:")
         assert "@127.0.0.1:" in state.nats_url and (data_dir / "run.json").stat().st_mode & 0o077 == 0
         assert all(alive(p.pid, p.create_time) for p in state.processes)
+        running_passwords = re.findall(r'password: "([0-9a-f]+)"', (data_dir / "nats" / "nats.conf").read_text())
+        for proc in state.services():  # no password on any command line (`ps` shows them to every user)
+            assert not [pw for pw in running_passwords if pw in " ".join(psutil.Process(proc.pid).cmdline())]
+        # an external scheduler needs only the scheduler's credentials file: it drives worker.ctl with it
+        scheduler_file = data_dir / "credentials" / "scheduler.toml"
+        assert scheduler_file.stat().st_mode & 0o077 == 0
+        creds = read_credentials(scheduler_file)
+        assert creds.user == "scheduler" and creds.url and creds.password in running_passwords
+        assert asyncio.run(scheduler_ctl(creds.url_with())).worker_id == "w0"
 
         status = tidal("status", "--config", str(config), "--json", cwd=tmp_path)
         assert status.returncode == 0, status.stderr

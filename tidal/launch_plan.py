@@ -49,8 +49,9 @@ def plan_children(
     role_url: Callable[[str], str] | None = None,
 ) -> list[ChildSpec]:
     """The children to start, in start order. `services`/`workers` pick a subset (multi-host).
-    `role_url(service)`: each service's own NATS URL (with its credentials: given in the environment,
-    where other users' `ps` does not show it) instead of `nats_url` for all."""
+    `role_url(service)`: each service's own NATS URL (with its credentials) instead of `nats_url` for all.
+    Either way the URL goes in the child's environment ($TIDAL_NATS_URL), never on its command line:
+    `ps` shows every user the arguments, a password among them."""
     wanted = list(services) if services else list(SERVICES)
     unknown = [s for s in wanted if s not in SERVICES]
     if unknown:
@@ -63,11 +64,9 @@ def plan_children(
         worker_ids = [w for w in worker_ids if w in workers]
     obs = cfg.observability
     common = ["--log-level", obs.log_level, "--tracing", obs.tracing]
-    if role_url is None:
-        common = ["--nats", nats_url, *common]
 
     def env(name: str) -> dict[str, str]:
-        return {"TIDAL_NATS_URL": role_url(name)} if role_url is not None else {}
+        return {"TIDAL_NATS_URL": role_url(name) if role_url is not None else nats_url}
 
     if config_path:
         common += ["--config", config_path]

@@ -31,11 +31,13 @@ from typing import Callable
 from shared.bus import Bus, BusSettings
 from shared.config import ClusterConfig
 from shared.nats_server import NatsServer
-from shared.nats_users import OPERATOR, NatsUsers, redact
+from shared.nats_users import NatsUsers, redact
+from shared.subjects import SERVICES
 from shared.wire import TidalError
 from tidal import demo
 from tidal.health_probe import gather_health
 from tidal.launch_plan import ChildSpec, plan_children
+from tidal.nats_access import embedded_access, external_access, write_scheduler_credentials
 from tidal.prebuild import build_kernels
 from tidal.process_control import create_time, pid_alive, recorded_alive, stop_recorded
 from tidal.restart_policy import RestartPolicy
@@ -98,12 +100,14 @@ class Child:
 class Launcher:
     def __init__(self, cfg: ClusterConfig, *, config_path: str | None, nats_url: str | None,
                  services: list[str] | None = None, workers: list[str] | None = None, wait_s: float = 60.0,
-                 out: Callable[[str], None] = print) -> None:
+                 out: Callable[[str], None] = print, nats_credentials: str | None = None) -> None:
         self.cfg = cfg
         self.config_path = config_path
         self.data_dir = Path(cfg.cluster.data_dir)
         self.logs_dir = self.data_dir / "logs"
         self.external_nats = nats_url or (None if cfg.cluster.embedded_nats else cfg.cluster.nats_url)
+        self.nats_credentials = nats_credentials  # a folder of per-role credentials files, for external_nats
+        self.scheduler_credentials: Path | None = None
         self.services, self.workers, self.wait_s, self.out = services, workers, wait_s, out
         self.nats: NatsServer | None = None
         self.nats_info: ProcessInfo | None = None
@@ -183,12 +187,20 @@ class Launcher:
             await asyncio.to_thread(self.nats.start)
             self.nats_info = self._nats_process_info()
             self.out(f"tidal: embedded nats-server on {self.nats.url} (JetStream store {self.data_dir / 'nats'})")
-        # this user's tools (the run state, mode 0600) use the operator's user; each service its own
-        nats_url = self.nats.url_for(OPERATOR) if self.nats else str(self.external_nats)
+            self.scheduler_credentials = write_scheduler_credentials(self.nats, self.data_dir)
+        # each service its own NATS user; this user's tools (the run state, mode 0600) the operator's (embedded)
+        # or `cli` (a NATS of your own, with --nats-credentials): tidal/nats_access.py
+        try:
+            access = embedded_access(self.nats) if self.nats else external_access(
+                str(self.external_nats), self.nats_credentials, self.services or SERVICES)
+        except ValueError as exc:
+            self.out(f"tidal: {exc}")
+            return False
+        nats_url = access.tools_url
         run_id = secrets.token_hex(3)
         specs = plan_children(self.cfg, nats_url=nats_url, config_path=self.config_path, run_id=run_id,
                               logs_dir=self.logs_dir, services=self.services, workers=self.workers,
-                              role_url=self.nats.url_for if self.nats else None)
+                              role_url=access.role_url)
         self.children = [Child(spec) for spec in specs]
         self.state = RunState(
             launcher_pid=os.getpid(), launcher_create_time=create_time(os.getpid()), nats_url=nats_url,
@@ -269,6 +281,8 @@ class Launcher:
             f"tidal: cluster up: {len(self.children)} service processes on {redact(self.state.nats_url)}\n"
             f"  gateway:  {self.gateway_url} (OpenAI API)\n"
             f"  logs:     {self.logs_dir}/\n"
+            + (f"  scheduler credentials: {self.scheduler_credentials} (NATS user `scheduler`: worker.ctl)\n"
+               if self.scheduler_credentials else "") +
             f"  status:   {tidal} status{self._config_flag()}\n"
             f"  stop:     Ctrl-C here, or `{tidal} down{self._config_flag()}` from another shell"
         )
