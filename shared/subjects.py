@@ -169,12 +169,15 @@ def _subjects() -> list[Subject]:
           frozenset({"gpu_worker"}), frozenset({"registry", "dispatcher", "gpu_worker"}),
           "Worker liveness; the registry marks a worker dead `registry.dead_after` after the last one. A new "
           "`incarnation` is a restarted process (buddy-group peers and KV-migration destinations act on it)."),
-        S("request.out", f"{PREFIX}.req.<request_id>.out", P, (ev.TokenChunk, ev.StreamError),
+        S("request.out", f"{PREFIX}.req.<request_id>.out", P, (ev.TokenChunk, ev.StreamError, ev.StreamReassigned),
           frozenset({"gpu_worker", "dispatcher"}), frozenset({"gateway", "dispatcher"}),
-          "A request's token chunks (seq 0, 1, ...); the last has finish_reason and usage, or is a StreamError."),
+          "A request's token chunks (seq 0, 1, ...); the last has finish_reason and usage, or is a StreamError. "
+          "Fenced by assignment: a re-dispatch's StreamReassigned (from the dispatcher) or a migration's first "
+          "chunk makes an older assignment's messages at or past its seq stale."),
         S("request.abort", f"{PREFIX}.req.<request_id>.abort", P, (ev.AbortRequest,),
-          frozenset({"gateway"}), frozenset({"gpu_worker", "dispatcher"}),
-          "Stop a request (client went away, cancelled, deadline); its worker frees the KV within one step."),
+          frozenset({"gateway", "dispatcher", "gpu_worker"}), frozenset({"gpu_worker", "dispatcher"}),
+          "Stop a request (client went away, cancelled, deadline); its worker frees the KV within one step. "
+          "The dispatcher's and workers' are targeted (worker_id): a superseded copy stops, the current one goes on."),
         S("registry.get", f"{PREFIX}.registry.get", R, (ev.RegistryGet,),
           NON_REGISTRY | {"cli", "scheduler"}, frozenset({"registry"}),
           "Read one catalog record with its revision.",

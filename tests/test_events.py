@@ -55,6 +55,7 @@ def _sample(cls: type) -> Message:
         ev.TokenChunk: ev.TokenChunk(request_id="r1", seq=3, token_ids=[7], text="é", finish_reason="stop",
                                      usage=ev.Usage(prompt_tokens=2, completion_tokens=4)),
         ev.StreamError: ev.StreamError(request_id="r1", seq=4, code="redispatch_limit", message="x"),
+        ev.StreamReassigned: ev.StreamReassigned(request_id="r1", attempt=1, from_seq=4, worker_id="w0"),
         ev.AbortRequest: ev.AbortRequest(request_id="r1", reason="client_disconnected", ts=1.0),
         ev.ModelRecord: model,
         ev.AdapterRecord: ev.AdapterRecord(name="a", base="m", path="/a", rank=8, targets=["q_proj"]),

@@ -32,7 +32,8 @@ from shared.registry_client import CatalogWatch, RegistryClient
 from shared.service import Service
 from shared.events.plan import CapacityReply, CapacityRequest
 from shared.subjects import (
-    CATALOG, planner_capacity, dispatch_stats, dispatch_submit, planner_placement, request_out, worker_assign, worker_heartbeat,
+    CATALOG, planner_capacity, dispatch_stats, dispatch_submit, planner_placement, request_abort, request_out,
+    worker_assign, worker_heartbeat,
     worker_stats,
 )
 from shared.wire import (
@@ -42,7 +43,8 @@ from shared.wire import (
 from services.dispatcher import metrics
 from services.dispatcher.core import DispatchCore
 from services.dispatcher.effects import (
-    AssignFailed, AssignOutcome, Effect, PublishStreamError, RequestCapacity, SendAssignment,
+    AssignFailed, AssignOutcome, Effect, PublishAbort, PublishFence, PublishStreamError, RequestCapacity,
+    SendAssignment,
 )
 from services.dispatcher.model_catalog import ModelCatalog
 from services.dispatcher.tracked import Phase
@@ -144,6 +146,20 @@ class Dispatcher(Actor):
                     await self.bus.publish(request_out(error.request_id), error)
                 except Exception as exc:  # NATS away: the client times out instead
                     log.warning("stream error not published", request_id=error.request_id, error=repr(exc))
+            elif isinstance(effect, PublishFence):
+                fence = effect.fence
+                try:
+                    await self.bus.publish(request_out(fence.request_id), fence)
+                except Exception as exc:  # NATS away: the new attempt's first chunk fences the stream instead
+                    log.warning("stream fence not published", request_id=fence.request_id, error=repr(exc))
+            elif isinstance(effect, PublishAbort):
+                abort = effect.abort
+                log.info("telling a worker given up on to stop its stale copy", request_id=abort.request_id,
+                         worker_id=abort.worker_id, attempt=abort.attempt)
+                try:
+                    await self.bus.publish(request_abort(abort.request_id), abort)
+                except Exception as exc:  # its chunks are fenced out anyway; it ends at its own deadline
+                    log.warning("stale-copy abort not published", request_id=abort.request_id, error=repr(exc))
             elif isinstance(effect, RequestCapacity):  # a cold model: ask the planner (answered off the mailbox)
                 task = asyncio.get_running_loop().create_task(self._ask_capacity(effect), context=contextvars.Context())
                 self._sends.add(task)

@@ -15,8 +15,8 @@ import msgspec
 
 from shared.events import (
     AbortRequest, AssignAccepted, AssignRejected, CatalogChanged, DispatchStats, PlacementHints, StreamError,
-    StreamMessage, SubmitAccepted, SubmitRejected, SubmitReply, SubmitRequest, Usage, WorkerHeartbeat, WorkerRecord,
-    WorkerStats,
+    StreamMessage, StreamReassigned, SubmitAccepted, SubmitRejected, SubmitReply, SubmitRequest, Usage,
+    WorkerHeartbeat, WorkerRecord, WorkerStats,
 )
 from shared.events.registry import AdapterRecord, Bucket, GroupRecord, ModelRecord
 from shared.logging import get_logger
@@ -28,7 +28,8 @@ from services.dispatcher.admission_queue import AdmissionQueues
 from services.dispatcher.cold_start import CapacityAsks, cold_queue_full_message
 from services.dispatcher.drain_rate import DrainRate
 from services.dispatcher.effects import (
-    AssignFailed, AssignmentRecord, AssignOutcome, Effect, PublishStreamError, SendAssignment,
+    AssignFailed, AssignmentRecord, AssignOutcome, Effect, PublishAbort, PublishFence, PublishStreamError,
+    SendAssignment,
 )
 from services.dispatcher.instance_table import InstanceTable, WorkerLost
 from services.dispatcher.load_counters import LoadCounters
@@ -230,8 +231,10 @@ class DispatchCore:
     # --- streams --------------------------------------------------------------------------
     def stream(self, msg: StreamMessage, now: float) -> list[Effect]:
         req = self.requests.get(msg.request_id)
-        if req is None:
-            return []
+        if req is None or isinstance(msg, StreamReassigned):
+            return []  # not ours, or our own fence heard back
+        if msg.worker_id is not None and msg.attempt < req.attempt:
+            return self._stale(req, msg.worker_id, now)  # from an assignment we gave up on: fenced out
         if isinstance(msg, StreamError):
             self._forget(req)  # someone ended it (a worker, or another copy of us)
             return self.drain_queue(req.model, now)
@@ -251,6 +254,22 @@ class DispatchCore:
             self._forget(req)
             return self.drain_queue(req.model, now)
         return []
+
+    def _stale(self, req: TrackedRequest, worker: str, now: float) -> list[Effect]:
+        """A worker we gave up on is still generating `req` (it was cut off, paused, or slow to hear
+        of its loss): tell it, once, to stop that copy. Consumers drop its messages (the fence)."""
+        if worker in req.told_to_stop:
+            return []
+        req.told_to_stop.add(worker)
+        return [PublishAbort(AbortRequest(request_id=req.request_id, reason="superseded", ts=now, worker_id=worker,
+                                          attempt=req.attempt))]
+
+    def returned(self, worker_id: str, now: float) -> list[Effect]:
+        """A worker we lost is heard from again, same process (`restarted: false`): it may still run
+        copies of requests we re-dispatched meanwhile; each is told to stop."""
+        return [e for req in list(self.requests.values())
+                if worker_id in req.abandoned and req.worker_id != worker_id
+                for e in self._stale(req, worker_id, now)]
 
     def _moved(self, req: TrackedRequest, worker: str) -> None:
         self.table.released(req.instance_id, req.request_id)
@@ -276,11 +295,16 @@ class DispatchCore:
 
     # --- workers --------------------------------------------------------------------------
     def worker_stats(self, msg: WorkerStats, now: float) -> list[Effect]:
-        return [e for model in self.table.stats(msg, now) for e in self.drain_queue(model, now)]
+        was_lost = self.table.is_lost(msg.worker_id)
+        effects = [e for model in self.table.stats(msg, now) for e in self.drain_queue(model, now)]
+        return (self.returned(msg.worker_id, now) + effects) if was_lost else effects
 
     def heartbeat(self, msg: WorkerHeartbeat, now: float) -> list[Effect]:
+        was_lost = self.table.is_lost(msg.worker_id)
         lost = self.table.heartbeat(msg, now)
-        return self._handle_lost(lost, now) if lost else []
+        if lost:
+            return self._handle_lost(lost, now)
+        return self.returned(msg.worker_id, now) if was_lost else []
 
     def placement_hints(self, msg: PlacementHints, now: float) -> bool:
         """The planner's placement for new requests of a model; kept by a policy that routes by it
@@ -338,7 +362,10 @@ class DispatchCore:
         log.info("re-dispatching", request_id=req.request_id, attempt=req.attempt, resume_tokens=len(req.emitted),
                  next_seq=req.next_seq, why=why)
         self._requeue(req, now)
-        return self.drain_queue(req.model, now)
+        # The fence goes out before the new attempt's Assignment: from next_seq on the stream is its.
+        fence = PublishFence(StreamReassigned(request_id=req.request_id, attempt=req.attempt, from_seq=req.next_seq,
+                                              worker_id=lost_worker or None))
+        return [fence, *self.drain_queue(req.model, now)]
 
     def _ask_if_cold(self, model: str, adapter: str | None, now: float) -> list[Effect]:
         """Ask the planner for an instance of `model` if none is live and requests wait for it."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from shared.events import AssignAccepted, AssignRejected, Assignment, StreamError
+from shared.events import AbortRequest, AssignAccepted, AssignRejected, Assignment, StreamError, StreamReassigned
 
 from services.dispatcher.cold_start import RequestCapacity  # cold models: ask the planner (cold_start.py)
 
@@ -29,7 +29,22 @@ class PublishStreamError:
     error: StreamError
 
 
-Effect = SendAssignment | PublishStreamError | RequestCapacity
+@dataclass(frozen=True, slots=True)
+class PublishFence:
+    """A re-dispatch's fence on `tidal.v1.req.<request_id>.out`, published before its Assignment
+    (same connection, so every consumer sees it before any chunk of the new attempt)."""
+
+    fence: StreamReassigned
+
+
+@dataclass(frozen=True, slots=True)
+class PublishAbort:
+    """A targeted `AbortRequest` on `tidal.v1.req.<request_id>.abort`: a worker given up on stops its stale copy."""
+
+    abort: AbortRequest
+
+
+Effect = SendAssignment | PublishStreamError | PublishFence | PublishAbort | RequestCapacity
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,5 +73,5 @@ class AssignmentRecord:
     owner: str  # the dispatcher that admitted the request
 
 
-__all__ = ["AssignFailed", "AssignOutcome", "AssignmentRecord", "Effect", "PublishStreamError", "RequestCapacity",
-           "SendAssignment"]
+__all__ = ["AssignFailed", "AssignOutcome", "AssignmentRecord", "Effect", "PublishAbort", "PublishFence",
+           "PublishStreamError", "RequestCapacity", "SendAssignment"]

@@ -122,6 +122,10 @@ class InstanceTable:
         w.lost, w.instances = True, {}
         return WorkerLost(worker_id, w.incarnation, why)
 
+    def is_lost(self, worker_id: str) -> bool:
+        w = self.workers.get(worker_id)
+        return w is not None and w.lost
+
     def draining(self, worker_id: str) -> None:
         self._worker(worker_id).state = WorkerState.DRAINING
 

@@ -40,6 +40,7 @@ class TrackedRequest:
     early: dict[int, list[int]] = field(default_factory=dict)  # chunks past a seq gap
     avoid: dict[str, float] = field(default_factory=dict)  # instance id -> until (rejected us)
     abandoned: set[str] = field(default_factory=set)  # workers given up on (their late chunks are ignored)
+    told_to_stop: set[str] = field(default_factory=set)  # workers given up on that were sent a targeted abort
 
     @property
     def request_id(self) -> str:

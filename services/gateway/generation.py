@@ -32,6 +32,7 @@ log = get_logger("tidal.gateway.generation")
 AbandonReason = Literal["client_disconnected", "deadline", "cancelled"]
 _DUPLICATES = STREAM_ANOMALIES.labels("duplicate")
 _GAPS = STREAM_ANOMALIES.labels("gap_skipped")
+_STALE = STREAM_ANOMALIES.labels("stale_assignment")
 
 
 class Abandoned(Exception):
@@ -46,7 +47,7 @@ class Choice:
     request_id: str
     prompt_group: int  # choices of one prompt share its prompt tokens in `usage`
     prompt_len: int
-    order: SeqOrder[StreamMsg] = field(default_factory=SeqOrder)
+    order: SeqOrder = field(default_factory=SeqOrder)
     done: bool = False
     tokens: int = 0  # completion tokens received
     usage: Usage | None = None  # from the final chunk
@@ -182,11 +183,15 @@ class Generation:
             for choice, msg in inbox:
                 if choice.done:
                     continue
-                before = choice.order.duplicates
+                before, stale = choice.order.duplicates, choice.order.stale
                 for ordered in choice.order.push(msg):
                     self._accept(choice, ordered, out)
                 if choice.order.duplicates != before:
                     _DUPLICATES.inc()
+                if choice.order.stale != stale:
+                    _STALE.inc(choice.order.stale - stale)
+                if choice.order.broken is not None and not choice.done:
+                    self._accept(choice, self._broken(choice), out)
             if out:
                 yield out
 
@@ -204,6 +209,16 @@ class Generation:
             choice.done = True
             self.unfinished -= 1
         out.append((choice, msg))
+
+    @staticmethod
+    def _broken(choice: Choice) -> StreamError:
+        """The choice's end when a superseded worker's tokens reached the client past the re-dispatch's
+        fence: what was sent is what that worker made, and the new worker cannot continue it exactly."""
+        log.warning("stream superseded mid-chunk; ended with an error", request_id=choice.request_id,
+                    why=choice.order.broken)
+        return StreamError(request_id=choice.request_id, seq=choice.order.next_seq, code="worker_lost",
+                           message="the worker serving this request was lost and its stream cannot be continued "
+                                   "exactly; tokens already sent are valid")
 
     def _skip_gaps(self) -> list[tuple[Choice, StreamMsg]]:
         out: list[tuple[Choice, StreamMsg]] = []

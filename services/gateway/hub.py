@@ -27,13 +27,13 @@ from services.gateway.errors import log_failure
 from shared import metrics
 from shared.bus import Bus
 from shared.events.dispatch import SubmitReply, SubmitRequest
-from shared.events.stream import AbortReason, AbortRequest, StreamError, TokenChunk
+from shared.events.stream import AbortReason, AbortRequest, StreamError, StreamReassigned, TokenChunk
 from shared.logging import get_logger
 from shared.subjects import CATALOG, dispatch_submit, request_abort, request_out
 
 log = get_logger("tidal.gateway.hub")
 
-StreamMsg = TokenChunk | StreamError
+StreamMsg = TokenChunk | StreamError | StreamReassigned  # the last: a re-dispatch's fence (seq_order.py)
 Sink = Callable[[StreamMsg], None]
 Mode = Literal["wildcard", "per_request"]
 

@@ -49,6 +49,9 @@ def stream_error(msg: StreamError) -> ApiError:
         case "redispatch_limit":
             return ApiError.unavailable("redispatch_limit", "The workers serving this request failed too often; "
                                         "tokens already sent are valid.", 1.0)
+        case "worker_lost":
+            return ApiError.unavailable("worker_lost", "The worker serving this request was lost and the stream "
+                                        "could not be continued exactly; tokens already sent are valid.", 1.0)
         case "queue_timeout":
             return ApiError.unavailable("queue_timeout", "The request waited too long for capacity.", 1.0)
     return ApiError.internal()

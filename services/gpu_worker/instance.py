@@ -133,10 +133,12 @@ class ModelInstance:
         return self.run_on_engine(lambda engine: instance_kv.stop_for_handover(  # type: ignore[return-value]
             engine, self.encoder, self._flush, request_id, sent_blocks, preemptions))
 
-    def resume_detached(self, detached: DetachedRequest, next_seq: int) -> "asyncio.Future[None]":
-        """Run a request stopped by `stop_for_handover` here again, on its held blocks (a failed move)."""
+    def resume_detached(self, detached: DetachedRequest, next_seq: int,
+                        epoch: tuple[int, int]) -> "asyncio.Future[None]":
+        """Run a request stopped by `stop_for_handover` here again, on its held blocks (a failed move),
+        as assignment `epoch` (attempt, handover)."""
         return self.run_on_engine(  # type: ignore[return-value]
-            lambda engine: instance_kv.resume_detached(engine, self.encoder, detached, next_seq))
+            lambda engine: instance_kv.resume_detached(engine, self.encoder, detached, next_seq, epoch))
 
     def reserve_kv(self, request_id: str, num_tokens: int, expected_tokens: int, first_block: int,
                    last_block: int) -> "asyncio.Future[list[object] | None]":
@@ -294,14 +296,14 @@ class ModelInstance:
     def _add(self, a: Assignment, payloads: list[Payload], ended: list[str]) -> None:
         try:
             params = engine_params(a.sampling)
-            self.encoder.open(a.request_id, a.next_seq, params.logprobs is not None)
+            self.encoder.open(a.request_id, a.next_seq, params.logprobs is not None, (a.attempt, a.handover))
             self.engine.add_request(
                 a.request_id, list(a.prompt_token_ids), params, adapter=a.adapter, priority=-a.priority,
                 resume_token_ids=list(a.resume_token_ids) or None,
             )
         except (ValueError, SamplingParamsError) as exc:  # validated before acceptance; a last guard
             log.warning("engine refused an accepted request", request_id=a.request_id, error=str(exc))
-            payloads.append(self.encoder.error(a.request_id, str(exc), a.next_seq))
+            payloads.append(self.encoder.error(a.request_id, str(exc), a.next_seq, (a.attempt, a.handover)))
             ended.append(a.request_id)
 
     def _take_snapshot(self, now: float | None = None) -> None:

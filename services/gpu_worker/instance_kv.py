@@ -73,12 +73,13 @@ def stop_for_handover(engine: LLMEngine, encoder: StreamEncoder, flush: Callable
     return Stopped(detached, next_seq, first, last, views, stopped_at)
 
 
-def resume_detached(engine: LLMEngine, encoder: StreamEncoder, detached: DetachedRequest, next_seq: int) -> None:
+def resume_detached(engine: LLMEngine, encoder: StreamEncoder, detached: DetachedRequest, next_seq: int,
+                    epoch: tuple[int, int] = (0, 0)) -> None:
     """Run a request `stop_for_handover` took out here again, on its held blocks (a failed move)."""
     _attach_with_stream(engine, encoder, detached.request_id, next_seq, detached.prompt_token_ids, detached.params,
                         output_token_ids=detached.output_token_ids,
                         num_computed_tokens=detached.num_computed_tokens, adapter=detached.adapter,
-                        priority=detached.priority)
+                        priority=detached.priority, epoch=epoch)
 
 
 def reserve(engine: LLMEngine, request_id: str, num_tokens: int, expected_tokens: int, first_block: int,
@@ -95,14 +96,15 @@ def attach(engine: LLMEngine, encoder: StreamEncoder, a: Assignment) -> None:
     `a.next_seq`. Raises ValueError/SamplingParamsError (nothing changed) if it cannot."""
     _attach_with_stream(engine, encoder, a.request_id, a.next_seq, list(a.prompt_token_ids), engine_params(a.sampling),
                         output_token_ids=list(a.resume_token_ids), num_computed_tokens=a.kv_computed_tokens,
-                        adapter=a.adapter, priority=-a.priority)
+                        adapter=a.adapter, priority=-a.priority, epoch=(a.attempt, a.handover))
 
 
 def _attach_with_stream(engine: LLMEngine, encoder: StreamEncoder, request_id: str, next_seq: int,
                         prompt_token_ids: list[int], params: SamplingParams, *, output_token_ids: list[int],
-                        num_computed_tokens: int, adapter: str | None, priority: int) -> None:
+                        num_computed_tokens: int, adapter: str | None, priority: int,
+                        epoch: tuple[int, int]) -> None:
     """Open the request's stream and admit it on its held blocks; on a refusal, neither stays."""
-    encoder.open(request_id, next_seq, params.logprobs is not None)
+    encoder.open(request_id, next_seq, params.logprobs is not None, epoch)
     try:
         engine.attach(request_id, prompt_token_ids, params, output_token_ids=output_token_ids,
                       num_computed_tokens=num_computed_tokens, adapter=adapter, priority=priority)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from services.gpu_worker.migration_tokens import hand_over, move_by_tokens, refused
+from services.gpu_worker.migration_tokens import hand_over, move_by_tokens, refused, resumed_on_source
 from services.gpu_worker.transfer import TrafficClass, TransferFailed
 from shared.events import AssignAccepted, AssignReply
 from shared.events.ctl import (
@@ -149,6 +149,7 @@ class KvMove:
         commit = msgspec.structs.replace(
             a, idempotency_key=f"{self.rid}:kv:{self.nonce}"[:128], instance_id=self.msg.destination_instance,
             resume_token_ids=d.output_token_ids, next_seq=stopped.next_seq, kv_computed_tokens=d.num_computed_tokens,
+            handover=a.handover + 1,  # the destination's chunks take the stream over from next_seq (the fence)
         )
         sent_at = time.monotonic()
         reply = await self._commit(commit)
@@ -224,15 +225,20 @@ class KvMove:
     async def _resume_here(self) -> None:
         stopped = self.stopped
         assert stopped is not None
+        a = self.entry.assignment
+        # it goes on as a newer assignment than the one offered to the destination (which is told to
+        # drop any copy it started: a commit left unanswered is ambiguous)
+        offered = msgspec.structs.replace(a, handover=a.handover + 1)
+        local = resumed_on_source(self.worker, offered, self.msg.destination,
+                                  idempotency_key=f"{self.rid}:resume:{self.nonce}"[:128], next_seq=stopped.next_seq,
+                                  resume_token_ids=stopped.detached.output_token_ids, kv_computed_tokens=0)
+        self.entry.assignment = local
         try:
-            await self.inst.resume_detached(stopped.detached, stopped.next_seq)
+            await self.inst.resume_detached(stopped.detached, stopped.next_seq, (local.attempt, local.handover))
         except ValueError as exc:  # should not happen: re-prefill from its tokens instead
             log.error("re-attaching on the held blocks failed; re-prefilling", request_id=self.rid, error=str(exc))
             await self.inst.release_kv(self.rid)
-            a = self.entry.assignment
-            self.worker.resume_here(msgspec.structs.replace(
-                a, idempotency_key=f"{self.rid}:resume:{self.nonce}"[:128], next_seq=stopped.next_seq,
-                resume_token_ids=stopped.detached.output_token_ids, kv_computed_tokens=0))
+            self.worker.resume_here(local)
             return
         if self.entry.aborted:  # its abort came while it was out of the engine
             self.inst.abort(self.rid)
@@ -255,6 +261,7 @@ class KvMove:
         moved = msgspec.structs.replace(
             a, idempotency_key=f"{self.rid}:migrate:{self.nonce}"[:128], instance_id=self.msg.destination_instance,
             resume_token_ids=d.output_token_ids, next_seq=stopped.next_seq, kv_computed_tokens=0,
+            handover=a.handover + 1,
         )
         failed = await hand_over(self.worker, self.msg.destination, moved)
         if failed is not None:

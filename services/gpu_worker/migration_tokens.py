@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from shared.events import AssignAccepted, AssignReply, Assignment
+from shared.events import AbortRequest, AssignAccepted, AssignReply, Assignment
 from shared.events.ctl import CtlDone, CtlRefused, CtlReply, MigrateOut, MigrationReport
 from shared.logging import get_logger
-from shared.subjects import worker_assign
-from shared.wire import TidalError
+from shared.subjects import request_abort, worker_assign
+from shared.wire import DeadlineExceeded, TidalError
 
 if TYPE_CHECKING:
     from services.gpu_worker.admission import Active
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 log = get_logger("tidal.gpu_worker.migration")
 
 ASSIGN_TIMEOUT_S = 10.0
+HAND_OVER_ATTEMPTS = 3  # same idempotency key each time: the destination replays, never starts it twice
 
 
 def refused(worker: "WorkerContext", msg: msgspec.Struct, code: str, message: str) -> CtlRefused:
@@ -46,6 +47,7 @@ async def move_by_tokens(worker: "WorkerContext", msg: MigrateOut, entry: "Activ
     moved = msgspec.structs.replace(
         a, idempotency_key=f"{a.request_id}:migrate:{msg.idempotency_key}"[:128],
         instance_id=msg.destination_instance, resume_token_ids=tokens, next_seq=next_seq, kv_computed_tokens=0,
+        handover=a.handover + 1,  # the destination's chunks take the stream over from next_seq (the fence)
     )
     why = await hand_over(worker, msg.destination, moved)
     if why is None:
@@ -59,8 +61,8 @@ async def move_by_tokens(worker: "WorkerContext", msg: MigrateOut, entry: "Activ
                        detail=f"{a.request_id} moved to {msg.destination} with {len(tokens)} tokens to re-prefill",
                        migration=report)
     # the destination did not take it: it goes on here, from the same point
-    local = msgspec.structs.replace(moved, instance_id=a.instance_id,
-                                    idempotency_key=f"{a.request_id}:resume:{msg.idempotency_key}"[:128])
+    local = resumed_on_source(worker, moved, msg.destination, instance_id=a.instance_id,
+                              idempotency_key=f"{a.request_id}:resume:{msg.idempotency_key}"[:128])
     worker.resume_here(local)
     log.warning("migration failed; the request continues on the source", request_id=a.request_id,
                 destination=msg.destination, error=why)
@@ -68,11 +70,42 @@ async def move_by_tokens(worker: "WorkerContext", msg: MigrateOut, entry: "Activ
 
 
 async def hand_over(worker: "WorkerContext", destination: str, moved: Assignment) -> str | None:
-    """None when the destination accepted the assignment, else why not."""
+    """None when the destination accepted the assignment, else why not.
+
+    An unanswered try is sent AGAIN under the same idempotency key (a destination that did take it
+    answers with a replay), so a slow destination never ends up running the request beside us."""
+    why = "unanswered"
+    for attempt in range(HAND_OVER_ATTEMPTS):
+        try:
+            reply = await worker.bus.request(worker_assign(destination), moved, AssignReply, timeout=ASSIGN_TIMEOUT_S)
+        except DeadlineExceeded as exc:
+            log.warning("hand-over unanswered; retrying under the same key", request_id=moved.request_id,
+                        attempt=attempt + 1, destination=destination)
+            why = repr(exc)
+            continue
+        except (TidalError, OSError) as exc:
+            return repr(exc)
+        if isinstance(reply, AssignAccepted):
+            return None
+        return f"{reply.reason}: {reply.message}"
+    return why
+
+
+def resumed_on_source(worker: "WorkerContext", moved: Assignment, destination: str, **changes: object) -> Assignment:
+    """The assignment a request goes on with here after its hand-over to `destination` failed.
+
+    It supersedes the one offered (handover + 1 more), and the destination is told to stop any copy
+    of the offered one it may have started after all (an unanswered hand-over is ambiguous): its
+    chunks, if any, are stale to every consumer from here on."""
+    local = msgspec.structs.replace(moved, handover=moved.handover + 1, **changes)  # type: ignore[arg-type]
+    abort = AbortRequest(request_id=moved.request_id, reason="superseded", ts=time.time(), worker_id=destination,
+                         attempt=local.attempt, handover=local.handover)
+    worker.spawn_task(_publish_quietly(worker, abort))
+    return local
+
+
+async def _publish_quietly(worker: "WorkerContext", abort: AbortRequest) -> None:
     try:
-        reply = await worker.bus.request(worker_assign(destination), moved, AssignReply, timeout=ASSIGN_TIMEOUT_S)
-    except (TidalError, OSError) as exc:
-        return repr(exc)
-    if isinstance(reply, AssignAccepted):
-        return None
-    return f"{reply.reason}: {reply.message}"
+        await worker.bus.publish(request_abort(abort.request_id), abort)
+    except (TidalError, OSError) as exc:  # its copy is fenced out anyway
+        log.info("destination not told to drop a superseded copy", request_id=abort.request_id, error=repr(exc))

@@ -8,7 +8,8 @@ wait for the instance's next flush, the first step `interval_s` after the oldest
 when every request with held tokens gets one chunk — one burst per interval instead of a
 trickle every step, so each hop wakes once per burst. Held tokens also go out with the
 final chunk, before a `StreamError`, and when the request is detached (migration). Sequence
-numbers stay consecutive from the assignment's `next_seq`; `worker_id` is set; the last
+numbers stay consecutive from the assignment's `next_seq`; `worker_id` and the assignment's
+(`attempt`, `handover`) are set, the fence consumers drop a superseded copy by; the last
 chunk carries finish_reason + usage, or is a `StreamError` when the engine could not run the
 request. `interval_s = 0` sends one chunk per request per step.
 """
@@ -36,6 +37,8 @@ class RequestStream:
     subject: str
     next_seq: int
     want_logprobs: bool
+    attempt: int = 0  # the assignment its chunks are fenced by (shared/events/stream.py)
+    handover: int = 0
     started: bool = False  # a token went out (the first one is never held back)
     token_ids: list[int] = field(default_factory=list)  # pending: generated, not yet sent
     text: str = ""
@@ -53,14 +56,17 @@ class StreamEncoder:
         self._pending: dict[str, RequestStream] = {}  # streams holding un-sent tokens
         self._flush_at = 0.0  # monotonic time of the next flush of every pending stream
 
-    def open(self, request_id: str, next_seq: int, want_logprobs: bool) -> None:
-        self.streams[request_id] = RequestStream(request_id, request_out(request_id), next_seq, want_logprobs)
+    def open(self, request_id: str, next_seq: int, want_logprobs: bool, epoch: tuple[int, int] = (0, 0)) -> None:
+        """`epoch`: the assignment's (attempt, handover), which every message of the stream carries."""
+        self.streams[request_id] = RequestStream(request_id, request_out(request_id), next_seq, want_logprobs,
+                                                 attempt=epoch[0], handover=epoch[1])
 
-    def error(self, request_id: str, message: str, next_seq: int) -> Payload:
+    def error(self, request_id: str, message: str, next_seq: int, epoch: tuple[int, int] = (0, 0)) -> Payload:
         """A stream that ends before it started (the engine refused the request)."""
         self.streams.pop(request_id, None)
         self._pending.pop(request_id, None)
-        msg = StreamError(request_id=request_id, seq=next_seq, code="internal", message=message[:_MAX_ERROR_CHARS])
+        msg = StreamError(request_id=request_id, seq=next_seq, code="internal", message=message[:_MAX_ERROR_CHARS],
+                          worker_id=self.worker_id, attempt=epoch[0], handover=epoch[1])
         return request_out(request_id), encode(msg)
 
     def detach(self, request_id: str) -> tuple[Payload | None, int] | None:
@@ -101,6 +107,7 @@ class StreamEncoder:
                     request_id=rid, seq=stream.next_seq, code="internal",
                     message=(out.error or "the engine could not run this request")[:_MAX_ERROR_CHARS],
                     usage=Usage(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens),
+                    worker_id=self.worker_id, attempt=stream.attempt, handover=stream.handover,
                 )
                 payloads.append((stream.subject, encode(msg)))
                 continue
@@ -138,6 +145,7 @@ class StreamEncoder:
             request_id=stream.request_id, seq=stream.next_seq, token_ids=stream.token_ids, text=stream.text,
             logprobs=stream.logprobs if stream.want_logprobs else None,
             finish_reason=finish_reason, usage=usage, worker_id=self.worker_id,  # type: ignore[arg-type]
+            attempt=stream.attempt, handover=stream.handover,
         )
         stream.next_seq += 1
         stream.token_ids, stream.text, stream.logprobs = [], "", []

@@ -253,6 +253,13 @@ class GpuWorker(Actor):
 
     # --- aborts ---------------------------------------------------------------------------------
     async def on_abort(self, msg: AbortRequest, _ctx: Delivery) -> None:
+        if msg.targeted:  # a superseded copy only (the dispatcher re-dispatched it, or a hand-over failed)
+            entry = self.active.get(msg.request_id)
+            if entry is not None and msg.stops(self.worker_id, entry.assignment.attempt, entry.assignment.handover):
+                log.info("stopping a superseded copy", request_id=msg.request_id, attempt=entry.assignment.attempt,
+                         handover=entry.assignment.handover, current=(msg.attempt, msg.handover))
+                self._abort(msg.request_id)
+            return
         if msg.request_id in self.active:
             self._abort(msg.request_id)
         elif msg.request_id not in self.early_aborts and msg.ts > time.time() - 60:
@@ -274,6 +281,13 @@ class GpuWorker(Actor):
 
     # --- control commands (the other mechanisms arrive with later issues) -----------------------
     async def on_ctl(self, msg: object, _ctx: Delivery) -> CtlReply | None:
+        deadline = getattr(msg, "deadline_ts", None)
+        if deadline is not None and time.time() > deadline:  # held up (a partition): decided on a gone view
+            log.warning("stale control command dropped", command=type(msg).__name__,
+                        late_s=round(time.time() - deadline, 2))
+            return CtlRefused(idempotency_key=msg.idempotency_key, command=type(msg).__name__,  # type: ignore[attr-defined]
+                              worker_id=self.worker_id, code="expired",
+                              message=f"arrived {time.time() - deadline:.1f}s after its deadline; not executed")
         if isinstance(msg, (LoadAdapter, EvictAdapter, OffloadAdapter)):
             return await self.adapter_ctl.handle(msg, _ctx)  # may answer later, from its own task
         if isinstance(msg, (LoadModel, EvictModel, Prewarm)) and self.model_ctl is not None:

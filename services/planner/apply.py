@@ -2,7 +2,9 @@
 
 Never raises: a refusal (`CtlRefused`, e.g. `not_found` for a request that ended, `busy`, `unsupported`
 from a worker without the command), an error reply, no responder (the worker is gone), a deadline or
-an unreachable registry is a `PlanFailed` naming the command and why. A MigrateOut that fails leaves
+an unreachable registry is a `PlanFailed` naming the command and why. Every command carries
+`deadline_ts` (now + the ctl timeout): one a partition held up past it is refused `expired` by the
+worker, never executed on a view that is gone. A MigrateOut that fails leaves
 the request running on its source (the worker's contract), so nothing is lost. A MigrateOut whose
 source dies before answering (`worker_lost`: the registry marks it dead, or it restarted) ends at
 once as a `PlanFailed` saying so, not at the deadline: its request is the dispatcher's to re-dispatch,
@@ -18,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+
+import msgspec
 from collections.abc import Callable
 
 from shared.bus import Bus
 from shared.events.common import GroupMember
-from shared.events.ctl import CtlDone, CtlRefused, CtlReply, LeaveGroup, MigrateOut
+from shared.events.ctl import CtlCommand, CtlDone, CtlRefused, CtlReply, LeaveGroup, MigrateOut
 from shared.events.plan import DissolveGroup, FormGroup, PlanApplied, PlanFailed
 from shared.logging import get_logger
 from shared.planner.effects import Effect, action_of, ctl_commands
@@ -43,6 +47,9 @@ class SourceLost(Exception):
 
 async def _ask(bus: Bus, worker_id: str, command: object, timeout_s: float,
                liveness: WorkerLiveness | None) -> CtlReply:
+    if isinstance(command, CtlCommand) and command.deadline_ts is None:
+        # held up past its reply's deadline (a partition), it is stale: the worker drops it, unexecuted
+        command = msgspec.structs.replace(command, deadline_ts=time.time() + timeout_s)
     if liveness is None or not isinstance(command, MigrateOut):
         return await bus.request(worker_ctl(worker_id), command, CtlReply, timeout=timeout_s)
     before = liveness(worker_id)

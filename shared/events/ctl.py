@@ -18,7 +18,7 @@ from msgspec import Meta
 
 from shared.events.base import (
     AdapterName, ByteCount, Count, FilePath, GroupId, IdempotencyKey, InstanceId, Message, ModelName, PlanId, Reason,
-    RequestId, Seconds, Value, WorkerId,
+    RequestId, Seconds, Timestamp, Value, WorkerId,
 )
 from shared.events.common import GroupMember, LayerRange
 from shared.events.worker import PoolBreakdown
@@ -31,6 +31,9 @@ class CtlCommand(Message, kw_only=True):
 
     idempotency_key: IdempotencyKey
     plan_id: PlanId | None = None  # the plan this command executes, for audit and dashboards
+    # Not executed once past (refused `expired`): a command held up by a partition was decided on a
+    # view that is gone by the time it arrives. None: no deadline.
+    deadline_ts: Timestamp | None = None
 
 
 class LoadModel(CtlCommand, kw_only=True):
@@ -233,6 +236,7 @@ CtlRefusedCode = Literal[
     "insufficient_memory",
     "busy",  # a conflicting command is in progress; retry later
     "conflict",  # the same idempotency key was used for a different command
+    "expired",  # it arrived after its deadline_ts (held up by a partition): not executed
 ]
 
 

@@ -12,8 +12,8 @@ from typing import Annotated, Literal
 from msgspec import Meta
 
 from shared.events.base import (
-    MAX_LIST, AdapterName, ByteCount, Count, Device, GroupId, IdempotencyKey, InstanceId, Message, ModelName,
-    Rate, Reason, RequestId, Seconds, Seq, Timestamp, TokenId, Value, WorkerId,
+    MAX_LIST, AdapterName, Attempt, ByteCount, Count, Device, GroupId, Handover, IdempotencyKey, InstanceId, Message,
+    ModelName, Rate, Reason, RequestId, Seconds, Seq, Timestamp, TokenId, Value, WorkerId,
 )
 from shared.events.common import LayerRange, SamplingParams
 from shared.events.dispatch import Priority, PromptTokens
@@ -44,7 +44,8 @@ class Assignment(Message, kw_only=True):
     priority: Priority = 0
     arrival_ts: Timestamp
     deadline_ts: Timestamp | None = None
-    attempt: Annotated[int, Meta(ge=0, le=100)] = 0  # 0 on the first dispatch, +1 per re-dispatch
+    attempt: Attempt = 0  # 0 on the first dispatch, +1 per re-dispatch
+    handover: Handover = 0  # +1 per live migration within the attempt (its chunks carry both: the fence)
     resume_token_ids: Annotated[list[TokenId], Meta(max_length=262_144)] = []
     next_seq: Seq = 0
     # KV migration's commit (worker to worker, never from a dispatcher): the KV of the first N

@@ -67,10 +67,11 @@ def heartbeat(worker: str, incarnation: str = "inc-1", state: WorkerState = Work
     return WorkerHeartbeat(worker_id=worker, incarnation=incarnation, seq=0, ts=0.0, state=state)
 
 
-def chunk(rid: str, seq: int, tokens: list[int], worker: str, *, final: bool = False, prompt: int = 8) -> TokenChunk:
+def chunk(rid: str, seq: int, tokens: list[int], worker: str, *, final: bool = False, prompt: int = 8,
+          attempt: int = 0) -> TokenChunk:
     usage = Usage(prompt_tokens=prompt, completion_tokens=seq + len(tokens)) if final else None
     return TokenChunk(request_id=rid, seq=seq, token_ids=tokens, worker_id=worker,
-                      finish_reason="length" if final else None, usage=usage)
+                      finish_reason="length" if final else None, usage=usage, attempt=attempt)
 
 
 def two_workers(c: DispatchCore, now: float = 0.0) -> None:

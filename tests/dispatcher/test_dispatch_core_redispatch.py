@@ -7,7 +7,7 @@ from shared.events import (
     AssignAccepted, Bucket, CatalogChanged, StreamError, WorkerRecord, WorkerState,
 )
 from services.dispatcher.core import MAX_ASSIGN_TIMEOUTS
-from services.dispatcher.effects import AssignFailed, PublishStreamError
+from services.dispatcher.effects import AssignFailed, PublishAbort, PublishFence, PublishStreamError
 from services.dispatcher.tracked import Phase
 
 
@@ -37,18 +37,26 @@ def test_silent_worker_requests_resume_elsewhere_with_the_tokens_already_sent() 
     c.worker_stats(stats(other, instance("i1" if other == "w1" else "i0")), 2.0)
     assert c.tick(2.9) == []  # w silent for 2.9 s < dead_after
     keep_alive(c, 3.0, other)
-    (send,) = sends(c.tick(DEAD_AFTER + 0.01))
+    effects = c.tick(DEAD_AFTER + 0.01)
+    (send,) = sends(effects)
     a = send.assignment
     assert send.worker_id == other and a.attempt == 1 and a.idempotency_key == "a:1"
+    # the fence goes out first: from seq 3 on the stream is attempt 1's
+    fence = effects[0]
+    assert isinstance(fence, PublishFence) and (fence.fence.attempt, fence.fence.from_seq) == (1, 3)
     assert a.resume_token_ids == [11, 12, 13, 14] and a.next_seq == 3
     assert a.prompt_token_ids == submit("a").prompt_token_ids
     assert c.records[-1].resumed_tokens == 4 and c.records[-1].attempt == 1
-    # the dead worker's late chunks are ignored; the new worker's continue the stream
-    c.stream(chunk("a", 3, [99], w), 3.1)
+    # the dead worker's late chunks are ignored (and it is told, once, to stop that copy); the new
+    # worker's continue the stream
+    (stop,) = c.stream(chunk("a", 3, [99], w), 3.1)
+    assert isinstance(stop, PublishAbort) and stop.abort.worker_id == w and stop.abort.attempt == 1
+    assert stop.abort.stops(w, 0, 0) and not stop.abort.stops(w, 1, 0) and not stop.abort.stops(other, 0, 0)
+    assert c.stream(chunk("a", 4, [98], w), 3.1) == []
     assert c.requests["a"].next_seq == 3
-    c.stream(chunk("a", 3, [15], other), 3.1)
+    c.stream(chunk("a", 3, [15], other, attempt=1), 3.1)
     assert c.requests["a"].emitted == [11, 12, 13, 14, 15] and c.requests["a"].phase is Phase.RUNNING
-    c.stream(chunk("a", 4, [16], other, final=True), 3.2)
+    c.stream(chunk("a", 4, [16], other, final=True, attempt=1), 3.2)
     assert "a" not in c.requests
 
 

@@ -1,4 +1,4 @@
-"""Unit tests of the gateway's pure parts: rate limits, API keys, seq ordering, request preparation,
+"""Unit tests of the gateway's pure parts: rate limits, API keys, request preparation,
 error mapping and the catalog view. No I/O."""
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from services.gateway.catalog import BucketView, ModelCatalog
 from services.gateway.errors import ApiError, from_validation
 from services.gateway.prep import Knobs, chat_prompt, check_request, completion_prompts, sampling_for
 from services.gateway.rate_limit import RateLimiter
-from services.gateway.seq_order import SeqOrder
 from services.gateway.tokenizers import Tokenizer
 from services.gpu_worker.engine.tokenizer import EngineTokenizer
 from shared.config import GatewayLimits
@@ -52,31 +51,6 @@ def test_api_keys_accept_only_a_configured_bearer_key() -> None:
         assert keys.check(bad) is None
     assert "sk-first-key" not in first  # the id is a digest, never the key
     assert not ApiKeys([]).required
-
-
-# --- seq ordering -------------------------------------------------------------------------------
-class M(msgspec.Struct, frozen=True):
-    seq: int
-
-
-def test_seq_order_drops_duplicates_and_releases_held_chunks_in_order() -> None:
-    order: SeqOrder[M] = SeqOrder()
-    assert order.push(M(0)) == [M(0)]
-    assert order.push(M(0)) == [] and order.duplicates == 1
-    assert order.push(M(2)) == [] and order.waiting
-    assert order.push(M(3)) == []
-    assert order.push(M(1)) == [M(1), M(2), M(3)] and not order.waiting
-    assert order.push(M(2)) == [] and order.duplicates == 2
-
-
-def test_seq_order_skips_a_gap_that_never_fills() -> None:
-    order: SeqOrder[M] = SeqOrder(max_held=2)
-    order.push(M(0))
-    assert order.push(M(3)) == [] and order.push(M(4)) == []
-    assert order.push(M(5)) == [M(3), M(4), M(5)]  # more than max_held waiting: skip seq 1-2
-    assert order.skipped == 2
-    order.push(M(7))
-    assert order.skip_gap() == [M(7)] and order.skipped == 3
 
 
 # --- request preparation --------------------------------------------------------------------------
