@@ -235,6 +235,8 @@ class DispatchCore:
             return []  # not ours, or our own fence heard back
         if msg.worker_id is not None and msg.attempt < req.attempt:
             return self._stale(req, msg.worker_id, now)  # from an assignment we gave up on: fenced out
+        if msg.worker_id is not None and not req.current(msg.attempt, msg.handover, msg.seq):
+            return []  # a migration's source past its hand-over (it handed the stream on): fenced out
         if isinstance(msg, StreamError):
             self._forget(req)  # someone ended it (a worker, or another copy of us)
             return self.drain_queue(req.model, now)

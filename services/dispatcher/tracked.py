@@ -41,6 +41,8 @@ class TrackedRequest:
     avoid: dict[str, float] = field(default_factory=dict)  # instance id -> until (rejected us)
     abandoned: set[str] = field(default_factory=set)  # workers given up on (their late chunks are ignored)
     told_to_stop: set[str] = field(default_factory=set)  # workers given up on that were sent a targeted abort
+    handover: int = 0  # the latest live migration of this attempt seen in its chunks ...
+    handover_seq: int = 0  # ... and the seq its owner took the stream over at
 
     @property
     def request_id(self) -> str:
@@ -77,6 +79,7 @@ class TrackedRequest:
         """The worker running it is gone: the next Assignment is a re-dispatch (attempt + 1)."""
         self.abandoned.add(lost_worker)
         self.attempt += 1
+        self.handover = self.handover_seq = 0
         self.sends = 0
         self.timeouts = 0
         self.pending_key = None
@@ -90,6 +93,15 @@ class TrackedRequest:
             deadline_ts=s.deadline_ts, attempt=self.attempt, resume_token_ids=list(self.emitted),
             next_seq=self.next_seq,
         )
+
+    def current(self, attempt: int, handover: int, seq: int) -> bool:
+        """Whether a message of assignment (attempt, handover) at `seq` belongs to the stream (the fence
+        of shared/events/stream.py); a newer hand-over seen here takes the stream over at its seq."""
+        if attempt != self.attempt:
+            return attempt > self.attempt
+        if handover > self.handover:
+            self.handover, self.handover_seq = handover, seq
+        return handover == self.handover or seq < self.handover_seq
 
     def record_chunk(self, chunk: TokenChunk) -> bool:
         """Fold a chunk into the stream progress (duplicates and old seqs are ignored).

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dispatcher.dispatch_builders import DEAD_AFTER, chunk, core, heartbeat, instance, sends, stats, submit, two_workers
 
 from shared.events import (
-    AssignAccepted, Bucket, CatalogChanged, StreamError, WorkerRecord, WorkerState,
+    AssignAccepted, Bucket, CatalogChanged, StreamError, TokenChunk, WorkerRecord, WorkerState,
 )
 from services.dispatcher.core import MAX_ASSIGN_TIMEOUTS
 from services.dispatcher.effects import AssignFailed, PublishAbort, PublishFence, PublishStreamError
@@ -156,3 +156,35 @@ def test_a_stream_error_or_abort_forgets_the_request() -> None:
     c.stream(StreamError(request_id="a", seq=0, code="internal", message="x"), 0.2)
     assert "a" not in c.requests
     assert c.heartbeat(heartbeat(w, "inc-2"), 0.3) == []  # nothing left to re-dispatch
+
+
+def test_a_worker_heard_again_after_its_loss_is_told_to_stop_each_re_dispatched_copy() -> None:
+    c = core(max_batch=4)
+    two_workers(c)
+    w = running_on(c, "a")
+    other = "w1" if w == "w0" else "w0"
+    c.stream(chunk("a", 0, [11], w), 0.2)
+    keep_alive(c, 2.5, other)
+    c.worker_stats(stats(other, instance("i1" if other == "w1" else "i0")), 2.5)
+    sends(c.tick(DEAD_AFTER + 0.3))  # w silent: re-dispatched to the other worker
+    assert c.requests["a"].worker_id == other
+    # w comes back, same process (a partition healed, or SIGCONT): its stale copy is told to stop, once
+    effects = c.heartbeat(heartbeat(w), DEAD_AFTER + 1.0)
+    (stop,) = [e for e in effects if isinstance(e, PublishAbort)]
+    assert stop.abort.worker_id == w and stop.abort.reason == "superseded" and stop.abort.attempt == 1
+    assert [e for e in c.stream(chunk("a", 1, [99], w), DEAD_AFTER + 1.1) if isinstance(e, PublishAbort)] == []
+    assert c.requests["a"].next_seq == 1  # its chunk changed nothing
+
+
+def test_a_migrations_source_cannot_add_to_the_stream_past_its_hand_over() -> None:
+    c = core(max_batch=4)
+    two_workers(c)
+    w = running_on(c, "a")
+    other = "w1" if w == "w0" else "w0"
+    c.stream(chunk("a", 0, [11], w), 0.2)
+    moved = TokenChunk(request_id="a", seq=1, token_ids=[12], worker_id=other, handover=1)
+    c.stream(moved, 0.3)  # the destination's first chunk: it owns seq 1.. now
+    assert c.requests["a"].worker_id == other
+    c.stream(chunk("a", 1, [98], w), 0.3)  # the source again (a hand-over it thought failed): ignored
+    c.stream(chunk("a", 2, [97], w), 0.3)
+    assert c.requests["a"].emitted == [11, 12] and c.requests["a"].worker_id == other
