@@ -60,8 +60,9 @@ class Workload:
 
 
 def segment_bins(trace: Trace) -> tuple[int, ...]:
-    """A loaded BurstGPT segment (already / 10) as its 1-second bins from its first request."""
-    times = np.array([r.arrival_s for r in trace.records], dtype=np.float64)
+    """A loaded BurstGPT segment (already / 10) as its 1-second bins from its first request: the
+    harness truncates each timestamp to whole seconds, then replays the gaps."""
+    times = np.floor(np.array([r.arrival_s for r in trace.records], dtype=np.float64))
     if times.size == 0:
         raise ValueError("the BurstGPT segment has no requests")
     return tuple(int(c) for c in bin_counts(times - times.min()))
