@@ -72,7 +72,12 @@ class BusSettings(msgspec.Struct, kw_only=True, frozen=True):
     reconnect_wait_s: float = 0.1  # first reconnect backoff; doubles per failed attempt, with jitter
     reconnect_wait_max_s: float = 5.0
     max_reconnect_attempts: int = -1  # -1: reconnect forever
-    ping_interval_s: int = 20
+    # A dead link (a partition, no RST) is noticed after about ping_interval_s x (max_outstanding_pings
+    # + 1) and the client reconnects; nats-py's default (2 min) left a cut-off worker generating for
+    # minutes. Kept well above a busy box's event-loop stalls: a spurious reconnect loses messages.
+    # A worker fences itself sooner, from its own round trips (services/gpu_worker/bus_watch.py).
+    ping_interval_s: int = 5
+    max_outstanding_pings: int = 2
     drain_timeout_s: float = 10.0  # bound on draining the connection at close
     pending_msgs_limit: int = 65536  # per subscription, before NATS calls us a slow consumer
 
@@ -150,6 +155,7 @@ class Bus:
                     reconnected_cb=bus._on_reconnected, closed_cb=bus._on_closed,
                     connect_timeout=settings.connect_timeout_s, reconnect_time_wait=settings.initial_retry_s,
                     max_reconnect_attempts=settings.max_reconnect_attempts, ping_interval=settings.ping_interval_s,
+                    max_outstanding_pings=settings.max_outstanding_pings,
                     reconnect_to_server_handler=bus._pick_server, drain_timeout=settings.drain_timeout_s,
                 ),
                 settings.initial_connect_s,

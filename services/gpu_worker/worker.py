@@ -39,6 +39,7 @@ from services.gpu_worker import metrics as worker_metrics
 from services.gpu_worker.adapter_metrics import export_residency
 from services.gpu_worker.adapter_ctl import AdapterControl
 from services.gpu_worker.admission import Active, refusal
+from services.gpu_worker.bus_watch import BusWatch, fence_after
 from services.gpu_worker.chunk_publisher import ChunkPublisher
 from services.gpu_worker.group_ctl import GROUP_COMMANDS, GroupControl
 from services.gpu_worker.catalog import CatalogWriter
@@ -51,7 +52,7 @@ from services.gpu_worker.stats import StatsBuilder, pool_breakdown
 from shared.actors import Actor
 from shared.bus import Delivery
 from shared.events import AbortRequest, AssignAccepted, AssignRejected, Assignment, CtlRefused, WorkerState
-from shared.announce import Announcer
+from shared.announce import Announcer, incarnation
 from shared.events.ctl import (
     CtlReply, CtlRequest, EvictAdapter, EvictModel, LoadAdapter, LoadModel, MigrateIn, MigrateKvCancel, MigrateKvStage,
     MigrateOut, MigrateRequest, OffloadAdapter, Prewarm, RestoreLayers,
@@ -123,6 +124,9 @@ class GpuWorker(Actor):
         await self.bind(worker_migrate(self.worker_id), MigrateRequest, self.on_migrate)
         self.spawn("publisher", lambda: self.chunks.run(self.bus.nc))
         self.spawn("stats", self._stats_loop)
+        self.bus_watch = BusWatch(lambda timeout: self.bus.nc.flush(timeout=timeout), self._fence_self,
+                                  fence_after_s=lambda: fence_after(self.group_ctl.watch.dead_after))
+        self.spawn("bus_watch", self.bus_watch.run)
         await self.dataplane.start(RegistryClient(self.bus, timeout=2.0))
         await self.group_ctl.start()  # buddy-group frames may come before this worker's JoinGroup
         if self.announcer is not None:
@@ -272,6 +276,30 @@ class GpuWorker(Actor):
         if entry is not None and not entry.aborted:
             entry.aborted = True
             entry.instance.abort(request_id)
+
+    def _fence_self(self, silent_s: float) -> None:
+        """Cut off from the bus past `dead_after` (services/gpu_worker/bus_watch.py): the cluster has
+        re-dispatched what runs here. Drop it all without ending the streams (they go on elsewhere) and
+        come back as a new incarnation, so a dispatcher that did not hear of the loss re-dispatches too."""
+        dropped = [rid for rid in self.active if rid not in self.migrating]
+        log.warning("fenced: dropping every assignment", requests=len(dropped), silent_s=round(silent_s, 2))
+        for rid in dropped:
+            self.spawn_task(self._drop(rid))
+        if self.announcer is not None:
+            self.announcer.incarnation = incarnation(self.announcer.service_id)
+            self.spawn_task(self._beat_now())
+
+    async def _drop(self, request_id: str) -> None:
+        entry = self.active.pop(request_id, None)
+        if entry is not None:
+            await entry.instance.detach(request_id)  # out of the engine; no final chunk (its stream is elsewhere)
+
+    async def _beat_now(self) -> None:
+        try:
+            assert self.announcer is not None
+            await self.announcer.beat()
+        except Exception as exc:  # still cut off: the next regular heartbeat carries it
+            log.info("new incarnation not announced yet", error=repr(exc))
 
     def resume_here(self, a: Assignment) -> None:
         """Run `a` (resume tokens, next_seq) on this worker again: a migration that failed."""
