@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "down": ("down", "stop the cluster started by `tidal up` (no process is left behind)"),
     "status": ("status", "services, workers and their memory pools, with liveness"),
     "schemas": ("schemas", "write schemas/ and compose/nats.conf from the code (or --check them)"),
+    "nats_config": ("nats-config", "write a nats-server config and per-role credentials files"),
     "bench": ("bench", "run a benchmark (prints figures, baseline beside them)"),
     "make_model": ("make-model", "write a small random-weight Llama/Qwen2 checkpoint (HF layout)"),
     "make_lora": ("make-lora", "write a random PEFT LoRA adapter for a base checkpoint"),
