@@ -56,9 +56,11 @@ class MigrationCluster:
 @contextmanager
 def migration_cluster(directory: Path, workers: tuple[str, ...], *, max_context: int, step_token_budget: int,
                       worker_env: Mapping[str, Mapping[str, str]] | None = None,
-                      device: str = "cpu", dead_after: str = "1s") -> Iterator[MigrationCluster]:
+                      device: str = "cpu", dead_after: str = "1s",
+                      services: tuple[str, ...] = ()) -> Iterator[MigrationCluster]:
     """`worker_env`: extra environment for some workers (fault injection), by worker id; `device`:
-    every worker's (tests/gpu run these workers on CUDA); `dead_after`: the registry's."""
+    every worker's (tests/gpu run these workers on CUDA); `dead_after`: the registry's; `services`:
+    more services to run (e.g. the dispatcher), each one process named after itself."""
     model = make_model(directory / "tiny", arch="llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3)
     adapter = make_lora(directory / "tiny-lora", model, rank=4, targets=["q", "v"], seed=9)
     config = directory / "cluster.toml"
@@ -66,13 +68,15 @@ def migration_cluster(directory: Path, workers: tuple[str, ...], *, max_context:
     config.write_text(text.format(model=model, adapter=adapter, max_context=max_context,
                                   step_token_budget=step_token_budget,
                                   workers="".join(WORKER.format(id=w, device=device) for w in workers)))
-    with local_cluster(directory) as services:
-        cluster = MigrationCluster(services.url, config)
-        cluster.procs["registry"] = services.start("registry", config, f"registry-{directory.name}")
+    with local_cluster(directory) as local:
+        cluster = MigrationCluster(local.url, config)
+        cluster.procs["registry"] = local.start("registry", config, f"registry-{directory.name}")
+        for name in services:
+            cluster.procs[name] = local.start(name, config, f"{name}-{directory.name}")
         for w in workers:
-            cluster.procs[w] = services.start("gpu_worker", config, f"worker-{w}", "--worker-id", w, "--threads", "1",
-                                              env=(worker_env or {}).get(w))
-        services.wait_ready(timeout=120)
+            cluster.procs[w] = local.start("gpu_worker", config, f"worker-{w}", "--worker-id", w, "--threads", "1",
+                                           env=(worker_env or {}).get(w))
+        local.wait_ready(timeout=120)
         yield cluster
 
 
