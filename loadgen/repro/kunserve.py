@@ -112,6 +112,8 @@ class Point(msgspec.Struct, kw_only=True):
     tbt_p50: float
     tbt_p99: float
     slo_violation: float
+    ttft_violation: float = 0.0  # of the window's requests: TTFT over its SLO
+    tbt_violation: float = 0.0  # ... TBT over its SLO
     drops: int = 0
     overflowed: int = 0
     migrations: int = 0
@@ -170,7 +172,8 @@ def point(cfg: KunConfig, trace: Trace, dataset: str, rate: float, system: str, 
                  rps=len(win) / (w.duration_s - w.warmup_s),
                  ttft_p50=float(np.percentile(ttft, 50)), ttft_p99=float(np.percentile(ttft, 99)),
                  tbt_p50=float(np.percentile(tbt, 50)), tbt_p99=float(np.percentile(tbt, 99)),
-                 slo_violation=violated, drops=cluster.drops, overflowed=cluster.overflowed,
+                 slo_violation=violated, ttft_violation=float(np.sum(ttft > slo[0])) / max(1, len(win)),
+                 tbt_violation=float(np.sum(tbt > slo[1])) / max(1, len(win)), drops=cluster.drops, overflowed=cluster.overflowed,
                  migrations=cluster.migrations, migrations_failed=cluster.migration.failed,
                  preemptions=cluster.preemptions, kv_peak=cluster.kv_peak,
                  kv_load=mean_over(cluster, w.warmup_s, w.duration_s, "kv_used"),

@@ -102,7 +102,9 @@ def regime_rows(run: KunRun) -> list[tuple]:
         rep, kun = run.get(d, r, "replication", s), run.get(d, r, "kunserve", s)
         others = [f"{p.system} {100 * p.slo_violation:.0f}%" for p in run.points
                   if (p.dataset, p.rate, p.seed) == (d, r, s) and p.system not in ("replication", "kunserve")]
-        rows.append((d, f"{r:g}", s, f"{rep.rps:.1f}", f"{100 * rep.slo_violation:.1f}%", f"{100 * kun.slo_violation:.1f}%",
+        rows.append((d, f"{r:g}", s, f"{rep.rps:.1f}", f"{100 * rep.slo_violation:.1f}% ({100 * rep.ttft_violation:.0f}/"
+                     f"{100 * rep.tbt_violation:.0f})", f"{100 * kun.slo_violation:.1f}% ({100 * kun.ttft_violation:.0f}/"
+                     f"{100 * kun.tbt_violation:.0f})", f"{100 * rep.kv_peak:.0f}%",
                      ", ".join(others) or "-", f"{100 * rep.kv_load:.0f}%", f"{100 * rep.kv_before:.0f}%",
                      f"{100 * (kun.tbt_p50 / rep.tbt_p50 - 1):+.0f}%", f"{rep.burst_ratio:.2f}x",
                      f"{rep.ttft_p99 / kun.ttft_p99:.2f}x", "match" if matches(run, d, r, s) else

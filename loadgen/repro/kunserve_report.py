@@ -73,8 +73,10 @@ def write_kunserve_report(out: Path, run: KunRun, head: Headline, *, command: st
         f"A point matches when replication's SLO violations are in {100 * cfg.regime_band[0]:.0f}-"
         f"{100 * cfg.regime_band[1]:.0f}% (paper: 32.9% BurstGPT, 39.1% AzureConv, 27.8% AGIEval-CoT). Paper: "
         "KunServe 0% / 7.5% / 0.6%, average memory load 49.8%, P50 TBT +7.9-37.5%. `spikes / prefill` is the spikes' "
-        "prompt tokens over what the cluster prefills in their time (above 1: the spikes also overload compute).", "",
-        md_table(("dataset", "scale f", "seed", "rps", "SLO viol. replication", "SLO viol. KunServe", "others",
+        "prompt tokens over what the cluster prefills in their time (above 1: the spikes also overload compute). "
+        "In brackets: the % of requests over the TTFT SLO and over the TBT SLO (a request can be both).", "",
+        md_table(("dataset", "scale f", "seed", "rps", "SLO viol. replication (TTFT/TBT)", "SLO viol. KunServe (TTFT/TBT)",
+                  "replication KV peak", "others",
                   "avg KV load", "KV before spikes", "P50 TBT KunServe vs rep.", "spikes / prefill",
                   "P99 TTFT rep. / KunServe", "regime"), regime_rows(run)), "",
         "## Every point (Fig. 10)", "",
