@@ -146,6 +146,14 @@ class PlannerSection(Section, kw_only=True):
     # on capacity requests
     autoscale: bool = False
     request_time: Duration = 2.0  # a request's mean time in the system: forecast rps -> concurrent requests
+    # with autoscale: instances each catalog model keeps however idle it is (0: scale to zero, which needs
+    # [dispatcher] scale_from_zero), and how long an instance must have been idle before it is stopped
+    # (Ollama's keep_alive; 0: at once, the public WarmServe rule)
+    min_instances: Annotated[int, Meta(ge=0, le=64)] = 0
+    keep_alive: Duration = 0.0
+    # with autoscale: also scale out on measured saturation (requests waiting per instance over the window,
+    # the decode pace per request below the [slo] tpot), not only on requests against max_batch_size
+    scale_on_saturation: bool = False
     # The memory economy (docs/planner.md): "fixed-order" asks the policies cheapest source first, each
     # blind to the others' prices; "arbiter" prices every offer in request-seconds and buys per need
     economy: Literal["fixed-order", "arbiter"] = "fixed-order"

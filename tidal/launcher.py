@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+
+import psutil
 import secrets
 import signal
 import subprocess
@@ -35,17 +37,15 @@ from shared.nats_users import NatsUsers, redact
 from shared.subjects import SERVICES
 from shared.wire import TidalError
 from tidal import demo
-from tidal.health_probe import gather_health
 from tidal.launch_plan import ChildSpec, plan_children
 from tidal.nats_access import embedded_access, external_access, write_scheduler_credentials
 from tidal.prebuild import build_kernels
 from tidal.process_control import create_time, pid_alive, recorded_alive, stop_recorded
 from tidal.restart_policy import RestartPolicy
-from tidal.start_report import failure_cause, last_progress
+from tidal.start_report import wait_healthy
 from shared.run_state import ProcessInfo, RunState, read_state, remove_state, write_state
 
 STOP_GRACE_S = 5.0  # beyond a service's drain deadline, before SIGKILL
-STALLED_S = 900.0  # a service answering `starting` with the same progress this long is stuck, not slow
 
 
 class Child:
@@ -89,6 +89,14 @@ class Child:
             create_time=self.created, log=str(self.spec.log_path), worker_id=self.spec.worker_id,
             restarts=self.restarts,
         )
+
+    def cpu_seconds(self) -> float:
+        """CPU time the process has used (0 when it is gone): a silent process using more is working."""
+        try:
+            times = psutil.Process(self.proc.pid).cpu_times() if self.proc is not None else None
+        except psutil.Error:
+            return 0.0
+        return 0.0 if times is None else times.user + times.system
 
     def log_tail(self, lines: int = 15) -> str:
         try:
@@ -227,48 +235,8 @@ class Launcher:
         return True
 
     async def _wait_healthy(self, children: list[Child]) -> bool:
-        """Until every child answers `ready`. A child that answers `starting` (with its progress, printed when it
-        changes) is waited for as long as it keeps answering; one silent for `wait_s`, or stuck on one progress
-        for STALLED_S, fails the start with the cause from its log."""
         assert self.bus is not None
-        heard = {c.instance: time.monotonic() for c in children}  # the start counts as heard: wait_s of silence
-        progress: dict[str, tuple[str, float]] = {}
-        waiting = {c.instance: c for c in children}
-        while waiting:
-            for instance, child in list(waiting.items()):
-                code = child.exited()
-                if code is not None:
-                    self.out(f"tidal: {child.spec.label} exited with code {code} during start-up "
-                             f"(log: {child.spec.log_path}); the cause:\n{failure_cause(child.spec.log_path)}")
-                    return False
-            if self._stop.is_set():
-                return False
-            now = time.monotonic()
-            silent = [c for i, c in waiting.items() if now - heard[i] > self.wait_s]
-            stalled = [c for i, c in waiting.items() if i in progress and now - progress[i][1] > STALLED_S]
-            if silent or stalled:
-                for child in silent + stalled:
-                    what = progress.get(child.instance, ("", 0.0))[0] or last_progress(child.spec.log_path)
-                    why = (f"no health reply for {self.wait_s:.0f}s" if child in silent
-                           else f"no progress for {STALLED_S:.0f}s")
-                    self.out(f"tidal: {child.spec.label}: {why}" + (f" (last: {what})" if what else "")
-                             + f"; its log ({child.spec.log_path}) says:\n{failure_cause(child.spec.log_path)}")
-                return False
-            for service in {c.spec.name for c in waiting.values()}:
-                # a busy host may take a while to answer: a late reply must not count as silence
-                replies = await gather_health(self.bus, service, timeout=1.0, expect=set(waiting))
-                for instance, reply in replies.items():
-                    if instance not in waiting:
-                        continue
-                    heard[instance] = time.monotonic()
-                    if reply.state == "ready":
-                        self.out(f"tidal: {waiting[instance].spec.label} ready ({instance}, pid {waiting[instance].proc.pid})")  # type: ignore[union-attr]
-                        del waiting[instance]
-                    elif reply.progress and reply.progress != progress.get(instance, ("", 0.0))[0]:
-                        progress[instance] = (reply.progress, heard[instance])
-                        self.out(f"tidal: {waiting[instance].spec.label} starting: {reply.progress}")
-            await asyncio.sleep(0.1)
-        return True
+        return await wait_healthy(self.bus, children, self.wait_s, self._stop, self.out)
 
     @property
     def gateway_url(self) -> str:

@@ -34,6 +34,7 @@ from shared.planner.mell_policy import MellPolicy
 from shared.planner.policy import Policy
 from shared.planner.scale_up import ScaleUpPolicy
 from shared.planner.warmserve_policy import WarmServePolicy, WarmServeSettings
+from shared.policy.saturation import SaturationParams
 from shared.profiles import load_pipeline_profile
 
 from services.planner.cost_profile import load_cost_profile
@@ -55,9 +56,14 @@ def build_policies(config: ClusterConfig, *, group_prefix: str, scale_up: ScaleU
     if p.autoscale:
         # the public code's autoscaler (shared/policy/autoscaler.py: 0.8 / 0.5 of B per instance over a 5 s
         # window, 5 s protect period), the rule the fleet simulator runs; B = max_batch_size
+        # min_instances: the config's, at least 1 when the dispatcher cannot queue for a model with none;
+        # saturation: measured queue wait and decode pace against [slo] tpot (shared/policy/saturation.py)
+        tpot = config.slo.tpot
+        saturation = SaturationParams(tpot_s=tpot.absolute_s, tpot_factor=tpot.factor) if p.scale_on_saturation else None
         policies.append(WarmServePolicy(WarmServeSettings(
             prewarm=pol.prewarm, batch_size=pol.max_batch_size, mean_request_s=float(p.request_time),
-            min_instances=0 if config.dispatcher.scale_from_zero else 1), capacity=scale_up))
+            min_instances=p.min_instances if config.dispatcher.scale_from_zero else max(1, p.min_instances),
+            keep_alive_s=float(p.keep_alive), saturation=saturation), capacity=scale_up))
     if p.economy == "fixed-order":
         return policies
     profile = load_cost_profile(p.cost_profile)

@@ -11,9 +11,14 @@ Every interval:
    checkpoint read), then an idle or universal one before a serving one, then the one whose warm replicas
    of other models score least (§5.2), then the most room. Below 0.5: `ScaleDown` (EvictModel, drain) of
    the least busy instances older than the protect period (5 s) — never one with requests now, never
-   below `min_instances`, and not while the dispatchers hold requests of the model. Its weights stay
-   prewarmed through the worker's grace period (then the worker is universal). Idle models scale to
-   zero; the next request is queued by the dispatcher and the capacity path starts the model again.
+   below `min_instances`, never one idle for less than `keep_alive_s` (Ollama's keep-alive: the default
+   config keeps 5 min), and not while the dispatchers hold requests of the model. Its weights stay
+   prewarmed through the worker's grace period (then the worker is universal). A model below
+   `min_instances` (1 in the default config) gets a start; with 0, idle models scale to zero and the
+   next request is queued by the dispatcher and the capacity path starts the model again. With
+   `saturation` set, a model the request count calls fine but whose measured queue wait or decode pace
+   says saturated (shared/policy/saturation.py) gets one more instance when none is starting, and no
+   scale-down while saturated.
    A start counts as starting from its decision until the worker's stats list the instance
    (`StartTracker`, shared with the capacity path): one decision, one LoadModel.
 2. **Prewarm** (`prewarm = true` only), for the models with a current `Forecast` (L_A, L_P in concurrent
@@ -41,6 +46,7 @@ from shared.planner.warmserve_view import (
     DemandSettings, current_forecasts, demand, existing_replicas, gpu_of, grace_target, lifecycle_of, prewarm_layers,
 )
 from shared.policy.autoscaler import AutoscaleParams, LoadWindow, Member, decide as autoscale
+from shared.policy.saturation import InstanceLoad, SaturationMonitor, SaturationParams
 from shared.policy.warmserve import (
     Gpu, ModelDemand, PlacedReplica, WorkerLife, WorkerRole, place, prewarm_replicas,
 )
@@ -54,11 +60,15 @@ class WarmServeSettings:
     load_bytes_per_s: float = 2e9  # T_c = weights / this (the profiled cold start)
     prewarm_fraction: float = 1.0  # of a model's layers a prewarm holds (§4: the first ones)
     forecast_max_age_windows: float = 1.0  # a forecast this many windows past its own is ignored
-    min_instances: int = 0  # per model: 1 when the dispatcher cannot scale from zero
+    min_instances: int = 0  # per model, however idle: started when missing ([planner] min_instances)
+    keep_alive_s: float = 0.0  # an instance idle for less than this is never stopped ([planner] keep_alive)
+    saturation: SaturationParams | None = None  # also start one more on measured saturation (None: off)
     scaler: AutoscaleParams | None = None  # None: the public code's, with B = batch_size
     start_seen_timeout_s: float = 30.0  # an applied start whose instance the stats never list is dropped then
 
     def __post_init__(self) -> None:
+        if self.keep_alive_s < 0:
+            raise ValueError(f"need keep_alive_s >= 0, got {self.keep_alive_s}")
         if self.batch_size < 1 or self.mean_request_s <= 0 or not 0 < self.prewarm_fraction <= 1:
             raise ValueError("need batch_size >= 1, mean_request_s > 0, 0 < prewarm_fraction <= 1")
         if self.load_bytes_per_s <= 0 or self.min_instances < 0:
@@ -83,6 +93,8 @@ class WarmServePolicy:
         self.pending_prewarm: dict[tuple[str, str], int] = {}  # (worker, model) -> bytes, in flight
         self.loads: dict[str, LoadWindow] = {}  # model -> its requests in the system over time
         self.first_seen: dict[str, float] = {}  # instance -> when the view first had it
+        self.last_busy: dict[str, float] = {}  # instance -> when it last held a request (keep-alive)
+        self.saturation = SaturationMonitor(settings.saturation) if settings.saturation is not None else None
         self.counts: Counter[str] = Counter()  # scale_up_warm, scale_up_cold, scale_down, prewarm, release
 
     # --- the Policy protocol ----------------------------------------------------------------
@@ -122,6 +134,13 @@ class WarmServePolicy:
             self.first_seen.setdefault(iid, view.now)
         for iid in set(self.first_seen) - present:
             del self.first_seen[iid]
+            self.last_busy.pop(iid, None)
+        for w in workers:
+            for i in w.instances:
+                if i.running or i.waiting or i.requests:
+                    self.last_busy[i.instance_id] = view.now
+                else:
+                    self.last_busy.setdefault(i.instance_id, self.first_seen[i.instance_id])
 
     def _autoscale(self, view: ClusterView, model: str, workers: list[WorkerView], lives: dict[str, WorkerLife],
                    taken: set[str], busy: Busy) -> list[Decision]:
@@ -130,18 +149,30 @@ class WarmServePolicy:
         now_load = sum(i.running + i.waiting for i in mine) + queued
         window = self.loads.get(model)
         if window is None:
-            if not now_load and not mine:
+            if not now_load and not mine and not self.s.min_instances:
                 return []  # never had load nor an instance: nothing to keep a window for
             window = self.loads[model] = LoadWindow(self.params.window_s)
         window.record(view.now, now_load)
         load = window.mean(view.now)
         accepting = [i for i in mine if i.accepting]
+        kept = self.s.keep_alive_s
         members = [Member(i.instance_id, self.first_seen.get(i.instance_id, view.now), i.running + i.waiting,
-                          stoppable=not (i.running or i.waiting or i.requests)) for i in accepting]
+                          stoppable=not (i.running or i.waiting or i.requests)
+                          and view.now - self.last_busy.get(i.instance_id, view.now) >= kept) for i in accepting]
         starting = self.starts.count(model)
         d = autoscale(load, members, starting, view.now, self.params)
+        starts, why = d.start, (
+            f"load {load:.1f} (avg over {self.params.window_s:g}s; {now_load} now, {queued} queued) > "
+            f"{self.params.scale_up_at:g} x {d.capacity} (B={self.params.batch_size} x {len(accepting)} serving + "
+            f"{starting} starting)")
+        saturated = self._saturated(view, model, accepting, queued)
+        if not starts and saturated and not starting:
+            starts, why = 1, f"saturated: {saturated}"
+        if not starts and len(accepting) + starting < self.s.min_instances:
+            starts = self.s.min_instances - len(accepting) - starting
+            why = f"{len(accepting)} serving + {starting} starting < min_instances {self.s.min_instances}"
         out: list[Decision] = []
-        for _ in range(d.start):
+        for _ in range(starts):
             worker = self._scale_up_worker(view, model, workers, lives, taken)
             if worker is None:
                 break
@@ -156,10 +187,8 @@ class WarmServePolicy:
             # trigger: the autoscaler asks for capacity, as a dispatcher's capacity request does (PlanTrigger has
             # no "load"); the reason says which
             out.append(Decision(action=action, trigger="capacity_request", ttl_s=SCALE_UP_TTL_S, reason=(
-                f"autoscaler: {model}: load {load:.1f} (avg over {self.params.window_s:g}s; {now_load} now, {queued} queued) > "
-                f"{self.params.scale_up_at:g} x {d.capacity} (B={self.params.batch_size} x {len(accepting)} serving + "
-                f"{starting} starting); {worker.worker_id} " + (f"holds {warm} B warm" if warm else "starts it cold"))))
-        if queued or not d.stop:
+                f"autoscaler: {model}: {why}; {worker.worker_id} " + (f"holds {warm} B warm" if warm else "starts it cold"))))
+        if queued or saturated or not d.stop:
             return out
         keep = max(0, len(accepting) - self.s.min_instances)
         by_id = {i.instance_id: i for i in accepting}
@@ -171,8 +200,17 @@ class WarmServePolicy:
             self.counts["scale_down"] += 1
             out.append(Decision(action=action, trigger="idle", reason=(
                 f"autoscaler: {model}: load {load:.1f} (avg over {self.params.window_s:g}s) < {self.params.scale_down_at:g} x "
-                f"{d.capacity}; {iid} (idle, older than {self.params.protect_s:g}s) drains, its weights stay warm")))
+                f"{d.capacity}; {iid} (idle for {kept:g}s or more, older than {self.params.protect_s:g}s) drains, its "
+                f"weights stay warm")))
         return out
+
+    def _saturated(self, view: ClusterView, model: str, accepting: list, queued: int) -> str | None:
+        """Why the model's serving instances are saturated by measure (shared/policy/saturation.py), or None."""
+        if self.saturation is None:
+            return None
+        loads = [InstanceLoad(i.running, i.waiting, i.tokens_per_s) for i in accepting]
+        self.saturation.observe(model, view.now, loads, queued)
+        return self.saturation.verdict(model, view.now)
 
     def _scale_up_worker(self, view: ClusterView, model: str, workers: list[WorkerView],
                          lives: dict[str, WorkerLife], taken: set[str]) -> WorkerView | None:
