@@ -1,7 +1,7 @@
 """Values used by several subject families: layer ranges, sampling parameters, usage, logprobs."""
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from msgspec import Meta
 
@@ -29,6 +29,26 @@ class LayerRange(Value, kw_only=True):
         return isinstance(layer, int) and self.start <= layer < self.end
 
 
+GuidedKind = Literal["json_schema", "json_object", "regex", "choice", "lark"]
+MAX_GUIDED_SPEC = 1 << 20  # a schema or grammar's text
+
+
+class TokenBias(Value, kw_only=True):
+    """A value added to one token's logit before sampling (OpenAI's logit_bias entry)."""
+
+    token_id: TokenId
+    bias: Annotated[float, Meta(ge=-100, le=100)]
+
+
+class Guided(Value, kw_only=True):
+    """A constraint on the output the sampler enforces with a grammar, token by token: `spec` is a JSON
+    schema (json_schema), a regular expression (regex), a JSON list of strings (choice) or a Lark
+    grammar (lark); json_object takes any JSON object (spec unused)."""
+
+    kind: GuidedKind
+    spec: Annotated[str, Meta(max_length=MAX_GUIDED_SPEC)] = ""
+
+
 class SamplingParams(Value, kw_only=True):
     """How one request picks tokens and when it stops (mirrors the engine's SamplingParams)."""
 
@@ -45,6 +65,13 @@ class SamplingParams(Value, kw_only=True):
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # OpenAI's and vLLM's sampling controls (0 / 1.0 / []: off)
+    presence_penalty: Annotated[float, Meta(ge=-2, le=2)] = 0.0
+    frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] = 0.0
+    repetition_penalty: Annotated[float, Meta(gt=0, le=10)] = 1.0
+    min_p: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    logit_bias: Annotated[list[TokenBias], Meta(max_length=1024)] = []
+    guided: Guided | None = None  # structured output: the grammar every output token must follow
 
     def __post_init__(self) -> None:
         if self.min_tokens > self.max_tokens:
@@ -86,8 +113,11 @@ class GroupMember(Value, kw_only=True):
 
 __all__ = [
     "GroupMember",
+    "Guided",
+    "GuidedKind",
     "LayerRange",
     "SamplingParams",
+    "TokenBias",
     "TokenLogprobs",
     "TopLogprob",
     "Usage",

@@ -93,3 +93,49 @@ def test_same_seed_same_tokens_whatever_the_batch() -> None:
     other_seed = Sampler()
     diff = [other_seed.sample(s[5:6], ["me"], [SamplingParams(temperature=1.0, seed=99)]).token_ids[0] for s in steps]
     assert diff != alone
+
+
+# --- the controls that change the distribution: vLLM's definitions, vectorized over the batch ----
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"presence_penalty": 2.5}, "presence_penalty"), ({"frequency_penalty": -2.1}, "frequency_penalty"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty"), ({"min_p": 1.5}, "min_p"),
+    ({"logit_bias": {3: 101.0}}, "logit_bias"), ({"guided": ("bnf", "x")}, "guided"),
+])
+def test_bad_sampling_controls_are_refused_by_name(kwargs: dict, name: str) -> None:
+    with pytest.raises(SamplingParamsError, match=name):
+        SamplingParams(**kwargs)
+
+
+def test_logit_bias_bans_and_forces_tokens_per_row() -> None:
+    logits = torch.tensor([[0.0, 3.0, 1.0, -1.0], [0.0, 3.0, 1.0, -1.0], [0.0, 3.0, 1.0, -1.0]])
+    params = [SamplingParams(temperature=0, logit_bias={1: -100}), SamplingParams(temperature=0, logit_bias={3: 100}),
+              SamplingParams(temperature=0, logprobs=0)]
+    out = Sampler().sample(logits, ["a", "b", "c"], params)
+    assert out.token_ids == [2, 3, 1]  # banned, forced, untouched
+    banned = {Sampler().sample(logits[:1], [f"r{i}"], [SamplingParams(temperature=2.0, logit_bias={1: -100})]).token_ids[0]
+              for i in range(100)}
+    assert 1 not in banned and len(banned) > 1
+
+
+def test_penalties_follow_vllms_definitions() -> None:
+    logits = torch.tensor([[2.0, 1.9, -1.0, 0.5]])
+    sampler = Sampler()
+    # frequency: 2.0 - 0.1 x 2 occurrences < 1.9; presence alike (once)
+    assert sampler.sample(logits, ["f"], [SamplingParams(temperature=0, frequency_penalty=0.1)], outputs=[[0, 0]]).token_ids == [1]
+    assert sampler.sample(logits, ["f1"], [SamplingParams(temperature=0, frequency_penalty=0.1)], outputs=[[0]]).token_ids == [0]
+    assert sampler.sample(logits, ["p"], [SamplingParams(temperature=0, presence_penalty=0.2)], outputs=[[0, 0, 0]]).token_ids == [1]
+    # repetition: a positive logit seen in the prompt is divided (2.0 / 1.2 < 1.9); negative ones multiplied
+    assert sampler.sample(logits, ["r"], [SamplingParams(temperature=0, repetition_penalty=1.2)], outputs=[[]],
+                          prompts=[[0]]).token_ids == [1]
+    # a row without penalties in the same batch is untouched
+    both = sampler.sample(torch.cat([logits, logits]), ["x", "y"],
+                          [SamplingParams(temperature=0, frequency_penalty=2.0), SamplingParams(temperature=0)],
+                          outputs=[[0], [0]])
+    assert both.token_ids == [1, 0]
+
+
+def test_min_p_drops_the_unlikely() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    seen = {Sampler().sample(logits, [f"m{i}"], [SamplingParams(temperature=1.0, min_p=0.25)]).token_ids[0]
+            for i in range(300)}
+    assert seen == {0, 1, 2}  # 0.05 < 0.25 x 0.5

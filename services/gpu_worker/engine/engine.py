@@ -101,9 +101,9 @@ class LLMEngine(KvHandover):
                             policy=config.scheduling_policy),
             self.blocks,
         )
-        self.sampler = Sampler()
         eos = set(cfg.eos_token_ids) | (set(self.tokenizer.eos_token_ids) if self.tokenizer else set())
         self.eos_token_ids = frozenset(eos)
+        self.sampler = Sampler(self.tokenizer, self.eos_token_ids)
         self._requests: dict[str, _Request] = {}
         self._pending: list[RequestOutput] = []  # aborts, reported by the next step
         self._order = itertools.count()
@@ -256,7 +256,8 @@ class LLMEngine(KvHandover):
         seqs = [self._requests[s].seq for s in result.sampled_seq_ids]
         # The index of the token being drawn: seeded noise depends on it, not on history.
         indices = [seq.num_output_tokens for seq in seqs]
-        return self.sampler.sample(result.logits, result.sampled_seq_ids, [seq.params for seq in seqs], indices)
+        return self.sampler.sample(result.logits, result.sampled_seq_ids, [seq.params for seq in seqs], indices,
+                                   [seq.output_token_ids for seq in seqs], [seq.prompt_token_ids for seq in seqs])
 
     def _postprocess(self, changed: list[Sequence], sampled: SampleResult) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []

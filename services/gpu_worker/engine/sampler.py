@@ -7,6 +7,12 @@ the index of the output token being drawn). The noise is a function of those two
 not of a generator's history, so a seeded request gets the same tokens whatever else is
 in the batch, after a preemption, and when another worker resumes it mid-stream.
 Logprobs are of the model's distribution (before temperature and filters), as in vLLM.
+
+Before any of that, the controls that change the distribution itself apply to every row that
+asks for them, vectorized over those rows: repetition penalty (on prompt and output tokens),
+then frequency and presence penalties (output tokens), then logit_bias, then the grammar's token
+mask of a structured-output request (guided_mask.py); min_p filters after temperature, with
+top-k and top-p. A greedy row takes the argmax of the processed logits.
 """
 from __future__ import annotations
 
@@ -15,7 +21,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from services.gpu_worker.engine.guided_mask import GuidedMasks
 from services.gpu_worker.engine.sampling_params import SamplingParams
+from services.gpu_worker.engine.tokenizer import EngineTokenizer
 
 
 @dataclass(slots=True)
@@ -37,16 +45,18 @@ def noise_seed(seed: int, index: int) -> int:
 
 
 class Sampler:
-    def __init__(self) -> None:
+    def __init__(self, tokenizer: EngineTokenizer | None = None, eos_token_ids: frozenset[int] | None = None) -> None:
         self._seeds: dict[str, int] = {}  # unseeded requests: a random seed drawn once
         self._drawn: dict[str, int] = {}  # draws so far, when the caller passes no indices
         self._unseeded = random.Random()
         self._gens: dict[torch.device, torch.Generator] = {}
+        self.guides = GuidedMasks(tokenizer, eos_token_ids)  # structured output (needs the tokenizer)
 
     def forget(self, seq_id: str) -> None:
         """The request finished: drop what the sampler kept for it."""
         self._seeds.pop(seq_id, None)
         self._drawn.pop(seq_id, None)
+        self.guides.forget(seq_id)
 
     def _seed(self, seq_id: str, params: SamplingParams) -> int:
         if params.seed is not None:
@@ -66,15 +76,21 @@ class Sampler:
     @torch.inference_mode()
     def sample(
         self, logits: torch.Tensor, seq_ids: list[str], params: list[SamplingParams], indices: list[int] | None = None,
+        outputs: list[list[int]] | None = None, prompts: list[list[int]] | None = None,
     ) -> SampleResult:
         """`logits[i]` belongs to `seq_ids[i]` with `params[i]`; it draws that request's output token
-        number `indices[i]` (default: one more than the sampler drew for it before)."""
+        number `indices[i]` (default: one more than the sampler drew for it before). `outputs[i]` /
+        `prompts[i]`: the sequence's tokens so far, which penalties and grammars need."""
         if logits.dim() != 2 or logits.shape[0] != len(seq_ids) or len(seq_ids) != len(params):
             raise ValueError(f"sampler: logits {tuple(logits.shape)} for {len(seq_ids)} sequences / {len(params)} params")
         n, vocab = logits.shape
         if n == 0:
             return SampleResult([])
         logits = logits.float()
+        raw = logits  # logprobs are of the model's own distribution
+        if any(p.penalized or p.logit_bias or p.guided for p in params):
+            logits = self._processed(logits.clone(), seq_ids, params, outputs or [[] for _ in params],
+                                     prompts or [[] for _ in params])
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         chosen = logits.argmax(dim=-1)
         if random_rows:
@@ -94,7 +110,7 @@ class Sampler:
         result = SampleResult(chosen.tolist())
         want = [p.logprobs for p in params]
         if any(w is not None for w in want):
-            logprobs = torch.log_softmax(logits, dim=-1)
+            logprobs = torch.log_softmax(raw, dim=-1)
             picked = logprobs.gather(1, chosen[:, None]).squeeze(1).tolist()
             k = max(w or 0 for w in want)
             top_vals, top_ids = (logprobs.topk(k, dim=-1) if k else (None, None))
@@ -112,10 +128,63 @@ class Sampler:
         return result
 
 
+    def _processed(self, logits: torch.Tensor, seq_ids: list[str], params: list[SamplingParams],
+                   outputs: list[list[int]], prompts: list[list[int]]) -> torch.Tensor:
+        """Penalties, logit_bias and grammar masks, in place on `logits` (a copy), each only on its rows."""
+        device, vocab = logits.device, logits.shape[1]
+        penalized = [i for i, p in enumerate(params) if p.penalized]
+        if penalized:
+            index = torch.tensor(penalized, device=device)
+            logits[index] = _penalized(logits[index], [params[i] for i in penalized],
+                                       [outputs[i] for i in penalized], [prompts[i] for i in penalized])
+        biased = [(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias if t < vocab]
+        if biased:
+            rows, cols, vals = zip(*biased)
+            logits.index_put_((torch.tensor(rows, device=device), torch.tensor(cols, device=device)),
+                              torch.tensor(vals, device=device, dtype=logits.dtype), accumulate=True)
+        guided = [i for i, p in enumerate(params) if p.guided is not None]
+        self.guides.apply(logits, guided, seq_ids, params, outputs)
+        return logits
+
+
+def _counts(ids: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """[rows, vocab]: how often each token occurs in each row's list (ids >= vocab ignored)."""
+    width = max((len(x) for x in ids), default=0)
+    counts = torch.zeros(len(ids), vocab + 1, device=device)
+    if width:
+        padded = torch.full((len(ids), width), vocab, dtype=torch.long)
+        for r, x in enumerate(ids):
+            if x:
+                padded[r, :len(x)] = torch.tensor(x, dtype=torch.long).clamp_(max=vocab)
+        padded = padded.to(device)
+        counts.scatter_add_(1, padded, torch.ones(padded.shape, device=device))
+    return counts[:, :vocab]
+
+
+def _penalized(logits: torch.Tensor, params: list[SamplingParams], outputs: list[list[int]],
+               prompts: list[list[int]]) -> torch.Tensor:
+    """vLLM's order and definitions: repetition (HF's: a seen token's logit divided by the penalty when
+    positive, multiplied when negative; prompt and output), then frequency (x count) and presence
+    (once) subtracted for output tokens."""
+    device, dtype, vocab = logits.device, logits.dtype, logits.shape[1]
+    out_counts = _counts(outputs, vocab, device)
+    rep = torch.tensor([p.repetition_penalty for p in params], device=device, dtype=dtype)[:, None]
+    if bool((rep != 1).any()):
+        seen = (out_counts > 0) | (_counts(prompts, vocab, device) > 0)
+        logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    freq = torch.tensor([p.frequency_penalty for p in params], device=device, dtype=dtype)[:, None]
+    pres = torch.tensor([p.presence_penalty for p in params], device=device, dtype=dtype)[:, None]
+    return logits - freq * out_counts - pres * (out_counts > 0).to(dtype)
+
+
 def _filtered(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Temperature, then top-k and top-p masks (-inf outside), for the random rows."""
+    """Temperature, then min-p, top-k and top-p masks (-inf outside), for the random rows."""
     temps = torch.tensor([p.temperature for p in params], device=logits.device, dtype=logits.dtype)
     logits = logits / temps[:, None]
+    if any(p.min_p > 0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=logits.device, dtype=logits.dtype)
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, float("-inf"))
     use_k = any(p.top_k for p in params)
     use_p = any(p.top_p < 1 for p in params)
     if not (use_k or use_p):

@@ -58,6 +58,8 @@ def complete_micro_batch(
         seqs = [engine._requests[s].seq if s in engine._requests else None for s in seq_ids]
         params = [seq.params if seq is not None else _GREEDY for seq in seqs]
         indices = [seq.num_output_tokens if seq is not None else 0 for seq in seqs]
-        sampled = engine.sampler.sample(logits, seq_ids, params, indices)
+        outputs = [seq.output_token_ids if seq is not None else [] for seq in seqs]
+        prompts = [seq.prompt_token_ids if seq is not None else [] for seq in seqs]
+        sampled = engine.sampler.sample(logits, seq_ids, params, indices, outputs, prompts)
     changed = engine.scheduler.update(out, sampled.token_ids)
     return engine._postprocess(changed, sampled)
