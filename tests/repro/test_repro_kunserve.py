@@ -105,3 +105,21 @@ def test_cli_refuses_unknown_systems_and_a_burst_below_one(tmp_path, capsys):
     assert main(["repro", "kunserve", "--scale", "tiny", "--trace", str(tmp_path / "none.jsonl"),
                  "--out", str(tmp_path)]) == 2
     assert "--trace" in capsys.readouterr().err
+
+
+def test_cli_replays_a_burstgpt_segment_through_the_same_bins(tmp_path, capsys):
+    from loadgen.traces.io import write_trace
+    from loadgen.traces.schema import BurstGPTParams, Trace, TraceHeader, TraceRecord
+
+    # a segment as `tidal trace burstgpt --csv CSV --kunserve-segment` writes it (timestamps already / 10)
+    times = [1000.2] * 3 + [1003.5] * 40 + [1004.1] * 40 + [1010.0] * 2
+    records = [TraceRecord(arrival_s=t, model="m", prompt_tokens=400, output_tokens=200, request_id=f"r{i}")
+               for i, t in enumerate(times)]
+    seg = tmp_path / "segment.jsonl"
+    write_trace(seg, Trace(header=TraceHeader(params=BurstGPTParams(), num_records=len(records), duration_s=10.0),
+                           records=records))
+    out = tmp_path / "out"
+    assert main(["repro", "kunserve", "--scale", "tiny", "--trace", str(seg), "--systems", "replication,migration,kunserve",
+                 "--no-ablation", "--no-plots", "--out", str(out)]) == 0
+    assert LINE.match(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "a real BurstGPT segment's 1-s bins" in (out / "report.md").read_text()
