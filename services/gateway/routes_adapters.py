@@ -3,7 +3,10 @@
 Load: check the PEFT directory as far as the gateway can (`peft_dir.py`), pick the base model
 (`base_model_name`, else the only one served, else the one `base_model_name_or_path` names),
 create the `AdapterRecord` in the registry (compare-and-set: two loads of one name cannot both
-win), then send `LoadAdapter` to every live worker serving the base, all at once. The answer
+win), then send `LoadAdapter` to every live worker serving the base, all at once. A base with no
+live instance: with `[dispatcher] scale_from_zero` the record alone is the answer (200, no worker:
+the instance the next request starts adopts the catalog's adapters); when the planner keeps every
+model up, the load waits for the instance it restarts; else 503. The answer
 is 200 once at least one worker has registered it (the others are listed under `failed`); with
 none, the record is deleted again and the answer says why. Unload: delete the record first (from
 then on requests naming it are 404, here and at every dispatcher), then `EvictAdapter` to the
@@ -49,6 +52,7 @@ log = get_logger("tidal.gateway.adapters")
 CTL_TIMEOUT_S = 30.0  # a worker reads the adapter from disk before it answers
 REGISTRY_TIMEOUT_S = 2.0
 CATALOG_WAIT_S = 2.0  # for this gateway's catalog to show the change before answering
+BASE_WAIT_S = 60.0  # for a live instance of the base when the planner keeps one of each model (a restart)
 _NAME = re.compile(NAME_PATTERN)
 
 
@@ -68,9 +72,8 @@ async def load_lora_adapter(request: Request[Any, Any, Any], data: JSONBody[Load
     except PeftDirError as exc:
         raise ApiError.bad_request(str(exc)[:1024], param="lora_path") from None
     base = _base_model(catalog, data.base_model_name, info)
-    workers = sorted({i.worker_id for i in catalog.live_instances() if i.model == base})
-    if not workers:
-        raise ApiError.unavailable("model_unavailable", f"No live worker serves the base model '{base}'; retry later.")
+    workers = await _serving(catalog, base, state)
+    on_start = not workers  # scale from zero: registered now, loaded by the instance a request starts
     registry = RegistryClient(bus, timeout=REGISTRY_TIMEOUT_S)
     record = AdapterRecord(name=name, base=base, path=str(info.path), rank=info.rank, targets=info.targets,
                            bytes=info.nbytes)
@@ -80,6 +83,14 @@ async def load_lora_adapter(request: Request[Any, Any, Any], data: JSONBody[Load
         raise _already_loaded(name) from None
     except (TidalError, OSError):
         raise ApiError.unavailable("no_capacity", "The registry is not reachable; retry later.") from None
+    if on_start:  # one may have come up meanwhile, its catalog adapters adopted before this record existed
+        workers = sorted({i.worker_id for i in catalog.live_instances() if i.model == base})
+        if not workers:
+            await _until(lambda: catalog.resolve(name) is not None)
+            log.info("LoRA adapter registered for a base with no instance", adapter=name, base=base)
+            return _answer(LoraAdapterResult(id=name, parent=base, workers=[], failed=[], message=(
+                f"Success: LoRA adapter '{name}' added successfully. No instance of '{base}' runs now: the "
+                f"next request for it or for '{base}' starts one, which loads the adapter.")))
     key = f"lora-load-{uuid.uuid4().hex}"
     replies = await _fan_out(bus, workers, LoadAdapter(idempotency_key=key, adapter=name, base=base,
                                                        path=str(info.path), pinned=data.pinned))
@@ -135,6 +146,29 @@ async def unload_lora_adapter(request: Request[Any, Any, Any],
 
 
 # --- helpers -------------------------------------------------------------------------------------
+async def _serving(catalog: ModelCatalog, base: str, state: GatewayState) -> list[str]:
+    """The workers with a live instance of `base`. None: with `scale_from_zero` the adapter is registered
+    for the instance a request starts ([] here); when the planner keeps every model up (`min_instances`),
+    one is starting or soon will be, so wait for it; else there is nothing to wait for: 503."""
+    def live() -> list[str]:
+        return sorted({i.worker_id for i in catalog.live_instances() if i.model == base})
+
+    cfg = state.config
+    if live() or cfg.dispatcher.scale_from_zero:
+        return live()
+    if cfg.planner.enabled and cfg.planner.autoscale and cfg.planner.min_instances > 0:
+        deadline = time.monotonic() + BASE_WAIT_S
+        while not live() and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        if live():
+            return live()
+        raise ApiError.unavailable("model_unavailable", f"No instance of the base model '{base}' came up within "
+                                   f"{BASE_WAIT_S:.0f}s (the planner keeps one of each model); retry later.")
+    raise ApiError.unavailable("model_unavailable", f"No live worker serves the base model '{base}', and this "
+                               "cluster starts none on demand ([dispatcher] scale_from_zero = false); retry once "
+                               "a worker serves it.")
+
+
 def _enabled(request: Request[Any, Any, Any]) -> tuple[GatewayState, Bus]:
     state: GatewayState = request.app.state.gateway
     if not state.config.gateway.allow_runtime_lora_updating:
