@@ -2,7 +2,8 @@
 
 These msgspec Structs are the wire format of the HTTP API *and* the source of its OpenAPI
 spec (Litestar generates `/openapi.json` from them), so their constraints are the documented
-ones. Unknown request fields are ignored, as OpenAI's server does.
+ones. Unknown request fields are refused with a 400 naming them (api_refused.py lists the known
+ones this server does not implement); `null` is "unset" for every optional field.
 """
 from __future__ import annotations
 
@@ -29,11 +30,17 @@ Stop = StopText | Annotated[list[StopText], Meta(max_length=16)] | None
 TokenIdField = Annotated[int, Meta(ge=0, lt=2**31)]
 StopTokenIds = Annotated[list[TokenIdField], Meta(max_length=64)]
 MinTokens = Annotated[int, Meta(ge=0, le=MAX_OUTPUT_TOKENS)]
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 
 
-class StreamOptions(msgspec.Struct, kw_only=True):
-    include_usage: bool = False  # a last chunk with empty `choices` and the request's usage
+Penalty = Annotated[float, Meta(ge=-2, le=2)]
+RepetitionPenalty = Annotated[float, Meta(gt=0, le=10, description="vLLM's: > 1 discourages repeats.")]
+MinP = Annotated[float, Meta(ge=0, le=1)]
+
+
+class StreamOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    include_usage: bool | None = None  # a last chunk with empty `choices` and the request's usage
+    continuous_usage_stats: bool | None = None  # vLLM's usage on every chunk: refused (400) when true
 
 
 class UsageInfo(msgspec.Struct, kw_only=True):
@@ -86,6 +93,6 @@ class HealthBody(msgspec.Struct, kw_only=True):
 
 __all__ = [
     "AdapterResidencyCard", "ChoiceCount", "ErrorBody", "ErrorResponse", "FinishReason", "HealthBody", "MaxTokens", "MinTokens", "ModelCard",
-    "ModelField", "ModelList", "Seed", "Stop", "StopTokenIds", "StreamOptions", "Temperature", "TopK", "TopP",
+    "MinP", "ModelField", "ModelList", "Penalty", "RepetitionPenalty", "Seed", "Stop", "StopTokenIds", "StreamOptions", "Temperature", "TopK", "TopP",
     "UsageInfo",
 ]

@@ -1,15 +1,17 @@
 """`POST /v1/completions` bodies (OpenAI's legacy completions API, plus vLLM's common extras)."""
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
 
 from services.gateway.api_common import (
-    ChoiceCount, FinishReason, MaxTokens, MinTokens, ModelField, Seed, Stop, StopTokenIds, StreamOptions, Temperature,
-    TokenIdField, TopK, TopP, UsageInfo,
+    ChoiceCount, FinishReason, MaxTokens, MinP, MinTokens, ModelField, Penalty, RepetitionPenalty, Seed, Stop,
+    StopTokenIds, StreamOptions, Temperature, TokenIdField, TopK, TopP, UsageInfo,
 )
+from services.gateway.api_refused import RefusedCompletionFields
+from services.gateway.api_tools import LogitBias, ResponseFormat, StructuredOutputs
 from shared.events.base import MAX_PROMPT_TOKENS
 
 MAX_PROMPTS = 128  # prompts in one request (a list of strings or of token-id lists)
@@ -25,25 +27,41 @@ Prompt = Annotated[str, Meta(max_length=1 << 20)] | Annotated[list[PromptItem], 
     description=f"A string, token ids, or a list of at most {MAX_PROMPTS} strings or token-id lists.")]
 
 
-class CompletionRequest(msgspec.Struct, kw_only=True):
+class CompletionRequest(RefusedCompletionFields, kw_only=True, forbid_unknown_fields=True):  # type: ignore[misc,valid-type]
+    """Every optional field takes `null` as unset."""
+
     model: ModelField
     prompt: Prompt
     max_tokens: MaxTokens | None = None
-    temperature: Temperature = 1.0
-    top_p: TopP = 1.0
+    temperature: Temperature | None = None  # default 1
+    top_p: TopP | None = None  # default 1
     top_k: TopK | None = None
-    n: ChoiceCount = 1
-    stream: bool = False
+    min_p: MinP | None = None
+    n: ChoiceCount | None = None  # default 1
+    best_of: ChoiceCount | None = None  # >= n: the n of best_of samples with the highest cumulative logprob
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
     stop: Stop = None
     seed: Seed | None = None
     logprobs: Annotated[int, Meta(ge=0, le=20, description="Chosen token's logprob plus N alternatives.")] | None = None
-    echo: bool = False
-    user: Annotated[str, Meta(max_length=256)] | None = None
+    echo: bool | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    logit_bias: LogitBias | None = None
+    user: Annotated[str, Meta(max_length=256)] | None = None  # accepted for OpenAI clients; not used
     # vLLM extras
-    min_tokens: MinTokens = 0
-    ignore_eos: bool = False
-    stop_token_ids: StopTokenIds = []
+    min_tokens: MinTokens | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: StopTokenIds | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: Annotated[str, Meta(max_length=1 << 16)] | None = None
+    guided_choice: Annotated[list[str], Meta(min_length=1, max_length=1024)] | None = None
+    guided_grammar: Annotated[str, Meta(max_length=1 << 16)] | None = None  # Lark
+    structured_outputs: StructuredOutputs | None = None
 
 
 class CompletionLogprobs(msgspec.Struct, kw_only=True):

@@ -22,6 +22,7 @@ from services.gateway.fast_path import FastPath
 from services.gateway.http_spans import HttpSpans
 from services.gateway.routes_adapters import load_lora_adapter, unload_lora_adapter
 from services.gateway.routes_misc import health, list_models, openapi_json, prometheus_metrics, ready
+from services.gateway.routes_tokenize import detokenize, tokenize, version
 from services.gateway.state import GatewayState
 from shared.config import ClusterConfig
 
@@ -39,7 +40,7 @@ def build_litestar(state: GatewayState) -> Litestar:
     )
     return Litestar(
         route_handlers=[create_completion, create_chat_completion, list_models, health, ready, prometheus_metrics,
-                        openapi_json, load_lora_adapter, unload_lora_adapter],
+                        openapi_json, load_lora_adapter, unload_lora_adapter, tokenize, detokenize, version],
         exception_handlers={Exception: handle_exception},
         openapi_config=openapi,
         state=State({"gateway": state}),

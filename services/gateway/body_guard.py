@@ -23,6 +23,7 @@ from services.gateway.errors import ApiError
 JSON_TYPES = frozenset({b"application/json"})
 _PATH = re.compile(r" - at `\$(?:\.)?([^`]*)`$")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
+_UNKNOWN = re.compile(r"unknown field `([^`]+)`")
 
 
 def media_type(headers: list[tuple[bytes, bytes]]) -> bytes | None:
@@ -60,6 +61,10 @@ def decode_failure(exc: Exception, body: bytes) -> ApiError:
         path = _PATH.search(text)
         param = path.group(1) if path and path.group(1) else None
         text = _PATH.sub("", text)
+        unknown = _UNKNOWN.search(text)
+        if unknown is not None and param is None:  # a top-level field no API here has
+            return ApiError.bad_request(f"Unrecognized request argument supplied: {unknown.group(1)}",
+                                        param=unknown.group(1))
         if param is None:
             missing = _MISSING.search(text)
             param = missing.group(1) if missing else None

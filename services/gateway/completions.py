@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from litestar import Request, Response, post
@@ -17,12 +18,17 @@ from services.gateway.errors import ApiError
 from services.gateway.generation import Choice
 from services.gateway.logprobs import completion_logprobs, merge_completion
 from services.gateway.openapi import GenerationOperation, generation_responses
-from services.gateway.prep import Knobs, check_request, completion_prompts
+from services.gateway.api_refused import COMPLETION, refuse_unsupported
+from services.gateway.guided import guided_of, sources_of
+from services.gateway.prep import (
+    Knobs, check_request, check_stream_options, completion_prompts, logit_bias_of, or_default,
+)
 from services.gateway.sse import event
 from services.gateway.state import GatewayState
 from services.gateway.streaming import ClientGone, Metering, collect, encoder, stream_response, usage_info
 from services.gateway.submit import build_submits, new_id, start_generation
 from services.gateway.tokenizers import Tokenizer, offload
+from shared.events.common import Guided
 from shared.events.stream import TokenChunk
 
 ROUTE = "/v1/completions"
@@ -75,12 +81,38 @@ class CompletionFormat:
             id=self.id, object="text_completion", created=self.created, model=self.model, choices=[], usage=usage)))
 
 
-def knobs_of(data: CompletionRequest) -> Knobs:
+def knobs_of(data: CompletionRequest, guided: Guided | None = None) -> Knobs:
     return Knobs(
-        max_tokens=data.max_tokens, temperature=data.temperature, top_p=data.top_p, top_k=data.top_k, n=data.n,
-        stop=data.stop, seed=data.seed, logprobs=data.logprobs, min_tokens=data.min_tokens,
-        ignore_eos=data.ignore_eos, stop_token_ids=data.stop_token_ids,
+        max_tokens=data.max_tokens, temperature=or_default(data.temperature, 1.0), top_p=or_default(data.top_p, 1.0),
+        top_k=data.top_k, n=or_default(data.n, 1), stop=data.stop, seed=data.seed, logprobs=data.logprobs,
+        min_tokens=or_default(data.min_tokens, 0), ignore_eos=bool(data.ignore_eos),
+        stop_token_ids=data.stop_token_ids or [],
+        presence_penalty=or_default(data.presence_penalty, 0.0), frequency_penalty=or_default(data.frequency_penalty, 0.0),
+        repetition_penalty=or_default(data.repetition_penalty, 1.0), min_p=or_default(data.min_p, 0.0), guided=guided,
+        include_stop_str_in_output=bool(data.include_stop_str_in_output),
+        skip_special_tokens=or_default(data.skip_special_tokens, True),
     )
+
+
+def best_of_knobs(data: CompletionRequest, knobs: Knobs) -> Knobs:
+    """best_of > n: best_of samples per prompt, each with its chosen tokens' logprobs (to rank them)."""
+    best_of = data.best_of
+    if best_of is None or best_of == knobs.n:
+        return knobs
+    if best_of < knobs.n:
+        raise ApiError.bad_request(f"best_of ({best_of}) must be at least n ({knobs.n})", param="best_of")
+    if data.stream:
+        raise ApiError.bad_request("best_of greater than n cannot be streamed", param="best_of")
+    return replace(knobs, n=best_of, logprobs=knobs.logprobs if knobs.logprobs is not None else 0)
+
+
+def best_choices(n: int, groups: list[int], scores: list[float]) -> list[int]:
+    """Of each prompt's samples, the `n` with the highest cumulative logprob, in OpenAI's choice order."""
+    keep: list[int] = []
+    for group in sorted(set(groups)):
+        mine = [i for i, g in enumerate(groups) if g == group]
+        keep += sorted(sorted(mine, key=lambda i: -scores[i])[:n])
+    return keep
 
 
 @post(ROUTE, status_code=200, operation_class=GenerationOperation, responses=generation_responses(CompletionResponse),
@@ -93,13 +125,17 @@ async def create_completion(request: Request[Any, Any, Any], data: JSONBody[Comp
 async def generate(state: GatewayState, scope: Scope, receive: Receive, data: CompletionRequest) -> Response[bytes]:
     """The endpoint without Litestar: its handler, and the Edge's fast path for streams (`fast_path.py`)."""
     arrival = scope.get("tidal.arrival") or time.perf_counter()
-    knobs = knobs_of(data)
-    check_request(knobs, state.limits)
+    refuse_unsupported(data, COMPLETION)
+    check_stream_options(data.stream, data.stream_options)
+    knobs = best_of_knobs(data, knobs_of(data, guided_of(sources_of(data))))
+    check_request(knobs, state.limits)  # best_of > n: its samples count against max_n
     if data.echo and data.logprobs is not None:
         raise ApiError.bad_request("echo together with logprobs is not supported", param="echo")
     state.require_hub()
     target = state.resolve(data.model)
     tok = await state.tokenizers.get(target.model)
+    if data.logit_bias:
+        knobs = replace(knobs, logit_bias=logit_bias_of(data.logit_bias, tok.vocab_size))
     prompts = await offload(_text_size(data.prompt), completion_prompts, data.prompt, tok)
     base_id = new_id("cmpl")
     submits, groups = build_submits(state, target, prompts, knobs, base_id=base_id, prompt_param="prompt")
@@ -115,12 +151,14 @@ async def generate(state: GatewayState, scope: Scope, receive: Receive, data: Co
     texts: list[list[str]] = [[] for _ in submits]
     logprobs: list[list[CompletionLogprobs]] = [[] for _ in submits]
     finish: list[Any] = [None] * len(submits)
+    scores = [0.0] * len(submits)  # cumulative logprob of each sample (best_of)
 
     def on_chunk(choice: Choice, msg: TokenChunk) -> None:
         part = fmt.logprobs_of(choice, msg)
         text = fmt.text_of(choice, msg)
         fmt.offsets[choice.index] += len(text)
         texts[choice.index].append(text)
+        scores[choice.index] += sum(lp.logprob for lp in msg.logprobs or ())
         if part is not None:
             logprobs[choice.index].append(part)
         if msg.finish_reason is not None:
@@ -130,11 +168,13 @@ async def generate(state: GatewayState, scope: Scope, receive: Receive, data: Co
         await collect(gen, meter, receive, on_chunk)
     except ClientGone:
         return ApiError(499, "client closed the request", type="client_closed", code="client_closed").response()
+    keep = best_choices(or_default(data.n, 1), groups, scores) if knobs.n != or_default(data.n, 1) else \
+        list(range(len(submits)))
     body = CompletionResponse(
         id=base_id, created=fmt.created, model=data.model, usage=usage_info(gen),
-        choices=[CompletionChoice(index=i, text="".join(texts[i]), finish_reason=finish[i],
+        choices=[CompletionChoice(index=k, text="".join(texts[i]), finish_reason=finish[i],
                                   logprobs=merge_completion(logprobs[i]) if data.logprobs is not None else None)
-                 for i in range(len(submits))],
+                 for k, i in enumerate(keep)],
     )
     return Response(encoder.encode(body), media_type="application/json")
 

@@ -148,6 +148,8 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
         error = from_validation(exc)
     elif isinstance(exc, HTTPException) and exc.status_code < 500:
         error = from_http_exception(exc)
+    elif isinstance(exc, (UnicodeDecodeError, RecursionError)):  # body_guard answers these first; a backstop
+        error = ApiError.bad_request("The request body is not valid UTF-8 JSON of a decodable depth.")
     else:
         log_failure("request failed", exc, path=request.url.path)
         error = ApiError.internal()

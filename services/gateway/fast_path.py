@@ -24,6 +24,7 @@ from services.gateway.api_adapters import LoadLoraAdapterRequest, UnloadLoraAdap
 from services.gateway.api_chat import ChatCompletionRequest
 from services.gateway.api_completions import CompletionRequest
 from services.gateway.body_guard import BodyGuard
+from services.gateway.routes_tokenize import DetokenizeRequest, TokenizeRequest
 from services.gateway.edge import ASGIApp, Message, Receive, Scope, Send, send_error
 from services.gateway.errors import ApiError
 from services.gateway.sse import EventStreamResponse
@@ -37,6 +38,8 @@ ROUTES: dict[str, tuple[BodyGuard, Endpoint | None]] = {
     chat.ROUTE: (BodyGuard.for_type(ChatCompletionRequest), chat.generate),
     "/v1/load_lora_adapter": (BodyGuard.for_type(LoadLoraAdapterRequest), None),
     "/v1/unload_lora_adapter": (BodyGuard.for_type(UnloadLoraAdapterRequest), None),
+    "/tokenize": (BodyGuard.for_type(TokenizeRequest), None),
+    "/detokenize": (BodyGuard.for_type(DetokenizeRequest), None),
 }
 
 

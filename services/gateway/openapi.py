@@ -19,6 +19,7 @@ ERROR_TEXT = {
     401: "Missing or wrong API key (`invalid_api_key`)",
     404: "Unknown model or adapter (`model_not_found`)",
     413: "Request body over the gateway's limit (`request_too_large`)",
+    415: "A body declared as anything but `application/json` (`unsupported_media_type`)",
     429: "API key over its rate limit (`rate_limit_exceeded`) or the model's queue is full (`queue_full`)",
     500: "Internal error (`internal_error`); details only in the gateway's log",
     503: "Draining (`draining`) or no capacity (`no_capacity`, `model_unavailable`, `redispatch_limit`)",
@@ -39,7 +40,7 @@ def errors(*codes: int) -> dict[int, ResponseSpec]:
 def generation_responses(body: Any) -> dict[int, ResponseSpec]:
     ok = {200: ResponseSpec(body, description="The completion (JSON), or its chunks as server-sent events",
                             generate_examples=False)}
-    return {**ok, **errors(400, 401, 404, 413, 429, 500, 503, 504)}
+    return {**ok, **errors(400, 401, 404, 413, 415, 429, 500, 503, 504)}
 
 
 def _add_retry_after(responses: dict[str, Any] | None) -> None:

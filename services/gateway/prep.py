@@ -7,15 +7,18 @@ bounds is 400 `invalid_request_error`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from services.gateway.api_chat import ChatMessage
+from services.gateway.api_common import StreamOptions
 from services.gateway.api_completions import MAX_PROMPTS
 from services.gateway.errors import ApiError
 from shared.config import GatewayLimits
-from shared.events.common import SamplingParams
+from services.gateway.tool_calls import history_message
+from shared.events.common import Guided, SamplingParams, TokenBias
 
 SEED_SPACE = 2**63  # SamplingParams.seed is < 2**63
+T = TypeVar("T")
 
 
 class Encoder(Protocol):
@@ -23,7 +26,8 @@ class Encoder(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]: ...
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,31 @@ class Knobs:
     ignore_eos: bool
     stop_token_ids: list[int]
     max_tokens_param: str = "max_tokens"
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    guided: Guided | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+
+def or_default(value: T | None, default: T) -> T:
+    """`null` and absent alike: the field's default."""
+    return default if value is None else value
+
+
+def logit_bias_of(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `{"<token id>": bias}` as (id, bias) pairs, each id inside the vocabulary."""
+    out = []
+    for key, value in (bias or {}).items():
+        token = int(key)
+        if token >= vocab_size:
+            raise ApiError.bad_request(f"logit_bias names token {token}, outside the vocabulary (size {vocab_size})",
+                                       param="logit_bias")
+        out.append((token, float(value)))
+    return tuple(out)
 
 
 def completion_prompts(prompt: str | list[str | int | list[int]], tok: Encoder) -> list[list[int]]:
@@ -78,10 +107,12 @@ def _check_ids(ids: list[int], tok: Encoder) -> list[int]:
     return list(ids)
 
 
-def chat_prompt(messages: list[ChatMessage], tok: Encoder, add_generation_prompt: bool = True) -> list[int]:
-    turns = [{"role": m.role, "content": m.text()} for m in messages]
+def chat_prompt(messages: list[ChatMessage], tok: Encoder, add_generation_prompt: bool = True,
+                tools: list[dict[str, Any]] | None = None) -> list[int]:
+    turns = [history_message(m) for m in messages]
     try:
-        ids = tok.encode_chat(turns, add_generation_prompt)
+        ids = tok.encode_chat(turns, add_generation_prompt, tools) if tools else \
+            tok.encode_chat(turns, add_generation_prompt)
     except Exception as exc:  # the model's own jinja template refused the conversation
         raise ApiError.bad_request(f"the model's chat template cannot render these messages: {exc}"[:1024],
                                    param="messages") from None
@@ -104,6 +135,17 @@ def check_request(knobs: Knobs, limits: GatewayLimits) -> None:
     if knobs.max_tokens is not None and knobs.min_tokens > knobs.max_tokens:
         raise ApiError.bad_request(f"min_tokens ({knobs.min_tokens}) must be at most {knobs.max_tokens_param} "
                                    f"({knobs.max_tokens})", param="min_tokens")
+
+
+def check_stream_options(stream: bool | None, options: StreamOptions | None) -> None:
+    """vLLM's rules: stream_options only with stream; continuous usage stats are not sent."""
+    if options is None:
+        return
+    if not stream:
+        raise ApiError.bad_request("stream_options is only allowed when stream is true", param="stream_options")
+    if options.continuous_usage_stats:
+        raise ApiError.bad_request("'stream_options.continuous_usage_stats' is not supported by this server: usage "
+                                   "is sent once, at the end (include_usage).", param="stream_options")
 
 
 def stop_list(stop: str | list[str] | None) -> list[str]:
@@ -141,8 +183,12 @@ def sampling_for(knobs: Knobs, *, prompt_len: int, max_context: int, limits: Gat
         max_tokens=max_tokens, temperature=knobs.temperature, top_p=knobs.top_p,
         top_k=max(0, knobs.top_k or 0), seed=seed, stop=stop_list(knobs.stop),
         stop_token_ids=list(knobs.stop_token_ids), ignore_eos=knobs.ignore_eos, min_tokens=knobs.min_tokens,
-        logprobs=knobs.logprobs,
+        logprobs=knobs.logprobs, presence_penalty=knobs.presence_penalty, frequency_penalty=knobs.frequency_penalty,
+        repetition_penalty=knobs.repetition_penalty, min_p=knobs.min_p,
+        logit_bias=[TokenBias(token_id=t, bias=b) for t, b in knobs.logit_bias], guided=knobs.guided,
+        include_stop_str_in_output=knobs.include_stop_str_in_output, skip_special_tokens=knobs.skip_special_tokens,
     )
 
 
-__all__ = ["Knobs", "chat_prompt", "check_request", "completion_prompts", "sampling_for", "stop_list"]
+__all__ = ["Knobs", "chat_prompt", "check_request", "check_stream_options", "completion_prompts", "logit_bias_of", "or_default", "sampling_for",
+           "stop_list"]

@@ -34,7 +34,10 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self.engine.encode(text, add_special_tokens=True)
 
-    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
+        if tools:
+            return self.engine.encode_chat(messages, add_generation_prompt, tools=tools)
         return self.engine.encode_chat(messages, add_generation_prompt)
 
     def decode(self, ids: list[int]) -> str:

@@ -157,7 +157,7 @@ class EngineTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             template_name: str | None = None, **extra: Any) -> str:
         """Render with the named template (None: "default"); `extra` reaches the template as variables."""
         name = template_name or "default"
@@ -180,10 +180,11 @@ class EngineTokenizer:
             **extra,
         )
 
-    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
-                    template_name: str | None = None) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    template_name: str | None = None, **extra: Any) -> list[int]:
+        """`extra` reaches the template (e.g. `tools`, as Hugging Face's apply_chat_template passes it)."""
         # The template already writes BOS: no second one from the post-processor.
-        text = self.apply_chat_template(messages, add_generation_prompt, template_name)
+        text = self.apply_chat_template(messages, add_generation_prompt, template_name, **extra)
         return self.encode(text, add_special_tokens=False)
 
 
