@@ -36,19 +36,28 @@ from pathlib import Path
 import numpy as np
 
 from loadgen.repro.mell_footprint import final_sizes, reserved_bytes
+from loadgen.repro.mell_service import Needed, Slo, gpus_needed_at_slo
 from loadgen.repro.mell_setup import TESTBEDS, WORKLOADS, Testbed, Workload, workload_requests
 from loadgen.sim.kv_packing import PackingResult, Schedule, build_schedule, run_policy, utilisation
 from loadgen.sim.kv_packing_bounds import peak_lower_bound
-from loadgen.sim.kv_packing_fleet import Budgets, FleetResult, run_fleet
+from loadgen.sim.kv_packing_fleet import Budgets, FleetResult, pool_devices, run_fleet
 from loadgen.sim.kv_packing_moves import MoveModel
-from shared.policy.binpack_baselines import BASELINES, BestFitReserve, LoadBalance, WorstFitReserve
+from shared.policy.binpack_baselines import BASELINES, BestFitReserve, LoadBalance, LoadBalanceOpen, WorstFitReserve
+from shared.policy.packer import RepackFit
 
-PAPER = ("BF", "WF", "LB")  # the paper's baselines, which the summary line compares MELL against
-FLEET = ("BF", "WF", "LB", "MELL", "MELL-uncapped")
+PAPER = ("BF", "WF", "LB")  # the paper's baselines as it ran them: requests wait ("latency for GPUs" rows)
+EQ2 = ("BF-restart", "WF-restart", "LB-open")  # the same baselines keeping every request's KV resident (Eq. 2)
+FAMILY = {"BF": ("BF", "BF-restart"), "WF": ("WF", "WF-restart"), "LB": ("LB", "LB-open")}
+OURS = "Ours"  # shared/policy/packer.py
+OURS_MODE = "tokens"  # how ours moves (why: docs/benchmarks.md, MELL section)
+SERVICE = (*PAPER, *EQ2, "MELL", OURS)  # every arm whose GPUs at the SLO are bisected
+FLEET = (*SERVICE, "MELL-uncapped")
 RESERVING = ("BF-reserve", "WF-reserve")  # hindsight arms: reserve the final KV at admission
 FREE = "MELL-free"  # MELL on the undelayed op stream, moves instant and free: its packing alone
 POLICIES = (*FLEET, FREE, *RESERVING)
 UNCAPPED = 10**9
+UNBATCHED = "MELL-uncapped"  # MELL's ops one by one: batching_cut's reference (its cap of 10 never binds here:
+# max_requests_per_op <= 9, so it moves exactly as MELL-nobatch would; the report shows its capped ops)
 LLUMNIX_MIGRATE_OUT_STEPS = 3  # Llumnix's migrate-out threshold: 3 decode steps of free KV per request
 
 
@@ -68,12 +77,14 @@ class ReproConfig:
     azure_dir: str | None = None  # default: ../shared/data/azure-llm-2023
     azure_lengths: str = "paper"  # "paper": LMSYS-like x10 (§VIII-B's inputs); "trace": the trace's own
     core: bool = False  # also run MELL through the planner core (the live path) on the undelayed stream
+    slo: Slo = Slo()  # the service every arm's GPUs are measured at (loadgen/repro/mell_service.py)
 
 
 SCALES: dict[str, ReproConfig] = {
     "paper": ReproConfig(),
     "tiny": ReproConfig(poisson_duration_s=240.0, azure_duration_s=240.0, workloads=("poisson-1.1", "azure-conv"),
                         sweep_epochs=(5.0,), sweep_workloads=("poisson-1.1",)),
+    "reduced": ReproConfig(poisson_duration_s=900.0, azure_duration_s=900.0, sweep_epochs=(0.5, 5.0)),
 }
 
 
@@ -82,6 +93,11 @@ class Sweep:
     epoch_s: float
     result: FleetResult
     lower_bound: int
+    unbatched: FleetResult | None = None  # MELL's ops one by one at this interval
+
+    @property
+    def cut(self) -> float:
+        return executed_cut(self.result, self.unbatched)
 
 
 @dataclass
@@ -98,6 +114,7 @@ class Scenario:
     lower_bound_l1: int = 0
     lower_bound: int = 0  # L2 on the peak GPUs of the undelayed stream
     sweep: list[Sweep] = field(default_factory=list)
+    needed: dict[str, Needed] = field(default_factory=dict)  # arm -> its GPUs at the SLO
 
     @property
     def key(self) -> str:
@@ -169,29 +186,47 @@ def build_scenario(testbed: Testbed, workload: Workload, cfg: ReproConfig) -> Sc
 
 
 def make_policy(name: str, capacity: int, cfg: ReproConfig, final_size: dict[str, int] | None = None,
-                bytes_per_token: int = 1):
+                bytes_per_token: int = 1, pool: int | None = None):
+    devices = pool_devices(pool) if pool is not None else None
     if name in RESERVING:
         return {"BF-reserve": BestFitReserve, "WF-reserve": WorstFitReserve}[name](capacity, final_size=final_size)
-    if name == "LB":
-        return LoadBalance(capacity, migrate_out_free=LLUMNIX_MIGRATE_OUT_STEPS * bytes_per_token)
+    if name in ("LB", "LB-open"):
+        cls = LoadBalance if name == "LB" else LoadBalanceOpen
+        return cls(capacity, devices, migrate_out_free=LLUMNIX_MIGRATE_OUT_STEPS * bytes_per_token)
+    if name == OURS:
+        return RepackFit(capacity, devices)
     if name in BASELINES:
-        return BASELINES[name](capacity)
+        return BASELINES[name](capacity, devices)
     from shared.policy.mell import MellScheduler
 
     if name == "MELL-uncapped":  # the same bundles as with the cap: only the cap is lifted
         return MellScheduler(capacity, max_migrations_per_op=UNCAPPED, batching=False,
                              bundle_members=max(1, cfg.max_migrations_per_op // 2))
-    return MellScheduler(capacity, max_migrations_per_op=cfg.max_migrations_per_op, batching=name != "MELL-nobatch")
+    return MellScheduler(capacity, devices, max_migrations_per_op=cfg.max_migrations_per_op,
+                         batching=name != "MELL-nobatch")
 
 
 def run_arm(name: str, schedule: Schedule, moves: MoveModel, budgets: Budgets, cfg: ReproConfig,
-            final_size: dict[str, int] | None = None) -> PackingResult:
-    policy = make_policy(name, schedule.capacity, cfg, final_size, schedule.bytes_per_token)
+            final_size: dict[str, int] | None = None, pool: int | None = None) -> PackingResult:
+    """One arm; `pool`: on a fixed pool of that many GPUs (arrivals that fit nowhere wait), stopped early once
+    more requests missed the SLO's TTFT than its percentile allows."""
+    policy = make_policy(name, schedule.capacity, cfg, final_size, schedule.bytes_per_token, pool)
     if name in RESERVING or name == FREE:
         return run_policy(schedule, policy, name)
-    mell = name.startswith("MELL")
-    return run_fleet(schedule, policy, name, moves=moves, mode="auto" if mell else "kv",
-                     budgets=budgets if mell else None, per_op=name in ("MELL-uncapped", "MELL-nobatch"))
+    adaptive = name.startswith("MELL")  # MELL §V's adaptive migration
+    mode = "auto" if adaptive else ("tokens" if name in ("BF-restart", "WF-restart") else "kv")
+    if name == OURS:
+        mode = OURS_MODE
+    abort = (cfg.slo.ttft_s, cfg.slo.late_allowed(schedule.requests)) if pool is not None else None
+    return run_fleet(schedule, policy, name, moves=moves, mode=mode, budgets=budgets if adaptive else None,
+                     per_op=name in ("MELL-uncapped", "MELL-nobatch"), pool=pool, abort_late=abort)
+
+
+def executed_cut(batched: FleetResult, unbatched: FleetResult | None) -> float:
+    """Share of the migrations MELL carries out op by op that its batches do not (executed, batched vs not)."""
+    if unbatched is None or not unbatched.moves:
+        return 0.0
+    return 1.0 - batched.moves / unbatched.moves
 
 
 def run_scenario(scenario: Scenario, cfg: ReproConfig, policies: tuple[str, ...] = POLICIES) -> Scenario:
@@ -202,6 +237,11 @@ def run_scenario(scenario: Scenario, cfg: ReproConfig, policies: tuple[str, ...]
         scenario.lower_bound_l1, scenario.lower_bound = peak_lower_bound(s)
     for name in policies:
         scenario.results[name] = run_arm(name, s, scenario.moves, scenario.budgets, cfg, scenario.final_size)
+    for name in SERVICE:
+        if name in scenario.results:
+            scenario.needed[name] = gpus_needed_at_slo(
+                lambda n, name=name: run_arm(name, s, scenario.moves, scenario.budgets, cfg, pool=n),
+                scenario.results[name], scenario.lower_bound, cfg.slo, s.decode_step_s)  # type: ignore[arg-type]
     if cfg.core:
         from loadgen.sim.kv_packing_core import run_core
 
@@ -214,11 +254,13 @@ def run_scenario(scenario: Scenario, cfg: ReproConfig, policies: tuple[str, ...]
             if epoch == cfg.epoch_s:
                 continue
             sched = make_schedule(scenario.testbed, scenario.workload, cfg, epoch)
-            result = run_arm("MELL", sched, scenario.moves, budgets_for(scenario.testbed, sched, cfg.occupancy),
-                             cfg)
-            scenario.sweep.append(Sweep(epoch, result, peak_lower_bound(sched)[1]))  # type: ignore[arg-type]
+            b = budgets_for(scenario.testbed, sched, cfg.occupancy)
+            result = run_arm("MELL", sched, scenario.moves, b, cfg)
+            unbatched = run_arm(UNBATCHED, sched, scenario.moves, b, cfg)
+            scenario.sweep.append(Sweep(epoch, result, peak_lower_bound(sched)[1], unbatched))  # type: ignore[arg-type]
         main = scenario.results["MELL"]
-        scenario.sweep.append(Sweep(cfg.epoch_s, main, scenario.lower_bound))  # type: ignore[arg-type]
+        scenario.sweep.append(Sweep(cfg.epoch_s, main, scenario.lower_bound,  # type: ignore[arg-type]
+                                    scenario.results.get(UNBATCHED)))  # type: ignore[arg-type]
         scenario.sweep.sort(key=lambda sw: sw.epoch_s)
     return scenario
 
@@ -244,8 +286,10 @@ def run_repro(cfg: ReproConfig, progress=None, jobs: int = 1) -> list[Scenario]:
     def report(sc: Scenario, wall: float) -> None:
         done[(sc.testbed.key, sc.workload.key)] = sc
         if progress:
-            progress(f"{sc.key}: {sc.requests} requests, L2 bound {sc.lower_bound} GPUs, "
-                     + ", ".join(f"{p} {r.peak_devices()}" for p, r in sc.results.items()) + f" GPUs ({wall:.1f} s)")
+            progress(f"{sc.key}: {sc.requests} requests, L2 bound {sc.lower_bound} GPUs; at the SLO "
+                     + ", ".join(f"{p} {n.gpus if n.gpus is not None else 'none'}" for p, n in sc.needed.items())
+                     + "; peak on demand " + ", ".join(f"{p} {r.peak_devices()}" for p, r in sc.results.items())
+                     + f" ({wall:.1f} s)")
 
     if jobs > 1 and len(todo) > 1:
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -261,44 +305,65 @@ def run_repro(cfg: ReproConfig, progress=None, jobs: int = 1) -> list[Scenario]:
 
 @dataclass(frozen=True)
 class Headline:
-    gpus_vs: dict[str, float]  # baseline -> mean over scenarios of MELL's peak GPUs / baseline's - 1
-    util: float  # MELL's mean utilisation
-    batching_cut: float  # mean over scenarios of the share of MELL's decided moves its batches removed
-    max_migrations_uncapped: int  # the most moves one operation needed without the cap
-    capped_ops: int  # MELL operations that stopped at the cap, all scenarios
-    gpus_vs_lower_bound: float  # mean over scenarios of MELL's peak GPUs / the L2 bound - 1
+    gpus_vs: dict[str, float]  # baseline -> mean over scenarios of MELL's GPUs at the SLO / the family's best - 1
+    gpus_ours_vs_best_baseline: float  # mean over scenarios of ours / the best baseline arm's, at the SLO, - 1
+    batching_cut: float  # mean over scenarios of the executed migrations MELL's batching removes
+    max_items_per_op: int  # MELL-uncapped: the most items one operation moved (a multi-item counts once)
+    max_requests_per_op: int  # ... the most requests
+    moves_per_request: float  # MELL's executed migrations per request, mean over scenarios
+    gpus_vs_lower_bound: float  # mean over scenarios of MELL's GPUs at the SLO / the L2 bound - 1
+    scenarios: int = 0  # scenarios where every arm of the line met the SLO somewhere
 
     def line(self) -> str:
         gpus = " ".join(f"gpus_vs_{b.lower()}={round(100 * v):+d}%" for b, v in self.gpus_vs.items())
-        return (f"repro mell: {gpus} util={round(100 * self.util)}% "
-                f"batching_cut={round(-100 * self.batching_cut):+d}% "
-                f"max_migrations_uncapped={self.max_migrations_uncapped} capped_ops={self.capped_ops} "
+        return (f"repro mell: {gpus} gpus_ours_vs_best_baseline={round(100 * self.gpus_ours_vs_best_baseline):+d}% "
+                f"batching_cut={round(-100 * self.batching_cut):+d}% max_items_per_op={self.max_items_per_op} "
+                f"max_requests_per_op={self.max_requests_per_op} moves_per_request={self.moves_per_request:.1f} "
                 f"gpus_vs_lower_bound={round(100 * self.gpus_vs_lower_bound):+d}%")
 
 
 def gpus_needed(result: PackingResult) -> float:
-    """GPUs needed: the peak number of active GPUs, MELL's B(x) (eq. 3); the report shows the
-    time-averaged number beside it."""
+    """Peak GPUs on demand from the placement (MELL's B(x), Eq. 3); a copy's drained source is beside it."""
     return float(result.peak_devices())
 
 
+def at_slo(sc: Scenario, arm: str) -> int | None:
+    n = sc.needed.get(arm)
+    return None if n is None else n.gpus
+
+
+def family_best(sc: Scenario, base: str) -> int | None:
+    """The fewest GPUs at the SLO of a baseline's arms (as the paper ran it, and keeping Eq. 2)."""
+    got = [g for a in FAMILY[base] if (g := at_slo(sc, a)) is not None]
+    return min(got) if got else None
+
+
+def best_baseline(sc: Scenario) -> int | None:
+    got = [g for a in (*PAPER, *EQ2) if (g := at_slo(sc, a)) is not None]
+    return min(got) if got else None
+
+
 def batching_cut(result: PackingResult) -> float:
-    """Share of the moves MELL's operations decided that its batches removed (coalesced, or made
-    unnecessary by the batch's arrivals)."""
+    """Share of the moves MELL's operations decided that its batches removed (decided, not executed)."""
     removed = getattr(result, "removed_by_batching", 0)
     total = result.moves_before_dedup
     return removed / total if total else 0.0
 
 
-def headline(scenarios: list[Scenario]) -> Headline:
-    def rel(sc: Scenario, base: str) -> float:
-        return gpus_needed(sc.results["MELL"]) / gpus_needed(sc.results[base]) - 1
+def _mean_rel(pairs: list[tuple[int | None, int | None]]) -> float:
+    v = [a / b - 1 for a, b in pairs if a is not None and b]
+    return float(np.mean(v)) if v else float("nan")
 
+
+def headline(scenarios: list[Scenario]) -> Headline:
+    uncapped = [sc.results["MELL-uncapped"] for sc in scenarios if "MELL-uncapped" in sc.results]
     return Headline(
-        gpus_vs={b: float(np.mean([rel(sc, b) for sc in scenarios])) for b in PAPER},
-        util=float(np.mean([sc.util("MELL") for sc in scenarios])),
-        batching_cut=float(np.mean([batching_cut(sc.results["MELL"]) for sc in scenarios])),
-        max_migrations_uncapped=max(sc.results["MELL-uncapped"].max_moves_per_op for sc in scenarios),
-        capped_ops=sum(getattr(sc.results["MELL"], "capped_ops", 0) for sc in scenarios),
-        gpus_vs_lower_bound=float(np.mean([gpus_needed(sc.results["MELL"]) / max(1, sc.lower_bound) - 1
-                                           for sc in scenarios])))
+        gpus_vs={b: _mean_rel([(at_slo(sc, "MELL"), family_best(sc, b)) for sc in scenarios]) for b in PAPER},
+        gpus_ours_vs_best_baseline=_mean_rel([(at_slo(sc, OURS), best_baseline(sc)) for sc in scenarios]),
+        batching_cut=float(np.mean([executed_cut(sc.results["MELL"], sc.results.get(UNBATCHED))  # type: ignore
+                                    for sc in scenarios])),
+        max_items_per_op=max((getattr(r, "max_items_per_op", -1) for r in uncapped), default=-1),
+        max_requests_per_op=max((r.max_moves_per_op for r in uncapped), default=-1),
+        moves_per_request=float(np.mean([sc.per_request("MELL") for sc in scenarios])),
+        gpus_vs_lower_bound=_mean_rel([(at_slo(sc, "MELL"), sc.lower_bound) for sc in scenarios]),
+        scenarios=sum(all(at_slo(sc, a) is not None for a in ("MELL", OURS)) for sc in scenarios))

@@ -67,7 +67,7 @@ def pool_devices(n: int) -> list[str]:
 
 def run_fleet(schedule: Schedule, policy, name: str, *, moves: MoveModel | None = None, mode: str = "kv",
               budgets: Budgets | None = None, per_op: bool = False, check: bool = True,
-              pool: int | None = None) -> FleetResult:
+              pool: int | None = None, abort_late: tuple[float, int] | None = None) -> FleetResult:
     """Play `schedule`'s requests on `policy`'s books and simulated devices (module docstring). `mode`: how
     the policy's moves travel ("kv", "tokens", or "auto" = adaptive under `budgets`); `per_op`: ops one by one
     (measures the most moves one operation decides)."""
@@ -79,7 +79,9 @@ def run_fleet(schedule: Schedule, policy, name: str, *, moves: MoveModel | None 
         raise ValueError(f"{name}: adaptive migration needs budgets")
     if pool is not None:
         policy.when_full = "wait"  # the policy was built on pool_devices(pool)
-    return _Fleet(schedule, policy, name, moves, mode, budgets, per_op, check).run()
+    fleet = _Fleet(schedule, policy, name, moves, mode, budgets, per_op, check)
+    fleet.abort_late = abort_late
+    return fleet.run()
 
 
 class _Fleet(FleetEngine, FleetMoves):
@@ -136,6 +138,8 @@ class _Fleet(FleetEngine, FleetMoves):
         self.pool_wait: list[int] = []  # arrivals refused by a full pool, first come first served
         self.offered: dict[int, tuple[float, int, int]] = {}  # refused arrival -> (first offered, size, frozen)
         self.refused = 0  # arrival-intervals refused by a full pool
+        self.abort_late: tuple[float, int] | None = None  # (TTFT s, requests): stop once more are that late
+        self.n_late = 0  # requests whose TTFT added passed abort_late's
 
     # --- a request's clock ------------------------------------------------------------------
     def _generated(self, i: int, now: float) -> int:
@@ -183,7 +187,10 @@ class _Fleet(FleetEngine, FleetMoves):
             if started:
                 self.d_after[i] += delay
             else:
+                before = self.d_first[i]
                 self.d_first[i] += delay
+                if self.abort_late is not None and before <= self.abort_late[0] < self.d_first[i]:
+                    self.n_late += 1
         self.TF[i] = new_tf
         self._schedule_events(i, e)
 
@@ -235,6 +242,7 @@ class _Fleet(FleetEngine, FleetMoves):
         physical: list[int] = []
         used: list[int] = []
         overcommitted = 0
+        aborted = False
         e = done = 0
         last_arrival = max(self.arrivals, default=0)
         policy = self.policy
@@ -291,6 +299,9 @@ class _Fleet(FleetEngine, FleetMoves):
                     overcommitted += 1
             if done == self.n and e >= last_arrival and not self.pool_wait:
                 break
+            if self.abort_late is not None and self._late(now) > self.abort_late[1]:
+                aborted = True  # the SLO is already missed: the rest would not change that
+                break
             e += 1
         st = self.stats
         removed = getattr(policy, "removed_by_batching", 0)
@@ -304,7 +315,12 @@ class _Fleet(FleetEngine, FleetMoves):
             preemptions=self.preemptions, held_back=self.held_back, ttft_delay=np.asarray(self.d_first),
             tpot_delay=np.asarray(self.d_after) / np.maximum(1, np.asarray(self.O) - 1),
             max_moves_per_round=self.max_round, active_physical=np.asarray(physical, np.int64),
-            max_items_per_op=self.max_op_items, refused=self.refused)
+            max_items_per_op=self.max_op_items, refused=self.refused, aborted=aborted)
+
+    def _late(self, now: float) -> int:
+        """Requests whose first token is already later than `abort_late`'s TTFT allows."""
+        limit = self.abort_late[0]
+        return self.n_late + sum(1 for i in self.pool_wait if now - self.offered[i][0] > limit)
 
     # --- the policy ---------------------------------------------------------------------------
     def _tell_held(self) -> None:

@@ -1,0 +1,101 @@
+"""MELL's comparison at equal service: the GPUs each arm needs to meet one stated SLO.
+
+"GPUs needed" for an arm = the smallest fixed pool of N GPUs (the policy gets gpu-0..gpu-N-1; an
+arrival that fits on none waits, a growth that fits nowhere is preempted by the device's engine:
+loadgen/sim/kv_packing_fleet.py `pool`) on which the arm meets the SLO:
+
+    P99 over requests of the TTFT added (waiting for memory, re-prefills before the first token)
+        <= slo.ttft_s, and
+    P99 over requests of the TPOT added (preemptions, migration stalls, re-prefills after it, per
+        later token) <= slo.tpot_step_share x the testbed's decode step.
+
+A search over N, as the economy's GPU sweep searches its pool: an arm that misses the SLO with GPUs
+opened on demand (unbounded) misses it at every pool (more GPUs change nothing for a policy that opens
+them on demand) and needs "none": its row is "latency for GPUs" (what it pays for the GPUs it uses).
+Otherwise N starts at the L2 bound and moves one GPU at a time (down while the SLO is met, up while it
+is not; the SLO is monotone in N up to the noise of one run); runs stop early once more than 1% of
+requests missed the TTFT target (`abort_late`), so a failing pool costs little. (A one-GPU step from
+the bound takes 2-3 runs where the answers lie, within a few GPUs of it; a bisection from the peak 6.)
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from loadgen.sim.kv_packing_fleet_state import FleetResult
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_s: float = 2.0  # P99 of the TTFT added, seconds
+    tpot_step_share: float = 0.25  # P99 of the TPOT added per token, as a share of the decode step
+    percentile: float = 99.0
+
+    def tpot_s(self, decode_step_s: float) -> float:
+        return self.tpot_step_share * decode_step_s
+
+    def late_allowed(self, requests: int) -> int:
+        """Requests that may miss the TTFT target with the P99 still met."""
+        return int((100.0 - self.percentile) / 100.0 * requests)
+
+    def describe(self, decode_step_s: float) -> str:
+        return (f"P{self.percentile:g} TTFT added <= {self.ttft_s:g} s and P{self.percentile:g} TPOT added <= "
+                f"{1000 * self.tpot_s(decode_step_s):.1f} ms per token ({self.tpot_step_share:g} x the "
+                f"{1000 * decode_step_s:.1f} ms decode step)")
+
+
+def ttft_p(result: FleetResult, slo: Slo) -> float:
+    return float(np.percentile(result.ttft_delay, slo.percentile)) if result.ttft_delay is not None else 0.0
+
+
+def tpot_p(result: FleetResult, slo: Slo) -> float:
+    return float(np.percentile(result.tpot_delay, slo.percentile)) if result.tpot_delay is not None else 0.0
+
+
+def meets(result: FleetResult, slo: Slo, decode_step_s: float) -> bool:
+    if getattr(result, "aborted", False):
+        return False
+    return ttft_p(result, slo) <= slo.ttft_s and tpot_p(result, slo) <= slo.tpot_s(decode_step_s)
+
+
+@dataclass
+class Needed:
+    """An arm's GPUs at the SLO: `gpus` (None: no pool meets it) and the pools tried (N -> met)."""
+
+    gpus: int | None
+    tried: dict[int, bool]
+    result: FleetResult | None = None  # the run at `gpus`
+
+
+def gpus_needed_at_slo(run_at: Callable[[int], FleetResult], unbounded: FleetResult, start: int, slo: Slo,
+                       decode_step_s: float) -> Needed:
+    """The smallest pool N at which `run_at(N)` meets the SLO, searched one GPU at a time from `start` (the
+    L2 bound: the answers sit within a few GPUs of it, so this takes fewer runs than bisecting from the
+    peak): down while it meets it, up while it does not (module docstring)."""
+    tried: dict[int, bool] = {}
+    if not meets(unbounded, slo, decode_step_s):
+        return Needed(None, tried)
+    top = 2 * max(1, unbounded.peak_physical()) + 2
+    results: dict[int, FleetResult] = {}
+
+    def ok(n: int) -> bool:
+        if n not in tried:
+            results[n] = run_at(n)
+            tried[n] = meets(results[n], slo, decode_step_s)
+        return tried[n]
+
+    n = max(1, min(start, unbounded.peak_physical()))
+    if ok(n):
+        while n > 1 and ok(n - 1):
+            n -= 1
+        return Needed(n, tried, results[n])
+    while n < top:
+        n += 1
+        if ok(n):
+            return Needed(n, tried, results[n])
+    return Needed(None, tried)
+
+
+__all__ = ["Needed", "Slo", "gpus_needed_at_slo", "meets", "tpot_p", "ttft_p"]
