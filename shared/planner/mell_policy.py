@@ -44,6 +44,9 @@ CAPACITY_DRIFT = 0.25  # a model's scheduler is rebuilt when its devices' KV cap
 # A request just migrated is missing from the views for a moment (its destination's stats predate the commit):
 # it does not depart while it is this young a move (the larger of these intervals and seconds).
 MOVE_GRACE_INTERVALS, MOVE_GRACE_S = 3, 1.0
+# A request that moved without this planner's plan (an operator's or an external scheduler's MigrateOut, a
+# re-dispatch) stays where it went this long: the planner does not undo a move it did not make.
+OPERATOR_HOLD_S = 60.0
 
 
 @dataclass
@@ -58,7 +61,8 @@ class MellPolicy:
     name = "mell"
 
     def __init__(self, *, migration: MigrationSetting = "auto", kv_high_watermark: float = 0.9,
-                 max_migrations_per_op: int = 10, max_attempts: int = 3, batching: bool = True) -> None:
+                 max_migrations_per_op: int = 10, max_attempts: int = 3, batching: bool = True,
+                 operator_hold_s: float = OPERATOR_HOLD_S) -> None:
         if not 0 < kv_high_watermark <= 1:
             raise ValueError(f"kv_high_watermark must be in (0, 1], got {kv_high_watermark}")
         if migration not in ("auto", "kv", "tokens", "off"):
@@ -73,6 +77,10 @@ class MellPolicy:
         self.reported_idle: set[str] = set()
         self.unplaced: set[str] = set()  # requests MELL found no room for (NoCapacity): left where they run
         self.moved_at: dict[str, float] = {}  # request -> when its last migration was applied
+        self.operator_hold_s = operator_hold_s
+        self.seen_on: dict[str, str] = {}  # request -> the worker it ran on at the last interval
+        self.planned_to: dict[str, str] = {}  # request -> the destination of this planner's applied move
+        self.held_until: dict[str, float] = {}  # request moved by someone else -> not moved before this time
 
     # --- the Policy protocol ----------------------------------------------------------------
     def decide(self, view: ClusterView, busy: Busy) -> list[Decision]:
@@ -82,6 +90,7 @@ class MellPolicy:
         for model, workers in sorted(_serving(view).items()):
             state = self._state_for(model, workers)
             self._sync(state, view, model, busy)
+            self._note_moves_by_others(state, view, busy)
             for rid, (source, destination) in self._moves(state, view, busy).items():
                 targets.add(destination)
                 req = view.request(rid)
@@ -101,6 +110,7 @@ class MellPolicy:
             if isinstance(outcome, PlanApplied):
                 self.failures.pop(action.request_id, None)
                 self.moved_at[action.request_id] = outcome.ts
+                self.planned_to[action.request_id] = action.destination
             else:
                 self.failures[action.request_id] += 1
         elif isinstance(action, ReportIdle) and not isinstance(outcome, PlanApplied):
@@ -196,10 +206,30 @@ class MellPolicy:
             target, where = state.scheduler.device_of(rid), view.location(rid)
             if target is None or where is None or where[0] == target or busy.request(rid):
                 continue
-            if self.failures[rid] >= self.max_attempts:
+            if self.failures[rid] >= self.max_attempts or self.held_until.get(rid, 0.0) > view.now:
                 continue
             out[rid] = (where[0], target)
         return out
+
+    def _note_moves_by_others(self, state: _ModelState, view: ClusterView, busy: Busy) -> None:
+        """A request now on another worker than last interval, which this planner did not send there, was
+        moved by someone else: hold it there for `operator_hold_s` (MELL would otherwise move it back)."""
+        for rid in state.sizes:
+            where = view.location(rid)
+            if where is None:
+                continue
+            before, self.seen_on[rid] = self.seen_on.get(rid), where[0]
+            if before is None or before == where[0] or busy.request(rid):
+                continue
+            if self.planned_to.pop(rid, None) == where[0]:
+                continue  # our own move, arrived
+            self.held_until[rid] = view.now + self.operator_hold_s
+        gone = [r for r in self.seen_on if r not in state.sizes and view.location(r) is None]
+        for rid in gone:
+            self.seen_on.pop(rid, None)
+            self.planned_to.pop(rid, None)
+        for rid in [r for r, until in self.held_until.items() if until <= view.now or r in gone]:
+            del self.held_until[rid]
 
     # --- decisions ------------------------------------------------------------------------
     def _migrations(self, view: ClusterView, pressure: list[tuple[MigrationCandidate, str]],
