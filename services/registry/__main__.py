@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from shared.bootstrap import bootstrap
+from shared.announce import service_id
 from shared.service import run
 
 from services.registry.api import RegistryApi
@@ -17,6 +18,7 @@ def main() -> None:
     boot.service.add_actor(RegistryApi(store))
     boot.service.add_actor(LivenessActor(
         store, dead_after=float(reg.dead_after), heartbeat_interval=float(reg.heartbeat_interval),
+        self_service_id=service_id(boot.service.settings.instance),  # hearing itself: is the registry cut off?
     ))
     boot.announce(catalog=LocalCatalog(store))
     run(boot.service)

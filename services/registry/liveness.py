@@ -9,7 +9,9 @@ The registry feeds it every heartbeat it receives (stamped with its own monotoni
 clock skew between hosts does not matter) and calls `expire` from a timer; each Change is
 turned into a catalog write and a published event. A peer is alive again as soon as a
 heartbeat arrives; a heartbeat with a new incarnation (the process restarted) is reported as
-a Change even when the peer never looked dead.
+a Change even when the peer never looked dead. `grace(now)` restarts every alive peer's silence
+at `now`: the registry calls it when it was itself deaf (see liveness_actor.py), so a NATS leader
+election is not read as the death of every peer.
 """
 from __future__ import annotations
 
@@ -68,6 +70,19 @@ class LivenessTracker:
         """Track a peer known from the catalog (at start), as if last heard at `now`."""
         if key not in self._peers:
             self._peers[key] = _Peer(now, alive, incarnation)
+
+    def grace(self, now: float) -> None:
+        """The registry could not hear or write for a while (its own writes stalled: NATS electing a
+        leader; its loop stalled): what it missed is not the peers' silence. Every alive peer's
+        silence counts from `now`, so none dies before `dead_after` past the registry's recovery."""
+        for peer in self._peers.values():
+            if peer.alive:
+                peer.last_heard = max(peer.last_heard, now)
+
+    def silent(self, key: PeerKey, now: float) -> bool:
+        """Whether `key` is tracked, alive, and silent for at least `dead_after` at `now`."""
+        peer = self._peers.get(key)
+        return peer is not None and peer.alive and now - peer.last_heard >= self.dead_after
 
     def expire(self, now: float) -> list[Change]:
         """Mark dead every alive peer silent for at least `dead_after`; returns those Changes."""

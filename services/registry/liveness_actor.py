@@ -36,6 +36,7 @@ log = get_logger("tidal.registry.liveness")
 
 _SERVICE_ID = re.compile(ID_PATTERN)
 MAX_TICK_S = 0.25  # upper bound on the timer's sleep (new peers, pending retries)
+STALL_FRACTION = 0.5  # a stall of the registry's own longer than this x dead_after makes it "deaf" (_deaf)
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class Desired:
 
 class LivenessActor(Actor):
     def __init__(self, store: CatalogStore, *, dead_after: float, heartbeat_interval: float,
-                 forget_after: float | None = None) -> None:
+                 forget_after: float | None = None, self_service_id: str | None = None) -> None:
         super().__init__("registry-liveness")
         self.store = store
         self.dead_after = dead_after
@@ -60,6 +61,12 @@ class LivenessActor(Actor):
         self.services = LivenessTracker(dead_after, forget_after=forget_after or max(30.0, 10 * dead_after))
         self._seen: dict[PeerKey, CatalogEntry] = {}  # last entry read or written, for compare-and-set
         self._pending: dict[PeerKey, Desired] = {}
+        # telling "this registry was deaf" from "peers died" (_deaf): its own process's heartbeat, the
+        # last tick, the last slow write
+        self.self_key: PeerKey | None = (str(Bucket.SERVICES), self_service_id) if self_service_id else None
+        self._last_tick: float | None = None
+        self._slow_io_at: float | None = None
+        self._slow_io_s = 0.0
 
     async def on_start(self) -> None:
         await self.store.open(self.bus)
@@ -128,6 +135,10 @@ class LivenessActor(Actor):
 
     async def tick(self, now: float) -> None:
         """Mark silent peers dead, forget long-dead services, retry failed writes."""
+        if self._deaf(now):
+            self.workers.grace(now)
+            self.services.grace(now)
+        self._last_tick = now
         for change in self.workers.expire(now) + self.services.expire(now):
             log.warning("peer marked dead", bucket=change.key[0], key=change.key[1], silent_s=round(change.silent_s, 3))
             dead = str(WorkerState.DEAD) if change.key[0] == Bucket.WORKERS else "dead"
@@ -137,6 +148,25 @@ class LivenessActor(Actor):
         for key, desired in list(self._pending.items()):
             if self._pending.get(key) is desired:
                 await self._apply(key, desired)
+
+    def _deaf(self, now: float) -> bool:
+        """Whether this registry, not its peers, was out of touch: its own loop stalled between two
+        ticks, a write of its stalled (JetStream electing a leader holds every put), or it stopped
+        hearing its own heartbeat (its NATS node is cut off). Then nobody is marked dead now: every
+        peer gets `dead_after` from here (LivenessTracker.grace)."""
+        stall = STALL_FRACTION * self.dead_after
+        why = None
+        if self._last_tick is not None and now - self._last_tick > max(stall, MAX_TICK_S * 2):
+            why = f"this registry's loop stalled {now - self._last_tick:.1f}s"
+        elif self._slow_io_at is not None:
+            why = f"a catalog write took {self._slow_io_s:.1f}s (NATS electing a leader?)"
+        elif self.self_key is not None and self.services.silent(self.self_key, now):
+            why = "this registry stopped hearing its own heartbeat (its NATS server is cut off?)"
+        self._slow_io_at = None
+        if why is not None:
+            log.warning("the registry was out of touch; every peer gets a grace before it can be marked dead",
+                        why=why, grace_s=self.dead_after)
+        return why is not None
 
     # --- catalog writes -------------------------------------------------------------------
     async def _read(self, key: PeerKey) -> CatalogEntry | None:
@@ -163,7 +193,11 @@ class LivenessActor(Actor):
                 if desired.heartbeat_ts is not None:
                     changes["last_heartbeat_ts"] = desired.heartbeat_ts
                 new = msgspec.structs.replace(record, **changes)
-                outcome = await self.store.put(new, entry.revision, publish=desired.publish)
+                started = time.monotonic()
+                try:
+                    outcome = await self.store.put(new, entry.revision, publish=desired.publish)
+                finally:
+                    self._timed_io(time.monotonic() - started)
                 if isinstance(outcome, RegistryWritten):
                     self._seen[key] = CatalogEntry(bucket=entry.bucket, key=entry.key, revision=outcome.revision, record=new)
                     break
@@ -176,6 +210,10 @@ class LivenessActor(Actor):
             return
         if self._pending.get(key) is desired:
             del self._pending[key]
+
+    def _timed_io(self, took_s: float) -> None:
+        if took_s > STALL_FRACTION * self.dead_after:
+            self._slow_io_at, self._slow_io_s = time.monotonic(), took_s
 
     async def _forget(self, key: PeerKey) -> None:
         try:
