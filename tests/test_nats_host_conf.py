@@ -1,0 +1,72 @@
+"""`tidal nats-config` (shared/nats_host_conf.py): a NATS of your own for several hosts. A three-node
+cluster from three runs of the command with the same --out: the nodes share the users, their routes
+authenticate, JetStream elects a leader, and a role connects with its credentials file (all three
+nodes in its URL); monitoring is off unless asked for."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nats
+import pytest
+
+from service_procs import ROOT
+from shared.nats_credentials import read_credentials
+from shared.nats_server import free_port, nats_server_binary
+from shared.subjects import ROLES
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def nats_config(out: Path, *args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "tidal", "nats-config", "--out", str(out), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+async def test_a_three_node_cluster_from_the_written_configs(tmp_path: Path) -> None:
+    clients, routes = [free_port() for _ in range(3)], [free_port() for _ in range(3)]
+    table = ",".join(f"127.0.0.1:{port}" for port in routes)
+    url = ",".join(f"nats://127.0.0.1:{port}" for port in clients)
+    for i in range(3):
+        nats_config(tmp_path, "--url", url, "--node", f"n{i}", "--routes", table, "--listen",
+                    f"127.0.0.1:{clients[i]}", "--cluster-listen", f"127.0.0.1:{routes[i]}")
+    confs = [(tmp_path / f"nats-n{i}.conf").read_text() for i in range(3)]
+    assert all(c.count("password:") == confs[0].count("password:") for c in confs)  # the same users everywhere
+    assert all("http:" not in c for c in confs)  # no monitoring endpoint
+    assert {p.stem for p in (tmp_path / "credentials").glob("*.toml")} == {*ROLES, "operator", "route"}
+    assert all(p.stat().st_mode & 0o077 == 0 for p in (tmp_path / "credentials").glob("*.toml"))
+    procs = [subprocess.Popen([nats_server_binary(), "-c", str(tmp_path / f"nats-n{i}.conf")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(3)]
+    try:
+        operator = read_credentials(tmp_path / "credentials" / "operator.toml")
+        assert operator.url == url
+        deadline = time.monotonic() + 60
+        nc = None
+        while nc is None:
+            try:
+                nc = await nats.connect(operator.url_with().split(",")[0], connect_timeout=1, allow_reconnect=False)
+            except Exception:  # noqa: BLE001 - not listening yet
+                assert time.monotonic() < deadline, "node 0 never listened"
+                await asyncio.sleep(0.2)
+        try:
+            while True:  # JetStream answers once the routes are up and a meta leader is elected
+                try:
+                    info = await nc.jetstream(timeout=2).account_info()
+                    break
+                except Exception:  # noqa: BLE001
+                    assert time.monotonic() < deadline, "no JetStream leader: the routes did not form"
+                    await asyncio.sleep(0.3)
+            assert info is not None
+            kv = await nc.jetstream(timeout=5).create_key_value(bucket="probe", replicas=3)  # needs all 3 nodes
+            assert await kv.put("k", b"v") >= 1
+        finally:
+            await nc.close()
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(10)
