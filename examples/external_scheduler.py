@@ -2,7 +2,10 @@
 
 Run the cluster with `[planner] enabled = false` (the built-in planner then decides nothing), then:
 
-    python examples/external_scheduler.py --nats nats://127.0.0.1:4222 [--duration 30] [--dry-run]
+    python examples/external_scheduler.py --credentials <data_dir>/credentials/scheduler.toml [--duration 30] [--dry-run]
+
+(`tidal up` writes that file: the `scheduler` NATS user alone and the server's URL; with a NATS of your
+own, the `scheduler.toml` of `tidal nats-config`. `--nats URL` instead joins a NATS without users.)
 
 It prints every plan event (`tidal.v1.evt.plan.*`, e.g. from a planner that is enabled) and, every
 second, each worker's KV use from `tidal.v1.evt.worker.stats`. Its policy is deliberately naive: when
@@ -21,6 +24,7 @@ from shared.bus import Bus, BusSettings, Delivery
 from shared.events.ctl import CtlDone, CtlReply, MigrateOut
 from shared.events.plan import PlanDecided, PlanEvent
 from shared.events.worker import WorkerStats
+from shared.nats_credentials import read_credentials
 from shared.subjects import CATALOG, worker_ctl, worker_stats
 
 
@@ -74,7 +78,9 @@ async def consolidate(bus: Bus, latest: dict[str, WorkerStats], dry_run: bool) -
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nats", default="nats://127.0.0.1:4222")
+    parser.add_argument("--credentials", help="the scheduler's NATS credentials file (its url and user)")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds to run")
     parser.add_argument("--dry-run", action="store_true", help="print the moves, send nothing")
     args = parser.parse_args()
-    asyncio.run(main(args.nats, args.duration, args.dry_run))
+    url = read_credentials(args.credentials).url_with() if args.credentials else args.nats
+    asyncio.run(main(url, args.duration, args.dry_run))
