@@ -109,6 +109,11 @@ class Outcome:
     finish: str | None = None
     error: str | None = None  # the error event's message
     done: bool = False  # `data: [DONE]` seen
+    id: str = ""  # the completion's id
+    hung: bool = False  # no byte for STALL_S: the stream neither went on nor ended
+
+
+STALL_S = 90.0  # far beyond any pause of a healthy stream (the cut is 5 s, re-dispatch a few more)
 
 
 async def stream(client: httpx.AsyncClient, prompt: str) -> Outcome:
@@ -118,13 +123,22 @@ async def stream(client: httpx.AsyncClient, prompt: str) -> Outcome:
         if response.status_code != 200:
             outcome.error = (await response.aread()).decode(errors="replace")
             return outcome
-        async for line in response.aiter_lines():
+        lines = response.aiter_lines()
+        while True:
+            try:
+                line = await asyncio.wait_for(anext(lines), STALL_S)
+            except StopAsyncIteration:
+                break
+            except asyncio.TimeoutError:
+                outcome.hung = True
+                break
             if not line.startswith("data: "):
                 continue
             if line == "data: [DONE]":
                 outcome.done = True
                 continue
             event = json.loads(line[len("data: "):])
+            outcome.id = event.get("id", outcome.id)
             if "error" in event:
                 outcome.error = str(event["error"])
             for choice in event.get("choices", []):
@@ -154,6 +168,9 @@ async def test_a_worker_hosts_link_cut_mid_stream_corrupts_no_stream(cluster: Mu
     finally:
         await observer.stop()
     assert caught, "no stream was running on h3 when its link was cut"
+    hung = [(o.id, len(o.text), {r: (observer.workers(r), len(observer.chunks(r))) for r in observer.streams
+                                  if o.id and r.startswith(o.id)}) for o in outcomes if o.hung]
+    assert not hung, f"streams that never ended (cut h3 while it ran {caught}): {hung}"
     for i, outcome in enumerate(outcomes):
         want = wants[prompts[i % 4]]
         assert outcome.status == 200, outcome
