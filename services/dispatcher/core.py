@@ -285,7 +285,7 @@ class DispatchCore:
     def abort(self, msg: AbortRequest, now: float) -> list[Effect]:
         """The client went away: a queued request is dropped; a running one its worker stops."""
         req = self.requests.get(msg.request_id)
-        if req is None:
+        if req is None or msg.targeted:  # a targeted one stops a superseded copy only: the request goes on
             return []
         self._forget(req)
         return self.drain_queue(req.model, now)

@@ -174,6 +174,7 @@ def test_a_worker_heard_again_after_its_loss_is_told_to_stop_each_re_dispatched_
     assert stop.abort.worker_id == w and stop.abort.reason == "superseded" and stop.abort.attempt == 1
     assert [e for e in c.stream(chunk("a", 1, [99], w), DEAD_AFTER + 1.1) if isinstance(e, PublishAbort)] == []
     assert c.requests["a"].next_seq == 1  # its chunk changed nothing
+    assert c.abort(stop.abort, DEAD_AFTER + 1.2) == [] and "a" in c.requests  # hearing our own: the request goes on
 
 
 def test_a_migrations_source_cannot_add_to_the_stream_past_its_hand_over() -> None:
