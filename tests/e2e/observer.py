@@ -10,14 +10,15 @@ import time
 from dataclasses import dataclass
 
 from shared.bus import Bus, BusSettings, Delivery, Subscription
-from shared.events import StreamError, StreamMessage, TokenChunk, WorkerStats
+from services.gateway.seq_order import SeqOrder
+from shared.events import StreamError, StreamMessage, StreamReassigned, TokenChunk, WorkerStats
 from shared.subjects import CATALOG, worker_stats
 
 
 @dataclass(frozen=True)
 class Seen:
     at: float  # local receive time (time.time())
-    msg: TokenChunk | StreamError
+    msg: TokenChunk | StreamError | StreamReassigned
 
 
 class Observer:
@@ -47,6 +48,15 @@ class Observer:
 
     # --- reading ----------------------------------------------------------------------------
     def chunks(self, request_id: str) -> list[TokenChunk]:
+        """The request's chunks as a consumer delivers them (the gateway's order and assignment fence:
+        services/gateway/seq_order.py): each seq once, none from a superseded assignment."""
+        order, out = SeqOrder(max_held=1 << 20), []
+        for seen in self.streams.get(request_id, []):
+            out += [m for m in order.push(seen.msg) if isinstance(m, TokenChunk)]  # type: ignore[arg-type]
+        return out
+
+    def raw_chunks(self, request_id: str) -> list[TokenChunk]:
+        """Every chunk published for the request, stale copies' included, in arrival order."""
         return [s.msg for s in self.streams.get(request_id, []) if isinstance(s.msg, TokenChunk)]
 
     def workers(self, request_id: str) -> list[str]:
