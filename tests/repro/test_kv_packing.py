@@ -16,9 +16,9 @@ from shared.policy.mell import MellScheduler
 from shared.policy.mell_ops import Allocate, Depart, Update
 from tidal.cli import main
 
-SUMMARY = re.compile(r"^repro mell: gpus_vs_bf=[+-]\d+% gpus_vs_wf=[+-]\d+% gpus_vs_lb=[+-]\d+% util=\d+% "
-                     r"batching_cut=[+-]\d+% max_migrations_uncapped=\d+ capped_ops=\d+ "
-                     r"gpus_vs_lower_bound=[+-]\d+%$")
+SUMMARY = re.compile(r"^repro mell: gpus_vs_bf=[+-]\d+% gpus_vs_wf=[+-]\d+% gpus_vs_lb=[+-]\d+% "
+                     r"gpus_ours_vs_best_baseline=[+-]\d+% batching_cut=[+-]\d+% max_items_per_op=\d+ "
+                     r"max_requests_per_op=\d+ moves_per_request=\d+\.\d gpus_vs_lower_bound=[+-]\d+%$")
 AZURE_EXCERPT = str(Path(__file__).parent / "data" / "azure-llm-2023")
 
 
@@ -118,7 +118,8 @@ def test_tiny_repro_is_deterministic_and_ends_with_the_summary_line(tmp_path, ca
     assert set(sc) == {"poisson-1.1", "azure-conv"}
     for s in sc.values():
         policies = s["policies"]
-        assert {"BF", "WF", "LB", "MELL", "MELL-uncapped", "MELL-free", "BF-reserve", "WF-reserve"} == policies.keys()
+        assert {"BF", "WF", "LB", "BF-restart", "WF-restart", "LB-open", "MELL", "Ours", "MELL-uncapped",
+                "MELL-free", "BF-reserve", "WF-reserve"} == policies.keys()
         assert s["lower_bound_l2"] >= s["lower_bound_l1"] >= 1
         assert policies["MELL"]["peak_gpus"] >= s["lower_bound_l2"]  # MELL delays nobody for long
         for p in ("BF", "WF", "BF-reserve", "WF-reserve"):  # they never migrate
@@ -126,7 +127,14 @@ def test_tiny_repro_is_deterministic_and_ends_with_the_summary_line(tmp_path, ca
         for p in ("LB", "MELL"):  # migrations are charged: pre-copy time, stalls
             assert policies[p]["move_costs"]["kv_ok"] > 0 and policies[p]["move_costs"]["copy_s"] > 0
         assert policies["MELL"]["token_migrations"] > 0  # adaptive migration: both kinds happen
-        assert policies["MELL-uncapped"]["max_moves_per_op"] >= 1
+        assert policies["MELL-uncapped"]["max_moves_per_op"] >= policies["MELL-uncapped"]["max_items_per_op"] >= 1
+        # every arm that meets the SLO on demand has a pool that meets it, no larger than its on-demand peak + 1
+        for arm, got in s["gpus_at_slo"].items():
+            if got["gpus"] is not None:
+                assert got["tried"][str(got["gpus"])], arm
+                assert got["gpus"] == 1 or got["tried"][str(got["gpus"] - 1)] is False, arm  # the next pool down misses
+                assert got["gpus"] <= policies[arm]["peak_gpus_with_copies"] + 1, arm
+        assert s["gpus_at_slo"]["BF"]["gpus"] is None  # BF's preemptions cost more TPOT than the SLO allows
         assert policies["BF-reserve"]["held"] > policies["BF-reserve"]["util"]  # reserved is not in use
         assert policies["BF"]["preemptions"] > 0  # BF admits on what it knows; its engine preempts the growth
     assert [sw["epoch_s"] for sw in sc["poisson-1.1"]["sweep"]] == [1.0, 5.0]
