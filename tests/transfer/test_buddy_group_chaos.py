@@ -37,6 +37,7 @@ from shared.events import SamplingParams
 pytestmark = pytest.mark.timeout(600)
 IN_FLIGHT = 4  # requests kept in flight while the groups change
 SAMPLING = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+PROMPTS = [PROMPT + [3 + i, 50 + 7 * i] * (1 + i % 3) for i in range(12)]  # (the references: one run each)
 # (the member killed, or None: restore and dissolve under load; the group's entry first)
 CYCLES: list[tuple[str | None, tuple[str, str]]] = [("w1", ("w0", "w1")), (None, ("w1", "w0")), ("w0", ("w1", "w0"))]
 STREAM_END_S = 180.0  # a stream still open this long after the load stopped hangs
@@ -74,7 +75,7 @@ class Load:
     async def client(self) -> None:
         while not self.stop.is_set():
             i = next(self._ids)
-            stream = await self.submit(f"chaos-{i}", PROMPT + [3 + i % 97, 3 + (7 * i) % 89])
+            stream = await self.submit(f"chaos-{i}", PROMPTS[i % len(PROMPTS)])
             if stream is None:
                 await asyncio.sleep(0.5)  # refused while the cluster changes: come back
                 continue
@@ -84,8 +85,15 @@ class Load:
             done.cancel(), stopped.cancel()
 
 
+_EXPECTED: dict[tuple[int, ...], list[int]] = {}
+
+
 def expected(reference: LLMEngine, prompt: list[int]) -> list[int]:
-    return reference.generate([prompt], engine_params(SAMPLING))[0].token_ids
+    """The tokens of an unsplit run of `prompt`."""
+    key = tuple(prompt)
+    if key not in _EXPECTED:
+        _EXPECTED[key] = reference.generate([prompt], engine_params(SAMPLING))[0].token_ids
+    return _EXPECTED[key]
 
 
 def outcome(stream: Stream, want: list[int]) -> str:
@@ -191,7 +199,7 @@ async def test_groups_formed_killed_and_dissolved_under_load_lose_no_stream(
     await settled(bus, ("w0", "w1"))  # no group, no request, no KV left anywhere
     print(f"{time.monotonic() - t0:6.1f}s settled: {sorted(outcomes.values())}", flush=True)
     after = Load(bus)
-    fresh = [(f"after-{i}", PROMPT + [5 + i]) for i in range(6)]
+    fresh = [(f"after-{i}", PROMPTS[i]) for i in range(6)]
     for rid, prompt in fresh:  # the load is over: every request is admitted (no 503 wedge) ...
         assert await after.submit(rid, prompt) is not None, after.refused
     for rid, prompt in fresh:  # ... and served exactly
