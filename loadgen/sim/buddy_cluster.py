@@ -30,7 +30,7 @@ import msgspec
 from heapq import heappop, heappush
 
 from loadgen.sim.pipeline import (
-    PipelineCost, group_cost, put_all, put_decoding, set_cost, settle, take_all,
+    PipelineCost, group_cost, overflow, put_all, put_decoding, set_cost, settle, take_all,
 )
 from loadgen.sim.profile import CostProfile
 from loadgen.sim.llumnix_migration import LlumnixMigration
@@ -266,25 +266,13 @@ class BuddyCluster:
         """§4.3: a group's queued requests beyond its batch limit go back to the dispatcher, which
         sends them (newest first) to engines with batch room and free KV for them."""
         for g in [e for e in self.engines.values() if len(e.members) > 1 and not e.draining]:
-            w = g.worker
-            room = w.spec.max_batch - w.decoding - len(w.prefilling)
-            overflow = list(w.waiting)[max(0, room):]
-            for req in reversed(overflow):
-                need = -(-req.to_prefill // w.bs) + 1
-                spare = [e for e in self.engines.values() if e is not g and not e.draining
-                         and e.worker.blocked_on != "memory"
-                         and e.worker.decoding + len(e.worker.prefilling) + len(e.worker.waiting) < e.worker.spec.max_batch
-                         and e.worker.total - e.worker.used - -(-e.worker.queued_tokens // e.worker.bs) >= need]
-                if not spare:
-                    break
-                target = max(spare, key=lambda e: (e.worker.total - e.worker.used, -e.worker.index))
-                w.waiting.remove(req)
-                w.queued_tokens -= req.to_prefill
+            others = [e.worker for e in self.engines.values() if e is not g and not e.draining]
+            for req, target in overflow(g.worker, others):
                 self.overflowed += 1
-                end = target.worker.enqueue(req, now)
+                end = target.enqueue(req, now)
                 if end is not None:
-                    self._at(end, 0, (target.worker.index, target.worker.gen))
-                target.worker.finished.clear()
+                    self._at(end, 0, (target.index, target.gen))
+                target.finished.clear()
 
     def _kunserve_tick(self, now: float) -> None:
         loads = self._loads()

@@ -126,5 +126,32 @@ def put_all(w: SimWorker, moved: Moved) -> None:
     w.waiting = deque(waiting)
 
 
-__all__ = ["Moved", "PipelineCost", "group_cost", "put_all", "put_decoding", "set_cost", "settle", "take_all",
+def overflow(w: SimWorker, others: list[SimWorker]) -> list[tuple[SimRequest, SimWorker]]:
+    """Take the queued requests of `w` beyond its batch limit off its queue, newest first, each to
+    the other worker with the most free KV among those not blocked on memory, with batch room and
+    free blocks for it (after their own queues); stops at the first that fits nowhere."""
+    room = w.spec.max_batch - w.decoding - len(w.prefilling)
+    moves: list[tuple[SimRequest, SimWorker]] = []
+    sent: dict[int, tuple[int, int]] = {}  # target index -> (requests, blocks) sent by this call
+
+    def fits(o: SimWorker, need: int) -> bool:
+        n, blocks = sent.get(o.index, (0, 0))
+        return (o.blocked_on != "memory" and o.decoding + len(o.prefilling) + len(o.waiting) + n < o.spec.max_batch
+                and o.total - o.used - -(-o.queued_tokens // o.bs) - blocks >= need)
+
+    for req in reversed(list(w.waiting)[max(0, room):]):
+        need = -(-req.to_prefill // w.bs) + 1
+        spare = [o for o in others if fits(o, need)]
+        if not spare:
+            break
+        target = max(spare, key=lambda o: (o.total - o.used - sent.get(o.index, (0, 0))[1], -o.index))
+        w.waiting.remove(req)
+        w.queued_tokens -= req.to_prefill
+        n, blocks = sent.get(target.index, (0, 0))
+        sent[target.index] = (n + 1, blocks + need)
+        moves.append((req, target))
+    return moves
+
+
+__all__ = ["Moved", "PipelineCost", "group_cost", "overflow", "put_all", "put_decoding", "set_cost", "settle", "take_all",
            "take_one"]

@@ -80,3 +80,21 @@ def test_groups_stop_at_two_stages_however_large_the_deficit():
              for i in range(8)]
     plan = plan_drop(loads, pipeline_profile(CFG))
     assert max(plan.group_sizes) == 2 and len(plan.groups) == 4 and not plan.feasible
+
+
+def test_overflow_never_sends_a_target_past_its_batch_room():
+    import msgspec
+
+    from loadgen.sim.pipeline import overflow
+    from loadgen.sim.worker import SimWorker
+
+    profile = harness_profile(CFG)
+    small = msgspec.structs.replace(profile.worker, max_batch=3)
+    group, spare = (SimWorker(i, f"w{i}", "model", small, profile.step, 0.5) for i in range(2))
+    reqs = [SimRequest(i, f"r{i}", "model", None, 0.0, 64, 4) for i in range(8)]
+    for r in reqs:
+        group.waiting.append(r)
+        group.queued_tokens += r.to_prefill
+    moves = overflow(group, [spare])
+    assert [r.order for r, _ in moves] == [7, 6, 5]  # newest first, only as many as the spare can batch
+    assert len(group.waiting) == 5 and group.queued_tokens == 5 * 64
