@@ -1,7 +1,7 @@
 """`tidal repro kunserve [--scale paper|tiny] [--out DIR]`: KunServe §5 (Fig. 10, Fig. 16) simulated.
 
-Runs KunServe and the Llumnix baselines over three datasets at rising rates on 8 simulated
-Qwen-2.5-14B/A800 instances, plus the drop-plan ablation, writes report.md, PNG figures and
+Runs KunServe and the Llumnix baselines over three datasets at rising scales (the harness's
+upscaling) on 8 simulated Qwen-2.5-14B/A800 instances, plus the drop-plan ablation, writes report.md, PNG figures and
 summary.json under --out, and prints the summary line last. `--live` runs a small version on a local
 cluster instead: buddy groups on vs off on 4 CPU workers under a burst (loadgen/repro/kunserve_live.py).
 """
@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from loadgen.repro.kunserve import SCALES
 
     p.add_argument("--scale", choices=sorted(SCALES), default="paper",
-                   help="paper: 8 instances, 3 datasets x 3 rates x 3 seeds, 240 s each; tiny: 4 tight-memory instances, seconds")
+                   help="paper: 8 instances, 3 datasets x 3 scales x 3 seeds, 330 s each; tiny: 4 tight-memory instances, seconds")
     p.add_argument("--out", default=None, help="report directory (default runs/repro-kunserve-<timestamp>/)")
     p.add_argument("--seed", type=int, default=None, help="trace seed (with --live); simulated: run this one seed only")
     p.add_argument("--seeds", type=int, default=None, help="simulated: run seeds 0..N-1 (default 3 at paper scale)")
