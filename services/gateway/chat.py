@@ -161,7 +161,7 @@ async def generate(state: GatewayState, scope: Scope, receive: Receive, data: Ch
     submits, groups = build_submits(state, target, [prompt], knobs, base_id=base_id, prompt_param="messages")
     gen = await start_generation(state, submits, groups, route=ROUTE, prompt_param="messages")
     fmt = ChatFormat(base_id, int(time.time()), data.model, tok, knobs.logprobs, len(submits), tools)
-    meter = Metering(ROUTE, arrival)
+    meter = Metering(ROUTE, arrival, target.model.name)
     if data.stream:
         return stream_response(gen, fmt, meter, data.stream_options)
 

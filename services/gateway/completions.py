@@ -144,7 +144,7 @@ async def generate(state: GatewayState, scope: Scope, receive: Receive, data: Co
         echo = [p if isinstance(p, str) else tok.decode(ids) for p, ids in zip(_prompt_texts(data.prompt), prompts)]
     gen = await start_generation(state, submits, groups, route=ROUTE, prompt_param="prompt")
     fmt = CompletionFormat(base_id, int(time.time()), data.model, tok, data.logprobs, echo, groups)
-    meter = Metering(ROUTE, arrival)
+    meter = Metering(ROUTE, arrival, target.model.name)
     if data.stream:
         return stream_response(gen, fmt, meter, data.stream_options)
 

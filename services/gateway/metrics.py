@@ -10,7 +10,7 @@ from shared.metrics import REGISTRY
 
 ROUTES = frozenset({
     "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics", "/openapi.json",
-    "/v1/load_lora_adapter", "/v1/unload_lora_adapter",
+    "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/tokenize", "/detokenize", "/version",
 })
 
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)

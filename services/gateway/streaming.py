@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import msgspec
 
 from services.gateway.api_common import StreamOptions, UsageInfo
+from services.gateway import vllm_metrics
 from services.gateway.errors import ApiError
 from services.gateway.generation import Abandoned, Choice, Generation
 from services.gateway.metrics import GENERATED_TOKENS, TPOT_SECONDS, TTFT_SECONDS
@@ -67,13 +68,18 @@ def abandoned_error(reason: str) -> ApiError:
 class Metering:
     """TTFT (arrival to the first token), TPOT (per finished choice) and token counts for one generation."""
 
-    def __init__(self, route: str, arrival: float) -> None:
+    def __init__(self, route: str, arrival: float, model: str = "") -> None:
         self.arrival = arrival
+        self.model = model
         self.first = False
         self.first_at: dict[int, tuple[float, int]] = {}  # choice index -> (its first chunk's time, tokens since)
         self.ttft = TTFT_SECONDS.labels(route)
         self.tpot = TPOT_SECONDS.labels(route)
         self.tokens = GENERATED_TOKENS.labels(route)
+        # vLLM's names (vllm_metrics.py), by the base model
+        self.vllm_ttft = vllm_metrics.TTFT.labels(model)
+        self.vllm_tpot = vllm_metrics.TPOT.labels(model)
+        self.vllm_tokens = vllm_metrics.GENERATION_TOKENS.labels(model)
 
     def saw(self, msg: TokenChunk, choice: int = 0) -> None:
         if msg.token_ids:
@@ -81,13 +87,24 @@ class Metering:
             if not self.first:
                 self.first = True
                 self.ttft.observe(now - self.arrival)
+                self.vllm_ttft.observe(now - self.arrival)
             started, later = self.first_at.get(choice, (now, -len(msg.token_ids)))
             self.first_at[choice] = (started, later + len(msg.token_ids))
             self.tokens.inc(len(msg.token_ids))
+            self.vllm_tokens.inc(len(msg.token_ids))
+        if msg.finish_reason is not None:
+            vllm_metrics.REQUEST_SUCCESS.labels(self.model, msg.finish_reason).inc()
         if msg.finish_reason is not None and choice in self.first_at:
             started, later = self.first_at.pop(choice)
             if later > 0:
-                self.tpot.observe((time.perf_counter() - started) / later)
+                tpot = (time.perf_counter() - started) / later
+                self.tpot.observe(tpot)
+                self.vllm_tpot.observe(tpot)
+
+    def finished(self, gen: Generation) -> None:
+        """Every choice has its final chunk: the request's end-to-end latency and prompt tokens."""
+        vllm_metrics.E2E.labels(self.model).observe(time.perf_counter() - self.arrival)
+        vllm_metrics.PROMPT_TOKENS.labels(self.model).inc(gen.usage()[0])
 
 
 def stream_response(gen: Generation, fmt: Format, meter: Metering, options: StreamOptions | None) -> Any:
@@ -122,6 +139,7 @@ async def sse_events(gen: Generation, fmt: Format, meter: Metering, *, include_u
                 await gen.abandon("cancelled")
                 yield event(stream_error(failed).encode()) + DONE
                 return
+        meter.finished(gen)
         if include_usage:
             yield fmt.usage_event(usage_info(gen))
         yield DONE
@@ -153,6 +171,7 @@ async def collect(gen: Generation, meter: Metering, receive: Callable[[], Awaita
                     raise stream_error(msg)
                 meter.saw(msg, choice.index)
                 on_chunk(choice, msg)
+        meter.finished(gen)
     except Abandoned as exc:
         if gone or exc.reason == "client_disconnected":
             raise ClientGone() from None

@@ -41,6 +41,16 @@ MIGRATION_DOWNTIME = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=REGISTRY,
 )
 
+# vLLM's engine gauges, by vLLM's labels (model_name; engine: the instance), for dashboards and autoscaling
+# rules written for vLLM (the gateway has vLLM's request histograms: services/gateway/vllm_metrics.py)
+_VLLM_LABELS = ["model_name", "engine"]
+VLLM_RUNNING = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", _VLLM_LABELS,
+                     registry=REGISTRY)
+VLLM_WAITING = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", _VLLM_LABELS,
+                     registry=REGISTRY)
+VLLM_CACHE = Gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", _VLLM_LABELS,
+                   registry=REGISTRY)
+
 _exported: set[tuple[str, str, str]] = set()
 
 
@@ -59,10 +69,19 @@ def export_stats(stats: WorkerStats) -> None:
         KV_USED.labels(*labels).set(inst.kv_blocks_used)
         KV_TOTAL.labels(*labels).set(inst.kv_blocks_total)
         TOKENS_PER_S.labels(*labels).set(inst.tokens_per_s)
+        VLLM_RUNNING.labels(inst.model, inst.instance_id).set(inst.running)
+        VLLM_WAITING.labels(inst.model, inst.instance_id).set(inst.waiting)
+        VLLM_CACHE.labels(inst.model, inst.instance_id).set(
+            inst.kv_blocks_used / inst.kv_blocks_total if inst.kv_blocks_total else 0.0)
     for labels in _exported - current:
         for gauge in (RUNNING, WAITING, KV_USED, KV_TOTAL, TOKENS_PER_S):
             try:
                 gauge.remove(*labels)
+            except KeyError:
+                pass
+        for gauge in (VLLM_RUNNING, VLLM_WAITING, VLLM_CACHE):
+            try:
+                gauge.remove(labels[2], labels[1])
             except KeyError:
                 pass
     _exported.clear()
