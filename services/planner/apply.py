@@ -4,7 +4,9 @@ Never raises: a refusal (`CtlRefused`, e.g. `not_found` for a request that ended
 from a worker without the command), an error reply, no responder (the worker is gone), a deadline or
 an unreachable registry is a `PlanFailed` naming the command and why. Every command carries
 `deadline_ts` (now + the ctl timeout): one a partition held up past it is refused `expired` by the
-worker, never executed on a view that is gone. A MigrateOut that fails leaves
+worker, never executed on a view that is gone; such a refusal, and a MigrateOut refused `not_found`
+(the request ended or moved since the view it was decided on), ends as `PlanCancelled("stale: ...")`,
+not a failure. A MigrateOut that fails leaves
 the request running on its source (the worker's contract), so nothing is lost. A MigrateOut whose
 source dies before answering (`worker_lost`: the registry marks it dead, or it restarted) ends at
 once as a `PlanFailed` saying so, not at the deadline: its request is the dispatcher's to re-dispatch,
@@ -27,7 +29,7 @@ from collections.abc import Callable
 from shared.bus import Bus
 from shared.events.common import GroupMember
 from shared.events.ctl import CtlCommand, CtlDone, CtlRefused, CtlReply, LeaveGroup, MigrateOut
-from shared.events.plan import DissolveGroup, FormGroup, PlanApplied, PlanFailed
+from shared.events.plan import DissolveGroup, FormGroup, PlanApplied, PlanCancelled, PlanFailed
 from shared.logging import get_logger
 from shared.planner.effects import Effect, action_of, ctl_commands
 from shared.subjects import worker_ctl
@@ -67,7 +69,7 @@ async def _ask(bus: Bus, worker_id: str, command: object, timeout_s: float,
 
 
 async def apply_effect(bus: Bus, effect: Effect, *, timeout_s: float,
-                       worker_lost: WorkerLiveness | None = None) -> PlanApplied | PlanFailed:
+                       worker_lost: WorkerLiveness | None = None) -> PlanApplied | PlanFailed | PlanCancelled:
     started = time.monotonic()
     action = action_of(effect)
     try:
@@ -103,7 +105,14 @@ async def apply_effect(bus: Bus, effect: Effect, *, timeout_s: float,
             continue  # that member is not in the group (never joined, or left already): leaving is done
         if isinstance(reply, CtlRefused):
             metrics.SKIPPED.labels(f"refused_{reply.code}").inc()
-            return _failed(effect, command, f"{name} refused by {worker_id} ({reply.code}): {reply.message}")
+            message = f"{name} refused by {worker_id} ({reply.code}): {reply.message}"
+            if reply.code == "expired" or (reply.code == "not_found" and isinstance(command, MigrateOut)):
+                # decided on a view the cluster had left (the request ended or moved meanwhile, or the
+                # command came too late): nothing was done, and it is not the request's failure
+                log.info("effect stale on arrival", plan_id=effect.plan_id, error=message)
+                _count_migration(effect, commands, "stale")
+                return PlanCancelled(plan_id=effect.plan_id, ts=time.time(), message=f"stale: {message}"[:2000])
+            return _failed(effect, command, message)
         assert isinstance(reply, CtlDone)
     if isinstance(action, (FormGroup, DissolveGroup)):
         await _mark(bus, action.group_id, "active" if isinstance(action, FormGroup) else "dissolved", timeout_s)

@@ -12,7 +12,7 @@ EFFECTS = Counter(
 )
 MIGRATIONS = Counter(
     "tidal_planner_migrations_total",
-    "Migrations the planner sent, by the mode it asked for and how they ended (applied, failed)",
+    "Migrations the planner sent, by the mode it asked for and how they ended (applied, failed, stale)",
     ["mode", "outcome"], registry=REGISTRY,
 )
 SKIPPED = Counter(

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from shared.events.plan import Migrate, PlacementHints, PlanApplied, PlanOutcome, ReportIdle
+from shared.events.plan import Migrate, PlacementHints, PlanApplied, PlanFailed, PlanOutcome, ReportIdle
 from shared.planner.effects import Decision, Effect, action_of
 from shared.planner.mell_hints import HINT_INTERVALS, model_hints
 from shared.planner.policy import Busy
@@ -111,7 +111,7 @@ class MellPolicy:
                 self.failures.pop(action.request_id, None)
                 self.moved_at[action.request_id] = outcome.ts
                 self.planned_to[action.request_id] = action.destination
-            else:
+            elif isinstance(outcome, PlanFailed):  # a stale view's cancellation is not the request's failure
                 self.failures[action.request_id] += 1
         elif isinstance(action, ReportIdle) and not isinstance(outcome, PlanApplied):
             self.reported_idle.discard(action.worker_id)  # not reported after all: report it again
