@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from loadgen.repro.mell_setup import TESTBEDS, WORKLOADS
 
     p.add_argument("--scale", choices=sorted(SCALES), default="paper",
-                   help="paper: an hour of each workload; tiny: 4 minutes of Poisson λ=1.1 s and Azure conv")
+                   help="paper: an hour of each workload; reduced: a quarter hour of each; "
+                   "tiny: 4 minutes of Poisson λ=1.1 s and Azure conv")
     p.add_argument("--out", default=None, help="report directory (default runs/repro-mell-<timestamp>/)")
     p.add_argument("--seed", type=int, default=None, help="workload seed (default 0)")
     p.add_argument("--testbeds", default=None, help=f"comma-separated subset of {','.join(TESTBEDS)}")

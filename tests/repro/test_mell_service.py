@@ -1,0 +1,70 @@
+"""Equal service for `tidal repro mell`: fixed pools in the fleet (an arrival that fits nowhere waits),
+the Eq. 2 arms (LB-open, ours) on the case where the waiting arms preempt, and the pool search
+(loadgen/repro/mell_service.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from repro.test_kv_packing_fleet import two_growing
+
+from loadgen.repro.mell_service import Slo, gpus_needed_at_slo, meets
+from loadgen.sim.kv_packing import build_schedule
+from loadgen.sim.kv_packing_fleet import pool_devices, run_fleet
+from loadgen.sim.kv_packing_fleet_state import FleetResult
+from shared.policy.binpack_lb import LoadBalanceOpen
+from shared.policy.mell import MellScheduler
+from shared.policy.packer import RepackFit
+
+
+def test_eq2_arms_open_a_gpu_where_the_waiting_arms_preempt() -> None:
+    """two_growing: at 21 s the two requests need 102 tokens of a 100-token GPU. LB-open (no free pair to
+    relieve it) and ours move one to a GPU they open; nobody waits."""
+    for policy in (LoadBalanceOpen(100), RepackFit(100)):
+        r = run_fleet(two_growing(), policy, policy.name, mode="tokens")
+        assert r.peak_devices() == 2 and r.preemptions == 0 and r.moves == 1, policy.name
+
+
+def test_a_full_pool_makes_an_arrival_wait_and_charges_its_ttft() -> None:
+    """Two 60-token requests (prompt 50, 10 out at 1 s a token) on a pool of one 100-token GPU: the second
+    waits until the first leaves; with a pool of two, nobody waits."""
+    s = build_schedule(np.array([0.5, 0.6]), np.array([50, 50]), np.array([10, 10]), capacity=100, bytes_per_token=1,
+                       granule_tokens=10, epoch_s=1.0, prefill_s_per_token=0.0, decode_step_s=1.0)
+    for policy in (MellScheduler(100, pool_devices(1)), RepackFit(100, pool_devices(1))):
+        r = run_fleet(s, policy, "one", mode="tokens", pool=1)
+        assert r.peak_devices() == 1 and r.refused > 0 and r.ttft_delay[0] == 0
+        assert r.ttft_delay[1] >= 9  # it waited for r0's ten tokens
+        assert r.tpot_delay.max() == 0 and r.preemptions == 0
+    r = run_fleet(s, MellScheduler(100, pool_devices(2)), "two", mode="tokens", pool=2)
+    assert r.refused == 0 and not r.ttft_delay.any() and r.peak_devices() == 2
+
+
+def _fake(gpus_ok_from: int, peak: int = 10) -> tuple:
+    def result(ok: bool) -> FleetResult:
+        ttft = np.zeros(100) if ok else np.full(100, 5.0)
+        return FleetResult(policy="x", active=np.array([peak]), moves=0, moves_before_dedup=0, max_moves_per_op=-1,
+                           overcommitted_epochs=0, wall_s=0.0, ttft_delay=ttft, tpot_delay=np.zeros(100),
+                           active_physical=np.array([peak]))
+    calls: list[int] = []
+
+    def run_at(n: int) -> FleetResult:
+        calls.append(n)
+        return result(n >= gpus_ok_from)
+    return run_at, result(True), calls
+
+
+@pytest.mark.parametrize("answer,start", [(7, 7), (5, 7), (9, 7), (1, 3)])
+def test_the_pool_search_finds_the_smallest_pool_meeting_the_slo(answer: int, start: int) -> None:
+    run_at, unbounded, calls = _fake(answer)
+    got = gpus_needed_at_slo(run_at, unbounded, start, Slo(), 0.03)
+    assert got.gpus == answer and got.tried[answer] and (answer == 1 or got.tried[answer - 1] is False)
+    assert len(calls) == len(set(calls)) <= abs(answer - start) + 2
+
+
+def test_an_arm_that_misses_the_slo_on_demand_needs_none() -> None:
+    run_at, _, calls = _fake(1)
+    late = FleetResult(policy="x", active=np.array([3]), moves=0, moves_before_dedup=0, max_moves_per_op=-1,
+                       overcommitted_epochs=0, wall_s=0.0, ttft_delay=np.zeros(100),
+                       tpot_delay=np.full(100, 0.05))  # 50 ms a token over a 30 ms step
+    assert not meets(late, Slo(), 0.03)
+    got = gpus_needed_at_slo(run_at, late, 3, Slo(), 0.03)
+    assert got.gpus is None and calls == []
