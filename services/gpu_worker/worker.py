@@ -282,6 +282,8 @@ class GpuWorker(Actor):
         re-dispatched what runs here. Drop it all without ending the streams (they go on elsewhere) and
         come back as a new incarnation, so a dispatcher that did not hear of the loss re-dispatches too."""
         dropped = [rid for rid in self.active if rid not in self.migrating]
+        if not dropped:  # nothing ran here (e.g. a stall while loading a model): nothing to hand back
+            return
         log.warning("fenced: dropping every assignment", requests=len(dropped), silent_s=round(silent_s, 2))
         for rid in dropped:
             self.spawn_task(self._drop(rid))
