@@ -5,12 +5,17 @@ KV is under C/8 (tiny requests bundled into multi-items cost T-GPU slack and mov
 alone (the BF/WF baselines) keeps no Eq. 2 (requests wait or restart when they outgrow a device) and
 no bound once requests leave. `RepackFit` takes greedy fit's packing and adds what those lack:
 
-- Allocate: best fit on the KV the request holds now (the active device with the least free memory
-  that fits it, memory a copy still holds left alone); a new device only when none fits.
-- Update (growth): when a device's requests outgrow it, requests move off -- the smallest whose
-  move ends the overflow, else the largest, again while it overflows -- each by best fit to another
-  device, or to a device it opens (Eq. 2: every request's KV stays resident; a move is a live
-  migration, not a restart).
+- Allocate: worst fit on the KV the request holds now (the active device with the most free memory
+  that fits it, memory a copy still holds left alone: headroom for growth); a new device only when none
+  fits and no room can be made by moving at most `room_moves` requests (best fit each) off the freest
+  devices. On a fixed device list (a pool, `spread`), an idle GPU of the pool counts as the freest:
+  arrivals spread over every GPU that is paid for anyway.
+- Update (growth): when a device's requests outgrow it, requests move off after the batch's arrivals
+  are placed (an arrival that waits costs its TTFT; a request that waits to grow, a few tokens) -- the
+  smallest whose move ends the overflow, else the largest, again while it overflows -- to the freest
+  device with room, or where room is made, or to a device it opens (Eq. 2: every request's KV stays
+  resident). The repro carries its moves by tokens (a re-prefill on the destination, no copy holding
+  memory on both sides).
 - Consolidation, only when a device would be opened (an arrival or a moved request fits on no active
   device): while the least-loaded device's requests fit, together, into another device (best fit),
   they move there and it retires; then a device is opened if still needed. Consolidating only then
@@ -41,7 +46,7 @@ class RepackFit(LoadBalanceOpen):
 
     def __init__(self, capacity: int, devices: Sequence[str] | None = None, *, consolidate: bool = True,
                  fit: str = "worst", merge_fill: float = 1.0, room_moves: int = 2, balance: bool = False,
-                 migrate_out_free: int = 0) -> None:
+                 migrate_out_free: int = 0, spread: bool = True) -> None:
         super().__init__(capacity, devices, migrate_out_free=migrate_out_free)
         if not balance:
             self.balance = None  # type: ignore[assignment]  # no periodic balancing round (the fleet skips it)
@@ -53,10 +58,15 @@ class RepackFit(LoadBalanceOpen):
         self.fit = fit
         self.merge_fill = merge_fill  # consolidate two devices when together they fill at most this share of C
         self.merges = 0  # devices emptied by consolidation
+        self.spread = spread  # on a fixed device list, worst fit counts its idle GPUs (spread over the pool)
         self._overflow: set[str] = set()  # devices whose requests outgrew them in this batch
         self.room_moves = room_moves  # requests one make-room may move (0: never make room, open or wait)
 
     def _choose(self, charge: int, exclude: str | None) -> str | None:
+        if self.spread and self._allowed is not None and self.fit == "worst":  # a fixed pool: an idle GPU is the
+            idle = next((d for d in self._allowed if d not in self._members), None)  # freest of all
+            if idle is not None and charge <= self.capacity - self.held.get(idle, 0):
+                return self._activate(device_id=idle)
         return best_fit(self, charge, exclude) if self.fit == "best" else worst_fit(self, charge, exclude)
 
     def allocate(self, request_id: str, size: int) -> OpResult:
