@@ -36,6 +36,7 @@ Every command runs on the instance's engine thread between two steps. Idempotent
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
@@ -67,6 +68,20 @@ RESTORE_POLL_S = 0.05
 # A LeaveGroup refused `busy` this long after the member's first RestoreLayers leaves by force: longer
 # than a restore waiting for KV to free (RESTORE_TIMEOUT_S) plus a migrate-back, so only a stuck one.
 FORCE_LEAVE_AFTER_S = RESTORE_TIMEOUT_S + 30.0
+FORCE_LEAVE_ENV = "TIDAL_GROUP_FORCE_LEAVE_AFTER_S"  # seconds, overrides it (tests: a stuck group in seconds)
+
+
+def configured_force_leave_s() -> float:
+    raw = os.environ.get(FORCE_LEAVE_ENV, "")
+    if not raw:
+        return FORCE_LEAVE_AFTER_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{FORCE_LEAVE_ENV} must be a positive number of seconds, got {raw!r}")
+    return value
 
 
 class GroupControl:
@@ -78,9 +93,9 @@ class GroupControl:
                  bus: "Callable[[], Bus]", spawn_task: Callable[[Coroutine[Any, Any, Any]], None],
                  crashed: Callable[[str, BaseException], None],
                  publish_stats: "Callable[[], Coroutine[Any, Any, None]]", dead_after: float = 3.0,
-                 force_leave_after_s: float = FORCE_LEAVE_AFTER_S) -> None:
+                 force_leave_after_s: float | None = None) -> None:
         self.worker_id, self.instances, self.dataplane = worker_id, instances, dataplane
-        self.force_leave_after_s = force_leave_after_s
+        self.force_leave_after_s = force_leave_after_s if force_leave_after_s is not None else configured_force_leave_s()
         self._restoring_since: dict[str, float] = {}  # member instance -> its first RestoreLayers (monotonic)
         self._bus, self._publish_stats = bus, publish_stats
         self._router: GroupRouter | None = None
