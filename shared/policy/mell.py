@@ -24,11 +24,16 @@ paper is silent or ambiguous:
 * With a fixed device list, "activate a new GPU" takes the first idle device in list order;
   when none is idle the request goes to the fullest active device with room, else
   `NoCapacity` is raised and nothing changes.
+* Fig. 10 moves only: a tiny request that grows into T, or whose bundle would pass C/4, stays on its
+  device when it fits there (a T item, or a bundle of its own: Update has no rule for it); a departure
+  refills once (Depart rule 2 moves "a T-request"), not until the device is 75% full.
 * Batching (§VI): departs, then updates, then allocates, each with its own migration cap; their
-  moves are buffered, not executed: the buffer is coalesced (see `mell_ops.coalesce_moves`), and a
+  moves are buffered, not executed, and their refills held: the batch's tiny/T arrivals go first into
+  the held holes (`_fill_hole`, bundle-aware step 3), then each hole still short gets its one refill.
+  The buffer is coalesced (see `mell_ops.coalesce_moves`), and a
   buffered move that a new arrival of the batch makes unnecessary is dropped (`_swap_with_arrivals`:
   the arrival takes the place the move would fill, the moved request stays); `removed_by_batching`
-  counts what the buffers dropped. An update or depart of a
+  counts what the buffers dropped (with the refills a filled hole made unnecessary). An update or depart of a
   request allocated in the same batch folds into that allocation (the last size wins; an
   allocate+depart pair vanishes); an update of a request departing in the batch is dropped.
   Within one operation, too, a request moved twice moves once. With `batching=False` the ops
