@@ -106,8 +106,8 @@ async def test_the_gateway_loads_adapters_and_is_refused_every_other_worker_comm
             with pytest.raises(RemoteError):
                 await gateway.request(worker_adapters("w0"), command, CtlReply, timeout=10)
 
-        unloaded = await gateway.request(worker_adapters("w0"), EvictAdapter(idempotency_key="gw-unload",
-                                                                             adapter=ADAPTER_NAME), CtlReply, timeout=30)
+        unload = EvictAdapter(idempotency_key="gw-unload", adapter=ADAPTER_NAME)
+        unloaded = await gateway.request(worker_adapters("w0"), unload, CtlReply, timeout=30)
         assert isinstance(unloaded, CtlDone), unloaded
     finally:
         await raw.close()
