@@ -1,7 +1,7 @@
 """Tidal across three hosts (network namespaces on one machine, 10.77.0.1-3; issue 37 items 3-4), started
 as docs/operations.md "Several hosts" says, every process with its own NATS user: serving through the
 gateway on h1 from workers on h2 and h3, an operator's KV migration from one host to the other (over the
-data plane, to the address `TIDAL_DATAPLANE_HOST` names), and h3's link cut for 5 s mid-stream: every
+data plane, to the address `TIDAL_DATAPLANE_HOST` names), and h3's link cut for 3 s, then 12 s, mid-stream: every
 stream is exact or ends with an error event — never a 200 with altered text — and the cluster serves on.
 
 Skipped, saying why, where network namespaces cannot be made (not root, no iproute2)."""
@@ -32,7 +32,7 @@ if WHY_NOT:
     pytest.skip(f"multi-host test needs network namespaces: {WHY_NOT}", allow_module_level=True)
 
 LONG = 400  # tokens per stream: long enough to cut a host's link in the middle
-CUT_S = 5.0
+CUTS_S = (3.0, 12.0)  # the link of h3 is down this long (issue 37: 3-15 s)
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +149,9 @@ async def stream(client: httpx.AsyncClient, prompt: str) -> Outcome:
         return outcome
 
 
-async def test_a_worker_hosts_link_cut_mid_stream_corrupts_no_stream(cluster: MultiHostCluster,
-                                                                     oracle: Oracle) -> None:
+@pytest.mark.parametrize("cut_s", CUTS_S)
+async def test_a_worker_hosts_link_cut_mid_stream_corrupts_no_stream(cluster: MultiHostCluster, oracle: Oracle,
+                                                                     cut_s: float) -> None:
     prompts = await asyncio.to_thread(oracle.long_prompts, LLAMA, 4, LONG)
     wants = {p: oracle.greedy(LLAMA, prompt=p, max_tokens=LONG) for p in prompts}
     observer = await observe(cluster)
@@ -163,7 +164,7 @@ async def test_a_worker_hosts_link_cut_mid_stream_corrupts_no_stream(cluster: Mu
 
             caught = await observer.wait_for(on_h3_mid_stream, timeout=120)
             cluster.hosts.cut(3)
-            await asyncio.sleep(CUT_S)
+            await asyncio.sleep(cut_s)
             cluster.hosts.heal(3)
             outcomes = await asyncio.wait_for(asyncio.gather(*tasks), timeout=300)
             after = await stream(client, prompts[0])  # the cluster serves on
@@ -183,5 +184,5 @@ async def test_a_worker_hosts_link_cut_mid_stream_corrupts_no_stream(cluster: Mu
             assert outcome.done, outcome
     assert after.status == 200 and after.error is None and after.text == wants[prompts[0]].text, after
     errored = sum(o.error is not None for o in outcomes)
-    print(f"h3 cut {CUT_S:.0f}s with {len(caught)} of its streams mid-way: {len(outcomes) - errored} of "
+    print(f"h3 cut {cut_s:.0f}s with {len(caught)} of its streams mid-way: {len(outcomes) - errored} of "
           f"{len(outcomes)} streams exact, {errored} ended with an error event; served exactly after")
