@@ -39,7 +39,7 @@ from services.gateway.peft_dir import PeftDir, PeftDirError, read_peft_dir
 from services.gateway.state import GatewayState
 from services.gateway.streaming import encoder
 from shared.bus import Bus
-from shared.events import AdapterRecord, Bucket, ModelRecord
+from shared.events import AdapterRecord, Bucket, ModelRecord, WorkerRecord, WorkerState
 from shared.events.base import NAME_PATTERN
 from shared.events.ctl import CtlDone, CtlRefused, CtlReply, EvictAdapter, LoadAdapter
 from shared.logging import get_logger
@@ -83,19 +83,21 @@ async def load_lora_adapter(request: Request[Any, Any, Any], data: JSONBody[Load
         raise _already_loaded(name) from None
     except (TidalError, OSError):
         raise ApiError.unavailable("no_capacity", "The registry is not reachable; retry later.") from None
-    if on_start:  # one may have come up meanwhile, its catalog adapters adopted before this record existed
-        workers = sorted({i.worker_id for i in catalog.live_instances() if i.model == base})
-        if not workers:
-            await _until(lambda: catalog.resolve(name) is not None)
-            log.info("LoRA adapter registered for a base with no instance", adapter=name, base=base)
-            return _answer(LoraAdapterResult(id=name, parent=base, workers=[], failed=[], message=(
-                f"Success: LoRA adapter '{name}' added successfully. No instance of '{base}' runs now: the "
-                f"next request for it or for '{base}' starts one, which loads the adapter.")))
+    if on_start:  # the catalog may lag an instance that is up: every worker that is not dead decides itself
+        workers = _known_workers(catalog)
     key = f"lora-load-{uuid.uuid4().hex}"
     replies = await _fan_out(bus, workers, LoadAdapter(idempotency_key=key, adapter=name, base=base,
                                                        path=str(info.path), pinned=data.pinned))
     done = [w for w, r in replies.items() if isinstance(r, CtlDone)]
-    failed = [WorkerFailure(worker_id=w, error=_why(r)) for w, r in replies.items() if not isinstance(r, CtlDone)]
+    failed = [WorkerFailure(worker_id=w, error=_why(r)) for w, r in replies.items() if not isinstance(r, CtlDone)
+              and not (on_start and isinstance(r, CtlRefused) and r.code == "not_found")]  # not serving the base
+    invalid = any(isinstance(r, CtlRefused) and r.code == "invalid" for r in replies.values())
+    if not done and on_start and not invalid:  # kept: the instance a request starts adopts it
+        await _until(lambda: catalog.resolve(name) is not None)
+        log.info("LoRA adapter registered for a base with no instance", adapter=name, base=base)
+        return _answer(LoraAdapterResult(id=name, parent=base, workers=[], failed=failed, message=(
+            f"Success: LoRA adapter '{name}' added successfully. No instance of '{base}' runs now: the "
+            f"next request for it or for '{base}' starts one, which loads the adapter.")))
     if not done:
         await _delete(registry, name)
         raise _load_failed(base, replies, failed)
@@ -146,6 +148,14 @@ async def unload_lora_adapter(request: Request[Any, Any, Any],
 
 
 # --- helpers -------------------------------------------------------------------------------------
+def _known_workers(catalog: ModelCatalog) -> list[str]:
+    """Workers ready or starting: one may serve the base before the catalog shows its instance, and a starting
+    one that does not adopts the adapter's record when it activates."""
+    records = [stored.record for stored in catalog.views[Bucket.WORKERS].entries.values()]
+    return sorted(r.worker_id for r in records  # type: ignore[union-attr]
+                  if isinstance(r, WorkerRecord) and r.state in (WorkerState.READY, WorkerState.STARTING))
+
+
 async def _serving(catalog: ModelCatalog, base: str, state: GatewayState) -> list[str]:
     """The workers with a live instance of `base`. None: with `scale_from_zero` the adapter is registered
     for the instance a request starts ([] here); when the planner keeps every model up (`min_instances`),
