@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from loadgen.repro.mell_footprint import final_sizes, reserved_bytes
 from loadgen.repro.mell_setup import GIB, LLAMA2_7B, LLAMA2_13B, TESTBEDS
@@ -105,6 +106,7 @@ def _figures(summary: dict) -> list:
             for sc in summary["scenarios"]]
 
 
+@pytest.mark.timeout(900)  # three tiny repros, each arm's pool searched at the SLO
 def test_tiny_repro_is_deterministic_and_ends_with_the_summary_line(tmp_path, capsys) -> None:
     line, first = run_tiny(tmp_path, capsys, "a", "--testbeds", "7b-4090")
     assert SUMMARY.match(line), line
