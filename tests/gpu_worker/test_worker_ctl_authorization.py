@@ -27,7 +27,7 @@ from shared.subjects import worker_adapters, worker_ctl
 from shared.wire import RemoteError, encode
 from worker_harness import INSTANCE, MODEL, make_assets
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = pytest.mark.timeout(300)
 ADAPTER_NAME = "authz-lora"
 
 # what the internet-facing gateway must never be able to send a worker
@@ -63,7 +63,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         bus = await Bus.connect(BusSettings(url=server.url_for(OPERATOR)), service="test")
         try:
             for proc in procs:
-                await wait_ready(bus, proc, timeout=60)
+                await wait_ready(bus, proc, timeout=150)  # a worker imports torch: slow on a loaded box
         finally:
             await bus.close()
 
