@@ -56,8 +56,8 @@ RESERVING = ("BF-reserve", "WF-reserve")  # hindsight arms: reserve the final KV
 FREE = "MELL-free"  # MELL on the undelayed op stream, moves instant and free: its packing alone
 POLICIES = (*FLEET, FREE, *RESERVING)
 UNCAPPED = 10**9
-UNBATCHED = "MELL-uncapped"  # MELL's ops one by one: batching_cut's reference (its cap of 10 never binds here:
-# max_requests_per_op <= 9, so it moves exactly as MELL-nobatch would; the report shows its capped ops)
+UNBATCHED = "MELL-uncapped"  # MELL's ops one by one: batching_cut's reference (uncapped: an operation needing 11
+# moves makes all 11, where MELL-nobatch would stop at 10; the report gives max_requests_per_op)
 LLUMNIX_MIGRATE_OUT_STEPS = 3  # Llumnix's migrate-out threshold: 3 decode steps of free KV per request
 
 
