@@ -68,10 +68,13 @@ HOSTILE: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
      b'{"max_tokens": "2", "model": "%s", "prompt": "\xff"}' % MODEL.encode(), JSON, 400, "UTF-8"),
     ("a lone surrogate escape", COMPLETIONS, raw('{"model": "%s", "prompt": "\\ud800"}' % MODEL), JSON, 400,
      "parse the JSON"),
-    ("10^5-deep arrays in an unknown field", COMPLETIONS,
-     raw('{"model": "%s", "prompt": "hi", "junk": %s}' % (MODEL, nested(DEEP))), JSON, 400, "nested too deeply"),
-    ("10^5-deep objects in an unknown field", CHAT,
-     raw('{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "x": %s}'
+    ("an unknown field, 10^5 deep", COMPLETIONS,
+     raw('{"model": "%s", "prompt": "hi", "junk": %s}' % (MODEL, nested(DEEP))), JSON, 400, "junk"),
+    ("10^5-deep arrays in a free-form field", COMPLETIONS,
+     raw('{"model": "%s", "prompt": "hi", "guided_json": {"a": %s}}' % (MODEL, nested(DEEP))), JSON, 400,
+     "nested too deeply"),
+    ("10^5-deep objects in a free-form field", CHAT,
+     raw('{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "metadata": %s}'
          % (MODEL, '{"a":' * DEEP + "1" + "}" * DEEP)), JSON, 400,
      "nested too deeply"),
     ("10^5-deep arrays as the prompt", COMPLETIONS, raw('{"model": "m", "prompt": %s}' % nested(DEEP)), JSON, 400,
