@@ -196,7 +196,10 @@ def test_every_catalog_use_is_permitted_and_nothing_else(users):
             assert can_sub == (role in spec.listeners), (role, "subscribe", spec.template)
     worker = users["gpu_worker"]["permissions"]["publish"]["allow"]
     assert not any(covers(a, "tidal.v1.dispatch.submit") for a in worker)  # a worker cannot act as a gateway
-    assert not any(covers(a, "tidal.v1.req.r1.abort") for a in worker)
+    # A worker may publish a *targeted* abort (worker_id set: it stops only a superseded copy of a
+    # request, the assignment fence); it already publishes any request's chunks, so this grants no
+    # new power over a stream. It still cannot submit work or create buckets.
+    assert any(covers(a, "tidal.v1.req.r1.abort") for a in worker)
     assert not any(covers(a, "$JS.API.STREAM.CREATE.KV_tidal_models") for a in worker)
 
 
