@@ -6,9 +6,10 @@ simulator (loadgen/sim/fleet.py) on five systems over the same 16 GPUs. The four
 run the public code's autoscaler (shared/policy/autoscaler.py), pay the same start and load costs
 and keep a stopped instance's weights on its GPUs: WarmServe (CSP forecasts -> Eqs. 5-8 -> Alg. 1,
 proactive prewarming into grace-period KV up to Eq. 1's target), WarmServe without proactive
-prewarming, SLLM-GPU without an engine pool (every start creates its engine) and SLLM-GPU with
-WarmServe's engine pool; MuxServe is a static co-location. The headline compares P99 TTFT (the
-baseline's over WarmServe's) and counts the starts that put requests into WarmServe's P99 tail.
+prewarming, SLLM-GPU with WarmServe's engine pool (the paper-comparable baseline) and, as an ablation,
+SLLM-GPU without an engine pool (every start creates its engine); MuxServe is a static co-location.
+Every point runs on `seeds` seeds; the headline (loadgen/repro/warmserve_headline.py) compares P99 TTFT
+(the baseline's over WarmServe's) as a median and range over the points where WarmServe meets its SLO.
 """
 from __future__ import annotations
 
@@ -44,13 +45,15 @@ class ReproConfig:
     rps: tuple[float, ...] = (5.0, 10.0, 15.0, 20.0, 25.0)
     workloads: tuple[str, ...] = tuple(WORKLOADS)
     slo_p99_ttft_s: float = 5.0  # "can serve": P99 TTFT within this (for the MuxServe capacity ratio)
-    seed: int = 0
+    seed: int = 0  # the first seed
+    seeds: int = 5  # seeds seed, seed+1, ...: every point is a distribution over them
     azure_dir: str = str(AZURE_DIR)
 
 
 SCALES: dict[str, ReproConfig] = {
     "paper": ReproConfig(),
-    "tiny": ReproConfig(duration_s=600.0, window_s=60.0, history_days=2, rps=(4.0, 12.0), workloads=("conv-a0.5",)),
+    "tiny": ReproConfig(duration_s=600.0, window_s=60.0, history_days=2, rps=(4.0, 12.0), workloads=("conv-a0.5",),
+                         seeds=2),
 }
 
 
@@ -130,6 +133,7 @@ class Point:
     rps: float
     results: dict[str, Metrics] = field(default_factory=dict)
     forecast_error: tuple[float, float] = (0.0, 0.0)  # CSP's mean relative error (avg, peak) on this run
+    seed: int = 0
 
 
 def muxserve_system(profile: FleetProfile, w: Workload) -> FleetSystem:
@@ -147,15 +151,16 @@ def _cut(trace: Trace, duration_s: float) -> Trace:
 
 
 def run_point(profile: FleetProfile, cfg: ReproConfig, w: Workload, rps: float,
-              only: tuple[str, ...] = SYSTEMS) -> Point:
-    full = build_trace(profile, w, rps, cfg.seed, cfg.azure_dir)
-    fc = forecasts(profile, w, full, rps, cfg.window_s, cfg.history_days, cfg.seed, cfg.azure_dir)
+              only: tuple[str, ...] = SYSTEMS, seed: int | None = None) -> Point:
+    seed = cfg.seed if seed is None else seed
+    full = build_trace(profile, w, rps, seed, cfg.azure_dir)
+    fc = forecasts(profile, w, full, rps, cfg.window_s, cfg.history_days, seed, cfg.azure_dir)
     trace = _cut(full, cfg.duration_s)
     # every autoscaling system starts with the instances the autoscaler would want for the first window's load
     scaler = systems()["WarmServe"].scaler
     initial = {m.name: max(1, math.ceil(fc.per_model[m.name][0].avg / (scaler.scale_up_at * m.batch_size)))
                for m in profile.models}
-    point = Point(w, rps, forecast_error=fc.error())
+    point = Point(w, rps, forecast_error=fc.error(), seed=seed)
     table = systems()
     for name in only:
         if name == "MuxServe":
@@ -170,61 +175,18 @@ def run_point(profile: FleetProfile, cfg: ReproConfig, w: Workload, rps: float,
 def run_repro(cfg: ReproConfig, progress: Callable[[str], None] = lambda line: None) -> list[Point]:
     profile = load_fleet_profile(cfg.profile)
     points = []
-    for key in cfg.workloads:
-        for rps in cfg.rps:
-            started = time.perf_counter()
-            p = run_point(profile, cfg, WORKLOADS[key], rps)
-            points.append(p)
-            cells = " ".join(f"{s}={m.p99_ttft:.2f}s" for s, m in p.results.items())
-            ws = p.results["WarmServe"]
-            progress(f"{key} rps={rps:g}: p99 ttft {cells} hit={ws.hit_rate:.0%} cold_in_p99={ws.cold_in_p99} "
-                     f"({time.perf_counter() - started:.1f}s)")
+    for seed in range(cfg.seed, cfg.seed + cfg.seeds):
+        for key in cfg.workloads:
+            for rps in cfg.rps:
+                started = time.perf_counter()
+                p = run_point(profile, cfg, WORKLOADS[key], rps, seed=seed)
+                points.append(p)
+                cells = " ".join(f"{s}={m.p99_ttft:.2f}s" for s, m in p.results.items())
+                ws = p.results["WarmServe"]
+                progress(f"seed {seed} {key} rps={rps:g}: p99 ttft {cells} hit={ws.hit_rate:.0%} "
+                         f"cold_in_p99={ws.cold_in_p99} ({time.perf_counter() - started:.1f}s)")
     return points
 
 
-def _ratio(a: float, b: float) -> float:
-    return a / b if b > 0 else math.inf
-
-
-@dataclass(frozen=True)
-class Headline:
-    p99_vs_sllm: float  # max over points of SLLM-GPU's P99 TTFT over WarmServe's (SLLM-GPU: no engine pool)
-    p99_vs_sllm_pool: float  # ... of SLLM-GPU with WarmServe's engine pool
-    p99_vs_no_proactive: float
-    prewarm_hit: float  # WarmServe's mean hit rate at the highest RPS
-    cold_in_p99: int  # WarmServe: starts not on a prewarmed replica that delayed a request into the P99, all points
-    capacity_vs_muxserve: float  # highest RPS within the SLO, WarmServe over MuxServe
-    # the same maxima over the points where WarmServe's P99 TTFT is within the SLO (not overloaded)
-    in_slo: dict[str, float] = field(default_factory=dict)
-
-    def line(self) -> str:
-        return (f"repro warmserve: p99_ttft_vs_sllm={self.p99_vs_sllm:.1f}x "
-                f"p99_ttft_vs_sllm_pool={self.p99_vs_sllm_pool:.1f}x "
-                f"p99_ttft_vs_no_proactive={self.p99_vs_no_proactive:.1f}x prewarm_hit={self.prewarm_hit * 100:.0f}% "
-                f"cold_in_p99={self.cold_in_p99}")
-
-
-def capacity(points: list[Point], system: str, workload: str, slo_s: float) -> float:
-    """The highest RPS of the sweep up to which the system keeps P99 TTFT within the SLO (0: none)."""
-    best = 0.0
-    for p in sorted((p for p in points if p.workload.key == workload), key=lambda p: p.rps):
-        if p.results[system].p99_ttft > slo_s:
-            break
-        best = p.rps
-    return best
-
-
-def _max_ratio(points: list[Point], system: str) -> float:
-    return max((_ratio(p.results[system].p99_ttft, p.results["WarmServe"].p99_ttft) for p in points), default=math.nan)
-
-
-def headline(points: list[Point], cfg: ReproConfig) -> Headline:
-    top = max(p.rps for p in points)
-    hits = [p.results["WarmServe"].hit_rate for p in points if p.rps == top]
-    caps = [_ratio(capacity(points, "WarmServe", k, cfg.slo_p99_ttft_s), capacity(points, "MuxServe", k, cfg.slo_p99_ttft_s))
-            for k in cfg.workloads]
-    calm = [p for p in points if p.results["WarmServe"].p99_ttft <= cfg.slo_p99_ttft_s]
-    in_slo = {s: _max_ratio(calm, s) for s in ("SLLM-GPU", "SLLM-GPU+pool", "WarmServe-noproactive")}
-    return Headline(_max_ratio(points, "SLLM-GPU"), _max_ratio(points, "SLLM-GPU+pool"),
-                    _max_ratio(points, "WarmServe-noproactive"), float(np.mean(hits)),
-                    sum(p.results["WarmServe"].cold_in_p99 for p in points), max(caps), in_slo)
+# the headline (seeds as a distribution, within-SLO points): loadgen/repro/warmserve_headline.py
+from loadgen.repro.warmserve_headline import Headline, capacity, headline  # noqa: E402,F401

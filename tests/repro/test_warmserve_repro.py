@@ -17,8 +17,11 @@ from loadgen.sim.fleet_profile import load_fleet_profile
 from tidal.commands import repro_warmserve
 
 SAMPLE = Path(__file__).with_name("data") / "azure-llm-2023-sample"
-LINE = re.compile(r"^repro warmserve: p99_ttft_vs_sllm=(\d+\.\d)x p99_ttft_vs_sllm_pool=(\d+\.\d)x "
-                  r"p99_ttft_vs_no_proactive=(\d+\.\d)x prewarm_hit=(\d{1,3})% cold_in_p99=(\d+)$")
+NUM = r"(\d+\.\d|nan)"
+LINE = re.compile(rf"^repro warmserve: p99_ttft_vs_sllm_pool={NUM}x\({NUM}–{NUM}\) "
+                  rf"p99_ttft_vs_no_proactive={NUM}x\({NUM}–{NUM}\) p99_ttft_vs_sllm={NUM}x "
+                  r"alg1_hit_gain=([+-]\d+%|nan) proactive_hit_gain=([+-]\d+%|nan) seeds=(\d+) "
+                  r"within_slo_points=(\d+)/(\d+)$")
 
 
 def test_tiny_run_prints_the_summary_line_and_writes_the_report(tmp_path, capsys) -> None:
@@ -29,10 +32,14 @@ def test_tiny_run_prints_the_summary_line_and_writes_the_report(tmp_path, capsys
     last = capsys.readouterr().out.strip().splitlines()[-1]
     m = LINE.match(last)
     assert m, last
-    assert float(m.group(1)) > 1.0  # SLLM-GPU without an engine pool pays engine creation on every start
+    assert int(m.group(10)) == SCALES["tiny"].seeds and int(m.group(12)) == len(SCALES["tiny"].rps)
+    if int(m.group(11)):  # SLLM-GPU without an engine pool pays engine creation on every start
+        assert float(m.group(7)) > 1.0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["line"] == last and "CC-BY 4.0" in summary["trace_attribution"]
     assert {pt["rps"] for pt in summary["points"]} == set(SCALES["tiny"].rps)
+    assert len(summary["points"]) == len(SCALES["tiny"].rps) * SCALES["tiny"].seeds  # every seed's point
+    assert {pt["seed"] for pt in summary["points"]} == set(range(SCALES["tiny"].seeds))
     for pt in summary["points"]:
         assert set(pt["results"]) == set(SYSTEMS)
         ws = pt["results"]["WarmServe"]
@@ -42,6 +49,9 @@ def test_tiny_run_prints_the_summary_line_and_writes_the_report(tmp_path, capsys
         assert (tmp_path / name).stat().st_size > 0
     report = (tmp_path / "report.md").read_text()
     assert "50.79x" in report and "SLLM-GPU+pool" in report and "CC-BY 4.0" in report  # beside the paper's numbers
+    paper_row = next(r for r in report.splitlines() if "50.79x" in r)
+    assert "engine pool" in paper_row and "without" not in paper_row  # the pooled baseline sits beside the paper
+    assert "Ablation" in report
 
 
 def test_the_same_seed_gives_the_same_numbers() -> None:
