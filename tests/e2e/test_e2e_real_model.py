@@ -72,8 +72,9 @@ def banner_snippets(text: str) -> tuple[str, str]:
 def test_the_banners_snippets_run_as_printed(smol_cluster: E2ECluster) -> None:
     """What `tidal up` prints once the gateway serves, pasted into a shell as it is."""
     curl, heredoc = banner_snippets(usage_banner(load_config(smol_cluster.config), smol_cluster.base_url))
-    # `python` in the snippet is the user's: here the interpreter running the tests (it has openai)
-    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # the snippet names the venv's interpreter (it has openai): no venv on PATH is needed
+    assert heredoc.startswith(f"{sys.executable} - <<'EOF'") or heredoc.startswith(".venv/bin/python - <<'EOF'")
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
     for snippet in (curl, heredoc):
         done = subprocess.run(["bash", "-c", snippet], capture_output=True, text=True, timeout=120, env=env)
         assert done.returncode == 0 and not done.stderr.strip(), f"{snippet}\n---\n{done.stdout}{done.stderr}"
