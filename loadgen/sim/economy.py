@@ -2,8 +2,8 @@
 autoscaler, prewarm planner) where every instance's device memory is one pool (economy_state.py) and
 the arms buy memory from its sources (economy_sources.py) by their own triggers or by price
 (economy_arbiter.py). Every arm shares the base: the public autoscaler, vLLM-0.6 engines (recompute
-preemption when KV runs out), cold adapters loaded inline in the step that admits them (unless an arm
-has CaraServe's CPU-assisted path), weights kept as a replica after a stop.
+preemption when KV runs out), WarmServe's prewarm planner, CaraServe's CPU-assisted cold adapters,
+weights kept as a replica after a stop.
 
     python -m loadgen.sim.economy --arm arbiter --minutes 10 --rate 10
 """
@@ -29,7 +29,6 @@ from loadgen.sim.fleet_scaling import scale_up
 from loadgen.sim.fleet_state import FleetSystem, Instance, Replica
 from loadgen.sim.request import SimRequest
 from loadgen.traces.schema import Trace
-from shared.policy.memory_market import price_scale_out
 from shared.policy.warmserve_predictor import CspParams, LoadForecast, forecast
 
 ECON_TICK, SAMPLE = 4, 5
@@ -243,21 +242,16 @@ class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
                          for r, good in zip(reqs, ok)])
         cost = {n: self.profile.step_cost(m) for n, m in self.models.items()}
         unloaded = np.array([cost[r.model].step_s(0, 0, r.prompt) for r in reqs])
-        waited = Counter(self.served_by[r.order] for r in reqs
-                         if self.served_by[r.order] >= 0 and r.arrival < self.ready_of[self.served_by[r.order]])
+        # only the arm's own purchases: the shared autoscaler's starts are the base (every arm has them),
+        # counted apart as `autoscaler_starts`, not added to the purchases (issue 32)
         purchases = list(self.purchases)
-        for s in self.start_log:  # the autoscaler's starts, priced as the scale-out they are
-            if s.id not in self.bought_starts:
-                m = self.models[s.model]
-                purchases.append(PurchaseRecord(s.at, f"model:{s.model}", "scale_out", f"i{s.id}",
-                                                self.profile.kv_blocks(m) * self.eprofile.block_bytes(m),
-                                                price_scale_out(s.ready_at - s.at, waited.get(s.id, 0))))
         purchases.sort(key=lambda p: p.t)
         counts = Counter(self.counts)
         counts["preemptions"] = sum(w.preemptions for w in self.engines)
         counts["adapter_loads"] = sum(w.adapter_loads for w in self.engines)
         for s in self.start_log:
             counts[f"starts_{s.source}"] += 1
+        counts["autoscaler_starts"] = sum(1 for s in self.start_log if s.id not in self.bought_starts)
         counts["prewarm_hits"] = counts["starts_gpu"]
         counts["prewarms"], counts["proactive_prewarms"], counts["replica_evictions"] = \
             self.prewarms, self.proactive, self.evicted

@@ -2,13 +2,14 @@
 every memory purchase with its price, and each GPU's pool by kind over time.
 
 The arms (`ARMS`) share one base (the public WarmServe code's autoscaler, vLLM-0.6 engines that
-preempt when KV runs out, adapters loaded inline when cold, weights kept as a replica after a stop)
+preempt when KV runs out, WarmServe's prewarm planner, CaraServe's CPU-assisted cold adapters, weights
+kept as a replica after a stop)
 and differ only in which memory sources they may buy from and how they choose:
 
 - one mechanism alone: `kunserve` (drop replicated layers into buddy pairs), `mell` (migrate
-  requests between a model's instances), `caraserve` (cold adapters start prefill on the CPU while
-  loading, so evicting adapters is cheap), `warmserve` (prewarm replicas from the forecasts into idle
-  and grace-period GPUs);
+  requests between a model's instances), `caraserve` (evict LRU adapters for KV; cold ones start
+  prefill on the CPU while loading, as in every arm), `warmserve` (evict a lent prewarm replica to
+  give its KV back);
 - `fixed-order`: all four, each on its own trigger, in the planner's fixed order
   (services/planner/policies.py);
 - `arbiter`: all four, each need bought by `shared.policy.memory_market.buy` at prices from the

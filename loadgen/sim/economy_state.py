@@ -43,16 +43,20 @@ class ArmConfig:
         return tuple(k for k, v in have.items() if v)
 
 
-ALL_SOURCES = dict(prewarm="proactive", prewarm_evict=True, cpu_assist=True, adapter_evict=True, layer_drop=True,
-                   migrate=True, scale_out=True)
+# The non-memory base every arm shares (issue 32): WarmServe's prewarm planner and CaraServe's
+# CPU-assisted cold adapters are on in every arm, so an arm differs from another only by the memory
+# sources it may buy from and how it chooses (before, CPU assist was on in 3 arms and the planner in 3
+# others, and the arm-to-arm gaps were mostly that base).
+BASE = dict(prewarm="proactive", cpu_assist=True)
+ALL_SOURCES = dict(prewarm_evict=True, adapter_evict=True, layer_drop=True, migrate=True, scale_out=True)
 ARM_CONFIGS = {a.name: a for a in (
-    ArmConfig("kunserve", "single", layer_drop=True),
-    ArmConfig("mell", "single", migrate=True),
-    ArmConfig("caraserve", "single", cpu_assist=True, adapter_evict=True),
-    ArmConfig("warmserve", "single", prewarm="proactive"),
-    ArmConfig("fixed-order", "fixed", **ALL_SOURCES),
-    ArmConfig("arbiter", "arbiter", **ALL_SOURCES),
-    ArmConfig("unbounded", "unbounded"),
+    ArmConfig("kunserve", "single", layer_drop=True, **BASE),
+    ArmConfig("mell", "single", migrate=True, **BASE),
+    ArmConfig("caraserve", "single", adapter_evict=True, **BASE),
+    ArmConfig("warmserve", "single", prewarm_evict=True, **BASE),
+    ArmConfig("fixed-order", "fixed", **ALL_SOURCES, **BASE),
+    ArmConfig("arbiter", "arbiter", **ALL_SOURCES, **BASE),
+    ArmConfig("unbounded", "unbounded", **BASE),
 )}
 
 
@@ -124,4 +128,4 @@ class EconomyWorker(SimWorker):
         return self.c_over + self.c_seq * self.decoding + self.c_ctx * self.ctx_sum
 
 
-__all__ = ["ARM_CONFIGS", "ArmConfig", "EconomyWorker", "Pool", "UNBOUNDED_BLOCKS", "scaled"]
+__all__ = ["ARM_CONFIGS", "BASE", "ArmConfig", "EconomyWorker", "Pool", "UNBOUNDED_BLOCKS", "scaled"]
