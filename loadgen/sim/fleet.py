@@ -82,7 +82,7 @@ class FleetResult:
 class FleetSim:
     def __init__(self, profile: FleetProfile, trace: Trace, system: FleetSystem, *,
                  forecasts: dict[str, list[LoadForecast]] | None = None, window_s: float = 300.0,
-                 initial: dict[str, int] | None = None, max_run_s: float = 0.5) -> None:
+                 initial: dict[str, int] | None = None, max_run_s: float = 0.5, preload_s: float = 0.0) -> None:
         self.profile, self.trace, self.system = profile, trace, system
         self.models = {m.name: m for m in profile.models}
         unknown = sorted({r.model for r in trace.records} - self.models.keys())
@@ -117,6 +117,9 @@ class FleetSim:
             for _ in range(n):
                 if scale_up(self, name, 0.0, initial=True) is None:
                     raise ValueError(f"no room for the initial instances of {name}")
+        if preload_s > 0 and self.prewarmer is not None:
+            # the public code's pre-load round: one prewarm plan for the first window, preload_s before t = 0
+            self.prewarmer.plan(-preload_s)
 
     # --- instances -----------------------------------------------------------------------
     def _new_instance(self, model: str, gpus: tuple[int, ...], now: float, ready_at: float, weights_at: float,

@@ -82,3 +82,18 @@ def test_bad_options_are_refused(capsys, tmp_path) -> None:
     assert repro_warmserve.run(p.parse_args(["--scale", "tiny", "--azure-dir", str(tmp_path),
                                              "--out", str(tmp_path / "out")])) == 2
     assert "AzureLLMInferenceTrace_conv.csv" in capsys.readouterr().err
+
+
+def test_the_paper_protocol_starts_cold_and_warmserve_from_its_preload_round() -> None:
+    cfg = dataclasses.replace(SCALES["tiny"], duration_s=240.0, azure_dir=str(SAMPLE))
+    assert SCALES["paper"].cold_start and SCALES["paper"].duration_s == 1200.0  # the public generator's 20 minutes
+    profile = load_fleet_profile(cfg.profile)
+    cold = run_point(profile, cfg, WORKLOADS["conv-a0.5"], 8.0, only=AUTOSCALED)
+    warm = run_point(profile, dataclasses.replace(cfg, cold_start=False), WORKLOADS["conv-a0.5"], 8.0,
+                     only=AUTOSCALED)
+    for s in ("SLLM-GPU", "SLLM-GPU+pool"):  # no free instances: every model's first instance is a start
+        assert sum(cold.results[s].starts.values()) >= len(profile.models) > 0
+        assert sum(cold.results[s].starts.values()) > sum(warm.results[s].starts.values())
+    ws = cold.results["WarmServe"]
+    assert ws.prewarms > warm.results["WarmServe"].prewarms  # the pre-load round placed replicas before t = 0
+    assert ws.starts["gpu"] >= len(profile.models)  # and the first instances start on them
