@@ -42,7 +42,7 @@ def fig11(path: Path, run: ColdRun) -> Path:
     dec = [np.mean(run.results[m].decode_iters) * 1000 for m in MODES]
     ax.bar(x - 0.2, pre, 0.4, label="prefill iteration")
     ax.bar(x + 0.2, dec, 0.4, label="decode iteration")
-    ax.set_xticks(x, MODES)
+    ax.set_xticks(x, MODES, fontsize=7, rotation=20)
     ax.set_ylabel("mean latency (ms)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
