@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-LLAMACPP_HINT = "pip install llama-cpp-python (builds llama.cpp from source where PyPI has no wheel)"
+LLAMACPP_HINT = (".venv/bin/python -m pip install --constraint constraints.txt -e '.[bench-llamacpp]' "
+                 "(builds llama.cpp from source where PyPI has no wheel: many minutes on 2 cores)")
 
 
 @dataclass(slots=True)
