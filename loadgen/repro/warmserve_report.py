@@ -166,6 +166,11 @@ def write_warmserve_report(out: Path, points: list[Point], cfg: ReproConfig, hea
         f"{cfg.window_s:g} s over {cfg.history_days} earlier days (resamples of the same hour); the public code's "
         f"autoscaler (0.8 / 0.5 of B x instances over a 5 s window, 5 s protect period); seeds {cfg.seed}-"
         f"{cfg.seed + cfg.seeds - 1}.",
+        ("Start: no instances at t = 0 (the public generator's protocol); WarmServe and no-proactive place "
+         f"replicas in one pre-load prewarm round {cfg.preload_s:g} s before the trace, the SLLM-GPU baselines "
+         "load cold on first request." if cfg.cold_start else
+         "Start: every autoscaling system begins with the instances the first window's load needs (not the "
+         "paper's protocol, which starts with none)."),
         "Engine mode, every system: `vllm-0.6` (prefill-first, whole prompts, recompute preemption; "
         "loadgen/sim/engine_modes.py), because the public code starts vLLM 0.6.3 for WarmServe and for every "
         "baseline alike.", "",
