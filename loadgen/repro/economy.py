@@ -105,17 +105,18 @@ class Headline:
     p99_vs_fixed_order: float
     slo_attainment: float  # the arbiter's, median over seeds at the headline rate
     gpus_vs_best_single: float  # (arbiter's GPUs - best single's) / best single's, at the SLO target; NaN: unknown
-    purchases: int  # the arbiter's, summed over the headline rate's seeds
+    purchases: int  # the arbiter's own (not the autoscaler's starts), summed over the headline rate's seeds
     best_single: str  # the single mechanism most often best at the headline rate
     lower_bound_gap: float  # median: the arbiter's P99 TTFT / the unbounded-memory reference's
     gpus: dict[str, int | None] = field(default_factory=dict)
     p99_vs_hindsight: float = math.nan
+    autoscaler_starts: int = 0  # the shared autoscaler's starts in the arbiter's runs: the base, not purchases
 
     def line(self) -> str:
         g = "n/a" if math.isnan(self.gpus_vs_best_single) else f"{self.gpus_vs_best_single * 100:+.0f}%"
         return (f"repro economy: p99_ttft_vs_best_single={self.p99_vs_best_single:.1f}x "
                 f"p99_ttft_vs_fixed_order={self.p99_vs_fixed_order:.1f}x slo_attainment={self.slo_attainment:.2f} "
-                f"gpus_vs_best_single={g} purchases={self.purchases}")
+                f"gpus_vs_best_single={g} own_purchases={self.purchases} autoscaler_starts={self.autoscaler_starts}")
 
 
 def headline(points: list[Point], cfg: EconomyConfig, gpus: dict[str, int | None]) -> Headline:
@@ -131,7 +132,8 @@ def headline(points: list[Point], cfg: EconomyConfig, gpus: dict[str, int | None
     return Headline(float(np.median(vs_best)), float(np.median(vs_fixed)),
                     float(np.median([p.results["arbiter"].slo for p in at])), g_ratio,
                     sum(p.results["arbiter"].purchases for p in at), best,
-                    float(np.median(gap)) if gap else math.nan, dict(gpus), float(np.median(hindsight)))
+                    float(np.median(gap)) if gap else math.nan, dict(gpus), float(np.median(hindsight)),
+                    sum(p.results["arbiter"].counts.get("autoscaler_starts", 0) for p in at))
 
 
 def run_repro(cfg: EconomyConfig, progress: Callable[[str], None] = lambda line: None,

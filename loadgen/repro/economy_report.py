@@ -108,7 +108,9 @@ def write_economy_report(out: Path, points: list[Point], cfg: EconomyConfig, hea
              f"{g.get('arbiter')} vs {g.get(head.best_single)}"
              + ("" if math.isnan(head.gpus_vs_best_single) else f" ({head.gpus_vs_best_single * 100:+.0f}%)"), "-"],
             ["arbiter's P99 TTFT / unbounded memory (reference)", f"{head.lower_bound_gap:.2f}x", "-"],
-            ["arbiter's purchases (headline rate, all seeds)", str(head.purchases), "-"],
+            ["arbiter's own purchases (headline rate, all seeds)", str(head.purchases), "-"],
+            ["the shared autoscaler's starts in the arbiter's runs (every arm's base, not purchases)",
+             str(head.autoscaler_starts), "-"],
         ]), "", f"`{head.line()}`", "",
         "## Ratios per rate (median over seeds, range)", "",
         md_table(["rate", "seeds", "best single in hindsight / arbiter", "fixed order / arbiter",

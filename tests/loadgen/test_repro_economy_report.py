@@ -33,6 +33,7 @@ def point(seed: int, p99: dict[str, float]) -> Point:
     for arm in ARMS:
         # 100 requests: 98 fast, 2 at the arm's tail value -> its P99 is that value
         r = result(arm, [0.1] * 98 + [p99[arm]] * 2, purchases=4 if arm == "arbiter" else 0)
+        r.counts["autoscaler_starts"] = 5  # the base's starts: counted apart, never as purchases
         p.results[arm] = ArmMetrics.of(r, CFG, wall_s=1.0)
     return p
 
@@ -63,7 +64,7 @@ def test_headline_takes_the_best_single_per_point_and_medians_over_seeds():
     assert head.lower_bound_gap == pytest.approx(np.median([2.0, 4.0]), rel=1e-6)
     line = head.line()
     assert line.startswith("repro economy: p99_ttft_vs_best_single=2.2x p99_ttft_vs_fixed_order=1.9x")
-    assert "purchases=8" in line
+    assert "own_purchases=8 autoscaler_starts=10" in line and head.autoscaler_starts == 10
 
 
 def test_gpus_ratio_is_negative_when_the_arbiter_needs_fewer():
