@@ -2,9 +2,9 @@
 
 One Llama-2-7B server on an A10, LightLLM-like (the paper's servers, §6): continuous batching where
 newly arrived requests are prefilled in an iteration of their own, the running batch decoding in
-the others (Fig. 2, Fig. 11). Five ways to handle a request whose adapter is not on the GPU:
+the others (Fig. 2, Fig. 11). The ways to handle a request whose adapter is not on the GPU:
 
-* cached: every adapter resident (the oracle);
+* cached, cached-mbgmv: every adapter resident (the oracle), on BGMV and on MBGMV;
 * ondemand: the prefill iteration that admits it loads it first, over the one link; the whole
   iteration (and every request waiting behind it) waits (LightLLM's on-demand loading);
 * slora: the same loading, with S-LoRA's own kernel (MBGMV, `segmented`); the others run BGMV
