@@ -15,7 +15,7 @@ import msgspec
 
 from shared.events import (
     AbortRequest, AssignAccepted, AssignRejected, CatalogChanged, DispatchStats, PlacementHints, StreamError,
-    StreamMessage, StreamReassigned, SubmitAccepted, SubmitRejected, SubmitReply, SubmitRequest, Usage,
+    StreamMessage, StreamReassigned, SubmitAccepted, SubmitRejected, SubmitReply, SubmitRequest,
     WorkerHeartbeat, WorkerRecord, WorkerStats,
 )
 from shared.events.registry import AdapterRecord, Bucket, GroupRecord, ModelRecord
@@ -28,12 +28,14 @@ from services.dispatcher.admission_queue import AdmissionQueues
 from services.dispatcher.cold_start import CapacityAsks, cold_queue_full_message
 from services.dispatcher.drain_rate import DrainRate
 from services.dispatcher.effects import (
-    AssignFailed, AssignmentRecord, AssignOutcome, Effect, PublishAbort, PublishFence, PublishStreamError,
+    AssignFailed, AssignmentRecord, AssignOutcome, Effect, PublishStreamError,
     SendAssignment,
 )
 from services.dispatcher.instance_table import InstanceTable, WorkerLost
 from services.dispatcher.load_counters import LoadCounters
 from services.dispatcher.model_catalog import ModelCatalog
+from services.dispatcher.queue_expiry import QueueExpiry
+from services.dispatcher.stream_fence import fence, stop_stale_copy, stream_error
 from services.dispatcher.tracked import Phase, TrackedRequest
 
 log = get_logger("tidal.dispatcher")
@@ -42,7 +44,6 @@ log = get_logger("tidal.dispatcher")
 AVOID_S = {"no_capacity": 0.5, "draining": 3600.0, "model_not_loaded": 60.0, "adapter_unavailable": 60.0,
            "no_responders": 2.0, "error": 60.0, "silent": 30.0}
 MAX_ASSIGN_TIMEOUTS = 3  # lost replies in a row before the worker is given up on for that request
-NO_INSTANCE_GRACE_S = 30.0  # a queued request whose model has no live instance this long fails
 MAX_TRACKED = 100_000  # requests owned at once (queued + running), whatever the queue bounds say
 RECORD_KEEP = 10_000  # assignment records kept in memory
 
@@ -63,7 +64,7 @@ class DispatchCore:
         self.records: deque[AssignmentRecord] = deque(maxlen=RECORD_KEEP)
         self.counters = LoadCounters(dispatcher_id, now)
         self.drain = DrainRate()  # how fast each queue empties: the Retry-After of a refusal
-        self.no_instance_since: dict[str, float] = {}
+        self.expiry = QueueExpiry()  # queued requests that give up waiting (queue_expiry.py)
         self.draining = False
         self.redispatches = 0  # totals, for metrics
         self.stream_errors = 0
@@ -234,7 +235,7 @@ class DispatchCore:
         if req is None or isinstance(msg, StreamReassigned):
             return []  # not ours, or our own fence heard back
         if msg.worker_id is not None and msg.attempt < req.attempt:
-            return self._stale(req, msg.worker_id, now)  # from an assignment we gave up on: fenced out
+            return stop_stale_copy(req, msg.worker_id, now)  # from an assignment we gave up on: fenced out
         if msg.worker_id is not None and not req.current(msg.attempt, msg.handover, msg.seq):
             return []  # a migration's source past its hand-over (it handed the stream on): fenced out
         if isinstance(msg, StreamError):
@@ -257,21 +258,12 @@ class DispatchCore:
             return self.drain_queue(req.model, now)
         return []
 
-    def _stale(self, req: TrackedRequest, worker: str, now: float) -> list[Effect]:
-        """A worker we gave up on is still generating `req` (it was cut off, paused, or slow to hear
-        of its loss): tell it, once, to stop that copy. Consumers drop its messages (the fence)."""
-        if worker in req.told_to_stop:
-            return []
-        req.told_to_stop.add(worker)
-        return [PublishAbort(AbortRequest(request_id=req.request_id, reason="superseded", ts=now, worker_id=worker,
-                                          attempt=req.attempt))]
-
     def returned(self, worker_id: str, now: float) -> list[Effect]:
         """A worker we lost is heard from again, same process (`restarted: false`): it may still run
         copies of requests we re-dispatched meanwhile; each is told to stop."""
         return [e for req in list(self.requests.values())
                 if worker_id in req.abandoned and req.worker_id != worker_id
-                for e in self._stale(req, worker_id, now)]
+                for e in stop_stale_copy(req, worker_id, now)]
 
     def _moved(self, req: TrackedRequest, worker: str) -> None:
         self.table.released(req.instance_id, req.request_id)
@@ -354,20 +346,15 @@ class DispatchCore:
         if req.attempt >= self.max_redispatches:
             self._forget(req)
             self.stream_errors += 1
-            return [PublishStreamError(StreamError(
-                request_id=req.request_id, seq=req.next_seq, code="redispatch_limit",
-                message=f"{why}; the request was re-dispatched {req.attempt} times already (the limit)",
-                usage=Usage(prompt_tokens=len(req.submit.prompt_token_ids), completion_tokens=len(req.emitted)),
-            ))]
+            return [stream_error(req, "redispatch_limit",
+                                 f"{why}; the request was re-dispatched {req.attempt} times already (the limit)")]
         req.new_attempt(lost_worker)
         self.redispatches += 1
         log.info("re-dispatching", request_id=req.request_id, attempt=req.attempt, resume_tokens=len(req.emitted),
                  next_seq=req.next_seq, why=why)
         self._requeue(req, now)
         # The fence goes out before the new attempt's Assignment: from next_seq on the stream is its.
-        fence = PublishFence(StreamReassigned(request_id=req.request_id, attempt=req.attempt, from_seq=req.next_seq,
-                                              worker_id=lost_worker or None))
-        return [fence, *self.drain_queue(req.model, now)]
+        return [fence(req, lost_worker), *self.drain_queue(req.model, now)]
 
     def _ask_if_cold(self, model: str, adapter: str | None, now: float) -> list[Effect]:
         """Ask the planner for an instance of `model` if none is live and requests wait for it."""
@@ -389,32 +376,13 @@ class DispatchCore:
         return effects + self.drain_all(now)
 
     def _expire_queued(self, now: float) -> list[Effect]:
-        effects: list[Effect] = []
-        queued = set(self.queues.models())
-        for model in [m for m in self.no_instance_since if m not in queued]:
-            del self.no_instance_since[model]  # its queue emptied: the next cold spell is timed afresh
-        for model in queued:
-            if self.table.views(model, now):
-                self.no_instance_since.pop(model, None)
-            else:
-                self.no_instance_since.setdefault(model, now)
-            orphaned = now - self.no_instance_since.get(model, now) >= NO_INSTANCE_GRACE_S
-            for rid in self.queues.in_order(model):
-                req = self.requests[rid]
-                deadline = req.submit.deadline_ts
-                if orphaned or (deadline is not None and now >= deadline):
-                    why = (f"no instance of {model!r} for {NO_INSTANCE_GRACE_S:.0f}s" if orphaned
-                           else "its deadline passed while it waited in the queue")
-                    effects.append(self._fail_queued(req, why))
-        return effects
+        gone = self.expiry.expired(self.queues, self.requests, lambda m: bool(self.table.views(m, now)), now)
+        return [self._fail_queued(req, why) for req, why in gone]
 
     def _fail_queued(self, req: TrackedRequest, why: str) -> PublishStreamError:
         self._forget(req)
         self.stream_errors += 1
-        return PublishStreamError(StreamError(
-            request_id=req.request_id, seq=req.next_seq, code="queue_timeout", message=f"not scheduled: {why}",
-            usage=Usage(prompt_tokens=len(req.submit.prompt_token_ids), completion_tokens=len(req.emitted)),
-        ))
+        return stream_error(req, "queue_timeout", f"not scheduled: {why}")
 
     def fail_all_queued(self, why: str) -> list[Effect]:
         """At shutdown: end every queued request's stream (its client should retry)."""

@@ -70,7 +70,7 @@ def test_without_scale_from_zero_a_cold_model_is_refused_at_once() -> None:
 def test_a_later_cold_spell_is_timed_afresh_not_from_an_earlier_one() -> None:
     """A model scaled to zero, started, drained and scaled to zero again: its new queued request gets the whole
     grace, not what was left of the first spell's (the autoscaler scales idle models to zero within seconds)."""
-    from services.dispatcher.core import NO_INSTANCE_GRACE_S
+    from services.dispatcher.queue_expiry import NO_INSTANCE_GRACE_S
 
     c = cold_core()
     two_workers(c, now=1.0)
