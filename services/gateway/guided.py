@@ -19,7 +19,7 @@ from shared.events.common import MAX_GUIDED_SPEC, Guided
 Source = tuple[str, str, str]  # (the request field, kind, spec)
 
 
-def _schema_text(schema: dict[str, Any] | str, param: str) -> str:
+def _schema_text(schema: dict[str, Any] | str) -> str:
     if isinstance(schema, str):
         return schema
     return json.dumps(schema, ensure_ascii=False)
@@ -28,7 +28,7 @@ def _schema_text(schema: dict[str, Any] | str, param: str) -> str:
 def _structured(so: StructuredOutputs) -> list[Source]:
     out: list[Source] = []
     if so.json is not None:
-        out.append(("structured_outputs.json", "json_schema", _schema_text(so.json, "structured_outputs.json")))
+        out.append(("structured_outputs.json", "json_schema", _schema_text(so.json)))
     if so.regex is not None:
         out.append(("structured_outputs.regex", "regex", so.regex))
     if so.choice is not None:
@@ -49,9 +49,9 @@ def sources_of(data: Any) -> list[Source]:
     elif isinstance(rf, ResponseFormatJsonSchema):
         schema = rf.json_schema.schema
         out.append(("response_format", "json_object", "") if schema is None else
-                   ("response_format", "json_schema", _schema_text(schema, "response_format")))
+                   ("response_format", "json_schema", _schema_text(schema)))
     if data.guided_json is not None:
-        out.append(("guided_json", "json_schema", _schema_text(data.guided_json, "guided_json")))
+        out.append(("guided_json", "json_schema", _schema_text(data.guided_json)))
     if data.guided_regex is not None:
         out.append(("guided_regex", "regex", data.guided_regex))
     if data.guided_choice is not None:
