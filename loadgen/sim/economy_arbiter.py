@@ -113,23 +113,19 @@ class ArbiterMixin:
         """The planner's order, over the sources this arm has (a source switched off is never used): the
         pool gives lent replicas, then LRU adapters, to KV when it runs short; then layer drop at 95%;
         then migration at the high watermark; then a start."""
-        a = self.arm
-        need = self._need(inst, now) if (a.prewarm_evict or a.adapter_evict) else None
-        if need is not None:
-            got = self._fill(self._prewarm_offers(inst, now), need.bytes, now) if a.prewarm_evict else 0
-            if a.adapter_evict:
-                self._fill(self._adapter_offers(inst, now), need.bytes - got, now)
-        if a.layer_drop:
-            self._trigger_layers(inst, now)
-        if a.migrate:
-            self._trigger_migration(inst, now)
+        self._relieve(inst, now)
         w = inst.engine
-        if a.scale_out and w.waiting and w.blocked_on == "memory":
+        if self.arm.scale_out and w.waiting and w.blocked_on == "memory":
             self._fill(self._scale_out_offers(inst, now), 1, now)
 
     def _own_triggers(self: EconomySim, inst: Instance, now: float) -> None:
         """Each mechanism alone, on its own trigger: WarmServe gives a lent replica's KV back and
         CaraServe evicts LRU adapters when the instance needs KV; KunServe and MELL on their thresholds."""
+        self._relieve(inst, now)
+
+    def _relieve(self: EconomySim, inst: Instance, now: float) -> None:
+        """Lent replicas' KV, then LRU adapters, when the instance needs KV; then layer drop; then migration
+        (each only where the arm has it)."""
         a = self.arm
         if a.prewarm_evict or a.adapter_evict:
             need = self._need(inst, now)
