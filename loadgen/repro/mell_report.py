@@ -12,8 +12,8 @@ from loadgen.repro.mell import (
     FREE, OURS, PAPER, RESERVING, UNBATCHED, Headline, ReproConfig, Scenario, at_slo, batching_cut, best_baseline,
     executed_cut, family_best, gpus_needed,
 )
-from loadgen.repro.mell_report_tables import (  # noqa: F401  (re-exported: the tables' names stay importable here)
-    ALL_ARMS, MAIN, MOVES_INTRO, WAITING_INTRO, _fleet, core_table, moves_table, reserve_table, scenario_table,
+from loadgen.repro.mell_report_tables import (
+    MAIN, MOVES_INTRO, WAITING_INTRO, _fleet, core_table, moves_table, reserve_table, scenario_table,
     service_table, sweep_table, waiting_table,
 )
 from loadgen.repro.mell_setup import AZURE_CREDIT
