@@ -19,6 +19,7 @@ from pathlib import Path
 
 import msgspec
 
+from loadgen.sim.profile_sources import DeviceMeasures, FieldSource
 from shared.policy.movement import LinkSpec, MovementCosts, MovementSpec, movement_costs  # LinkSpec: re-exported
 
 
@@ -75,6 +76,10 @@ class CostProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     links: list[LinkSpec] = msgspec.field(default_factory=_default_links)
     models: dict[str, StepCost] = {}  # per-model step costs; others use `step`
     movement: MovementSpec = MovementSpec()  # which link moves what (shared/policy/movement.py)
+    # `tidal profile gpu`: how each number was obtained ("step.overhead_s" -> measured / cited / unmeasured)
+    # and the device facts beside them (loadgen/sim/profile_sources.py); empty / None in a cited profile
+    sources: dict[str, FieldSource] = {}
+    device: DeviceMeasures | None = None
 
     def movement_costs(self) -> MovementCosts:
         """The one movement cost model (migrations, restores, loads) over this profile's links."""

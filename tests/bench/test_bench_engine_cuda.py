@@ -53,4 +53,17 @@ def test_rows_of_a_tiny_shape_on_the_cpu_runner(tmp_path, monkeypatch):
     rows = [decode, prefill, skipped]
     table = engine_cuda.markdown(rows, "Device: test")
     assert table.count("\n| tiny |") == 3 and "skipped: needs" in table
-    assert engine_cuda.summary(rows) == "bench engine (cuda): decode_roofline_b64=- prefill_mfu_2k=- step_overhead=-"
+    assert engine_cuda.summary(rows) == ("bench engine (cuda): decode_roofline_b64=- decode_roofline_b8=- "
+                                         "prefill_mfu_2k=- step_overhead=-")
+
+
+def test_summary_reports_batch_8_beside_batch_64() -> None:
+    from tidal.bench.engine_cuda import Row, summary
+
+    ctx = engine_cuda.SUMMARY_CONTEXT
+    rows = [Row("llama-8b", "decode", 64, ctx, fraction=0.77, overhead=0.04),
+            Row("llama-8b", "decode", 8, ctx, fraction=0.65),
+            Row("llama-8b", "decode", 8, 512, fraction=0.10),  # another context: not the b8 figure
+            Row("llama-8b", "prefill", 1, engine_cuda.SUMMARY_PREFILL, mfu=0.68)]
+    assert summary(rows) == ("bench engine (cuda): decode_roofline_b64=77% decode_roofline_b8=65% "
+                             "prefill_mfu_2k=68% step_overhead=4%")

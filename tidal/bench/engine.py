@@ -12,7 +12,7 @@ The last line is the ratio of output tokens/s (goal on CPU: >= 5x).
 
 `--device cuda:N` runs the GPU bench instead (engine_cuda.py): generated 1B/8B/Qwen2 shapes,
 decode and prefill rows against the HBM and FLOP rooflines, ending in the line
-`bench engine (cuda): decode_roofline_b64=NN% prefill_mfu_2k=NN% step_overhead=NN%`.
+`bench engine (cuda): decode_roofline_b64=NN% decode_roofline_b8=NN% prefill_mfu_2k=NN% step_overhead=NN%`.
 """
 from __future__ import annotations
 

@@ -59,29 +59,9 @@ class Row:
 
 def device_weights(cfg, model_dir: str, device, seed: int = 0):
     """Random weights shaped like the checkpoint's, made on the device, as the runner holds them."""
-    import torch
+    from services.gpu_worker.engine.random_weights import random_weights
 
-    from services.gpu_worker.engine.models.llama import LayerWeights
-    from services.gpu_worker.engine.preloaded import PreloadedWeights
-
-    gen = torch.Generator(device=device).manual_seed(seed)
-
-    def mat(rows: int, cols: int, std: float | None = None) -> torch.Tensor:
-        return torch.empty(rows, cols, dtype=cfg.dtype, device=device).normal_(0, std or cols**-0.5, generator=gen)
-
-    def norm(n: int) -> torch.Tensor:
-        return torch.empty(n, dtype=cfg.dtype, device=device).normal_(1.0, 0.1, generator=gen)
-
-    h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    layers = {
-        i: LayerWeights(input_norm=norm(h), wqkv=mat(q + 2 * kv, h),
-                        bqkv=norm(q + 2 * kv) - 1 if cfg.qkv_bias else None, wo=mat(h, q), post_norm=norm(h),
-                        w13=mat(2 * inter, h), w2=mat(h, inter))
-        for i in range(cfg.num_layers)
-    }
-    embed = mat(cfg.vocab_size, h, 2.5 * h**-0.5 if cfg.tie_word_embeddings else 1.0)
-    head = embed if cfg.tie_word_embeddings else mat(cfg.vocab_size, h)
-    return PreloadedWeights(model_dir=model_dir, layers=layers, embed=embed, final_norm=norm(h), lm_head=head)
+    return random_weights(cfg, model_dir, device, seed)
 
 
 class ShapeBench:
@@ -271,7 +251,9 @@ def summary(rows: list[Row]) -> str:
 
     dec = pick("decode", SUMMARY_BATCH, SUMMARY_CONTEXT)
     pre = pick("prefill", 1, SUMMARY_PREFILL)
+    dec8 = pick("decode", 8, SUMMARY_CONTEXT)
     return (f"bench engine (cuda): decode_roofline_b64={_pct(dec.fraction if dec else None)} "
+            f"decode_roofline_b8={_pct(dec8.fraction if dec8 else None)} "
             f"prefill_mfu_2k={_pct(pre.mfu if pre else None)} step_overhead={_pct(dec.overhead if dec else None)}")
 
 
