@@ -115,6 +115,7 @@ class Scenario:
     lower_bound: int = 0  # L2 on the peak GPUs of the undelayed stream
     sweep: list[Sweep] = field(default_factory=list)
     needed: dict[str, Needed] = field(default_factory=dict)  # arm -> its GPUs at the SLO
+    wall_s: dict[str, float] = field(default_factory=dict)  # arm -> seconds: its run on demand + its pool search
 
     @property
     def key(self) -> str:
@@ -236,12 +237,13 @@ def run_scenario(scenario: Scenario, cfg: ReproConfig, policies: tuple[str, ...]
         scenario.reserved_bytes = reserved_bytes(s, scenario.final_size)
         scenario.lower_bound_l1, scenario.lower_bound = peak_lower_bound(s)
     for name in policies:
+        started = time.perf_counter()
         scenario.results[name] = run_arm(name, s, scenario.moves, scenario.budgets, cfg, scenario.final_size)
-    for name in SERVICE:
-        if name in scenario.results:
+        if name in SERVICE:
             scenario.needed[name] = gpus_needed_at_slo(
                 lambda n, name=name: run_arm(name, s, scenario.moves, scenario.budgets, cfg, pool=n),
                 scenario.results[name], scenario.lower_bound, cfg.slo, s.decode_step_s)  # type: ignore[arg-type]
+        scenario.wall_s[name] = time.perf_counter() - started
     if cfg.core:
         from loadgen.sim.kv_packing_core import run_core
 
@@ -250,6 +252,7 @@ def run_scenario(scenario: Scenario, cfg: ReproConfig, policies: tuple[str, ...]
             s, "MELL-core", max_migrations_per_op=cfg.max_migrations_per_op, moves=scenario.moves, migration="auto",
             link_budget_bytes=b.link_bytes_per_s * s.epoch_s, prefill_budget_tokens=b.prefill_tokens_per_s * s.epoch_s)
     if scenario.workload.key in cfg.sweep_workloads:
+        started = time.perf_counter()
         for epoch in cfg.sweep_epochs:
             if epoch == cfg.epoch_s:
                 continue
@@ -262,6 +265,7 @@ def run_scenario(scenario: Scenario, cfg: ReproConfig, policies: tuple[str, ...]
         scenario.sweep.append(Sweep(cfg.epoch_s, main, scenario.lower_bound,  # type: ignore[arg-type]
                                     scenario.results.get(UNBATCHED)))  # type: ignore[arg-type]
         scenario.sweep.sort(key=lambda sw: sw.epoch_s)
+        scenario.wall_s["interval sweep"] = time.perf_counter() - started
     return scenario
 
 
@@ -289,7 +293,9 @@ def run_repro(cfg: ReproConfig, progress=None, jobs: int = 1) -> list[Scenario]:
             progress(f"{sc.key}: {sc.requests} requests, L2 bound {sc.lower_bound} GPUs; at the SLO "
                      + ", ".join(f"{p} {n.gpus if n.gpus is not None else 'none'}" for p, n in sc.needed.items())
                      + "; peak on demand " + ", ".join(f"{p} {r.peak_devices()}" for p, r in sc.results.items())
-                     + f" ({wall:.1f} s)")
+                     + f" ({wall:.1f} s: " + ", ".join(
+                         f"{p} {w:.0f} s" + (f"/{sc.needed[p].runs} pools" if p in sc.needed else "")
+                         for p, w in sc.wall_s.items()) + ")")
 
     if jobs > 1 and len(todo) > 1:
         from concurrent.futures import ProcessPoolExecutor, as_completed

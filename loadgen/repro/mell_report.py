@@ -13,7 +13,7 @@ from loadgen.repro.mell import (
     executed_cut, family_best, gpus_needed,
 )
 from loadgen.repro.mell_report_tables import (
-    MAIN, MOVES_INTRO, WAITING_INTRO, _fleet, core_table, moves_table, reserve_table, scenario_table,
+    MAIN, MOVES_INTRO, WAITING_INTRO, _fleet, core_table, cost_table, moves_table, reserve_table, scenario_table,
     service_table, sweep_table, waiting_table,
 )
 from loadgen.repro.mell_setup import AZURE_CREDIT
@@ -224,8 +224,8 @@ def write_mell_report(out: Path, scenarios: list[Scenario], cfg: ReproConfig, he
         "## Paper vs ours", "",
         "GPUs are compared at equal service: the smallest fixed pool on which the arm meets the SLO ("
         + cfg.slo.describe(scenarios[0].decode_step_s) + "; on the other testbed the same share of its step), "
-        "arrivals that fit nowhere waiting, searched one GPU at a time from the L2 bound "
-        "(loadgen/repro/mell_service.py). An arm that misses the SLO with GPUs on demand needs `none`: its row is "
+        "arrivals that fit nowhere waiting, bisected from the L2 bound (steps of 1, 2, 4, ... GPUs to a bracket, "
+        "then halved; N - 1 is always run and misses it: loadgen/repro/mell_service.py). An arm that misses the SLO with GPUs on demand needs `none`: its row is "
         "\"latency for GPUs\" (BF/WF/LB as the paper ran them let requests wait). Each baseline's figure is the "
         "better of the paper's arm and its Eq. 2 arm (BF-restart, WF-restart: preempted requests restart elsewhere; "
         "LB-open: LB that opens a GPU when no pair relieves an overflow).", "",
@@ -241,6 +241,9 @@ def write_mell_report(out: Path, scenarios: list[Scenario], cfg: ReproConfig, he
           if all(p in scenarios[0].results for p in RESERVING) else []),
         *(["## MELL through the planner core (undelayed op stream) vs the fleet", "", core_table(scenarios), ""]
           if any("MELL-core" in s.results for s in scenarios) else []),
+        "## What each arm cost to run", "",
+        "Seconds of wall per arm and scenario (its run on demand + its pool search, the pools run in brackets), "
+        "on this machine under whatever else ran:", "", cost_table(scenarios), "",
         *[f"![{f}]({f})" for f in figures], "",
         head.line(), ""])
     (out / "report.md").write_text(text)
@@ -250,6 +253,7 @@ def write_mell_report(out: Path, scenarios: list[Scenario], cfg: ReproConfig, he
          "policies": {p: _policy_summary(s, p) for p in s.results},
          "gpus_at_slo": {p: {"gpus": n.gpus, "tried": {str(k): v for k, v in n.tried.items()}}
                          for p, n in s.needed.items()},
+         "wall_s_per_arm": s.wall_s,
          "sweep": [{"epoch_s": sw.epoch_s, "lower_bound_l2": sw.lower_bound, "peak_gpus": sw.result.peak_devices(),
                     "mean_gpus": sw.result.mean_devices(), "migrations": sw.result.moves,
                     "kv_migrations": sw.result.kv_migrations, "token_migrations": sw.result.token_migrations,

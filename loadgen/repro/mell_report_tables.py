@@ -37,6 +37,19 @@ def service_table(scenarios: list[Scenario], slo) -> str:
                      "pools tried"), rows)
 
 
+def cost_table(scenarios: list[Scenario]) -> str:
+    """Seconds of wall per arm and scenario (run on demand + pool search; the pools run in brackets): what a scale
+    costs, arm by arm."""
+    arms = list(dict.fromkeys(a for s in scenarios for a in s.wall_s))
+    rows = [(s.testbed.key, s.workload.label, s.requests,
+             *(f"{s.wall_s[a]:.0f}" + (f" ({s.needed[a].runs})" if a in s.needed else "") if a in s.wall_s else "—"
+               for a in arms), f"{sum(s.wall_s.values()):.0f}") for s in scenarios]
+    rows.append(("all", "", sum(s.requests for s in scenarios),
+                 *(f"{sum(s.wall_s.get(a, 0.0) for s in scenarios):.0f}" for a in arms),
+                 f"{sum(sum(s.wall_s.values()) for s in scenarios):.0f}"))
+    return md_table(("testbed", "workload", "requests", *arms, "total s"), rows)
+
+
 def scenario_table(scenarios: list[Scenario]) -> str:
     rows = []
     for s in scenarios:

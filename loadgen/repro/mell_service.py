@@ -12,10 +12,15 @@ loadgen/sim/kv_packing_fleet.py `pool`) on which the arm meets the SLO:
 A search over N, as the economy's GPU sweep searches its pool: an arm that misses the SLO with GPUs
 opened on demand (unbounded) misses it at every pool (more GPUs change nothing for a policy that opens
 them on demand) and needs "none": its row is "latency for GPUs" (what it pays for the GPUs it uses).
-Otherwise N starts at the L2 bound and moves one GPU at a time (down while the SLO is met, up while it
-is not; the SLO is monotone in N up to the noise of one run); runs stop early once more than 1% of
-requests missed the TTFT target (`abort_late`), so a failing pool costs little. (A one-GPU step from
-the bound takes 2-3 runs where the answers lie, within a few GPUs of it; a bisection from the peak 6.)
+Otherwise a bisection, bracketed from the L2 bound: the bound is tried first (the answers sit within a
+few GPUs of it), then steps of 1, 2, 4, ... GPUs away from it (down while the SLO is met, up while it is
+not) until the answer is bracketed, then the bracket is halved. Runs stop early once more than 1% of
+requests missed the TTFT target (`abort_late`), so a failing pool costs little.
+
+Monotone? Only up to the noise of one run: a larger pool gives the placement other GPUs (worst fit and
+ours spread arrivals over the pool), so the SLO is not strictly monotone in N. The bisection therefore
+always ends with its neighbour checked: N meets the SLO and N - 1 was run and misses it (`tried`); a pool
+below N - 1 that would meet it again is not looked for. `Needed.runs` is the pools run.
 """
 from __future__ import annotations
 
@@ -68,12 +73,15 @@ class Needed:
     tried: dict[int, bool]
     result: FleetResult | None = None  # the run at `gpus`
 
+    @property
+    def runs(self) -> int:
+        return len(self.tried)
+
 
 def gpus_needed_at_slo(run_at: Callable[[int], FleetResult], unbounded: FleetResult, start: int, slo: Slo,
                        decode_step_s: float) -> Needed:
-    """The smallest pool N at which `run_at(N)` meets the SLO, searched one GPU at a time from `start` (the
-    L2 bound: the answers sit within a few GPUs of it, so this takes fewer runs than bisecting from the
-    peak): down while it meets it, up while it does not (module docstring)."""
+    """The smallest pool N at which `run_at(N)` meets the SLO: a bisection bracketed by steps of 1, 2, 4, ...
+    from `start` (the L2 bound), ending with N met and N - 1 missed (module docstring)."""
     tried: dict[int, bool] = {}
     if not meets(unbounded, slo, decode_step_s):
         return Needed(None, tried)
@@ -87,15 +95,32 @@ def gpus_needed_at_slo(run_at: Callable[[int], FleetResult], unbounded: FleetRes
         return tried[n]
 
     n = max(1, min(start, unbounded.peak_physical()))
-    if ok(n):
-        while n > 1 and ok(n - 1):
-            n -= 1
-        return Needed(n, tried, results[n])
-    while n < top:
-        n += 1
-        if ok(n):
-            return Needed(n, tried, results[n])
-    return Needed(None, tried)
+    step = 1
+    if ok(n):  # bracket downwards: hi met, lo missed (0: nothing below 1)
+        hi, lo = n, 0
+        while hi > 1:
+            m = max(1, hi - step)
+            if not ok(m):
+                lo = m
+                break
+            hi, step = m, 2 * step
+    else:
+        lo, hi = n, 0
+        while lo < top:
+            m = min(top, lo + step)
+            if ok(m):
+                hi = m
+                break
+            lo, step = m, 2 * step
+        if not hi:
+            return Needed(None, tried)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return Needed(hi, tried, results[hi])
 
 
 __all__ = ["Needed", "Slo", "gpus_needed_at_slo", "meets", "tpot_p", "ttft_p"]

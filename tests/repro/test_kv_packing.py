@@ -114,7 +114,8 @@ def test_tiny_repro_is_deterministic_and_ends_with_the_summary_line(tmp_path, ca
     report = (tmp_path / "a" / "report.md").read_text()
     assert "## Paper vs ours" in report and report.rstrip().endswith(line)
     for section in ("## What waiting costs", "## What the moves cost", "## Planning interval (MELL)",
-                    "## Extra arms: BF/WF reserving the final size (hindsight)", "CC-BY 4.0"):
+                    "## Extra arms: BF/WF reserving the final size (hindsight)", "## What each arm cost to run",
+                    "CC-BY 4.0"):
         assert section in report, section
     sc = {s["workload"]: s for s in first["scenarios"]}
     assert set(sc) == {"poisson-1.1", "azure-conv"}
@@ -123,6 +124,7 @@ def test_tiny_repro_is_deterministic_and_ends_with_the_summary_line(tmp_path, ca
         assert {"BF", "WF", "LB", "BF-restart", "WF-restart", "LB-open", "MELL", "Ours", "MELL-uncapped",
                 "MELL-free", "BF-reserve", "WF-reserve"} == policies.keys()
         assert s["lower_bound_l2"] >= s["lower_bound_l1"] >= 1
+        assert set(s["wall_s_per_arm"]) >= set(policies)  # what each arm cost (its run + its pool search)
         assert policies["MELL"]["peak_gpus"] >= s["lower_bound_l2"]  # MELL delays nobody for long
         for p in ("BF", "WF", "BF-reserve", "WF-reserve"):  # they never migrate
             assert policies[p]["migrations"] == 0, p

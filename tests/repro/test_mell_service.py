@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from repro.test_kv_packing_fleet import two_growing
 
 from loadgen.repro.mell_service import Slo, gpus_needed_at_slo, meets
@@ -58,6 +60,34 @@ def test_the_pool_search_finds_the_smallest_pool_meeting_the_slo(answer: int, st
     got = gpus_needed_at_slo(run_at, unbounded, start, Slo(), 0.03)
     assert got.gpus == answer and got.tried[answer] and (answer == 1 or got.tried[answer - 1] is False)
     assert len(calls) == len(set(calls)) <= abs(answer - start) + 2
+
+
+@given(answer=st.integers(1, 60), start=st.integers(1, 60))
+def test_the_bisection_finds_any_threshold_in_logarithmically_many_runs(answer: int, start: int) -> None:
+    """A monotone SLO (met from `answer` GPUs up): found exactly, N - 1 run and missed, and far from the start
+    in O(log) runs (a linear step would take |answer - start| + 2)."""
+    run_at, unbounded, calls = _fake(answer, peak=64)
+    got = gpus_needed_at_slo(run_at, unbounded, start, Slo(), 0.03)
+    assert got.gpus == answer and (answer == 1 or got.tried[answer - 1] is False)
+    assert got.runs == len(calls) == len(set(calls)) <= 2 * int(np.ceil(np.log2(abs(answer - start) + 1))) + 2
+
+
+@given(met=st.sets(st.integers(1, 30), min_size=1), start=st.integers(1, 30))
+def test_on_a_non_monotone_slo_the_answer_meets_it_and_its_neighbour_below_misses(met: set[int], start: int) -> None:
+    """Pools that meet the SLO in any pattern (a larger pool may spread worse): whatever the bisection returns
+    was run and met it, and the pool one below was run and missed it (the neighbour is always checked)."""
+    met = met | {42}  # the top of the search (2 x the on-demand peak of 20 + 2) meets it
+    calls: list[int] = []
+    meets_at, misses_at = _fake(1, peak=20)[0], _fake(10**6, peak=20)[0]
+
+    def run_at(n: int) -> FleetResult:
+        calls.append(n)
+        return meets_at(n) if n in met else misses_at(n)
+
+    unbounded = _fake(1, peak=20)[1]
+    got = gpus_needed_at_slo(run_at, unbounded, start, Slo(), 0.03)
+    assert got.gpus is not None and got.tried[got.gpus] and got.gpus in met
+    assert got.gpus == 1 or got.tried[got.gpus - 1] is False
 
 
 def test_an_arm_that_misses_the_slo_on_demand_needs_none() -> None:
