@@ -124,6 +124,11 @@ class DispatcherSection(Section, kw_only=True):
     # planner on and [policies] migration != "off" (docs/planner.md)
     routing_policy: Literal["least_load", "rank_aware", "most_idle", "first_fit", "random", "mell"] = "least_load"
     lora_profile: str | None = None  # `tidal profile lora`'s file for rank_aware; None: the paper's numbers
+    # prefix-aware routing (docs/serving.md): where an instance holds a request's leading KV blocks (the
+    # workers' PrefixSummary), cost = prefix_weight x uncached prompt tokens + the instance's outstanding
+    # tokens (Dynamo's KV router); where none does, routing_policy decides as without it. false: off
+    prefix_routing: bool = True
+    prefix_weight: Annotated[float, Meta(ge=0, le=1000)] = 1.0
     assign_timeout: Duration = 2.0
     stats_interval: Duration = 1.0
 

@@ -169,6 +169,11 @@ def _subjects() -> list[Subject]:
           frozenset({"gpu_worker"}), frozenset({"registry", "dispatcher", "gpu_worker"}),
           "Worker liveness; the registry marks a worker dead `registry.dead_after` after the last one. A new "
           "`incarnation` is a restarted process (buddy-group peers and KV-migration destinations act on it)."),
+        S("worker.prefixes", f"{PREFIX}.evt.worker.prefixes", P, (ev.PrefixSummary,),
+          frozenset({"gpu_worker"}), frozenset({"dispatcher", "scheduler", "cli"}),  # cli: `tidal bench prefix`
+          "Per instance: the KV block hashes it holds (prefix caching; most recent first, bounded) and its "
+          "hit counters, on change at a bounded rate; the dispatcher's prefix-aware routing reads it.",
+          stable=False),
         S("request.out", f"{PREFIX}.req.<request_id>.out", P, (ev.TokenChunk, ev.StreamError, ev.StreamReassigned),
           frozenset({"gpu_worker", "dispatcher"}), frozenset({"gateway", "dispatcher"}),
           "A request's token chunks (seq 0, 1, ...); the last has finish_reason and usage, or is a StreamError. "
@@ -276,6 +281,10 @@ def worker_migrate(worker_id: str) -> str:
 
 def worker_stats() -> str:
     return CATALOG["worker.stats"].template
+
+
+def worker_prefixes() -> str:
+    return CATALOG["worker.prefixes"].template
 
 
 def worker_heartbeat() -> str:

@@ -18,8 +18,8 @@ from shared.actors import Actor
 from shared.bus import Delivery, Subscription
 from shared.config import ClusterConfig
 from shared.events import (
-    AbortRequest, AssignAccepted, AssignRejected, AssignReply, PlacementHints, StreamMessage, SubmitAccepted,
-    SubmitReply, SubmitRequest, WorkerHeartbeat, WorkerStats,
+    AbortRequest, AssignAccepted, AssignRejected, AssignReply, PlacementHints, PrefixSummary, StreamMessage,
+    SubmitAccepted, SubmitReply, SubmitRequest, WorkerHeartbeat, WorkerStats,
 )
 from shared.events.registry import Bucket
 from shared.logging import get_logger, request_id_var
@@ -33,8 +33,7 @@ from shared.service import Service
 from shared.events.plan import CapacityReply, CapacityRequest
 from shared.subjects import (
     CATALOG, planner_capacity, dispatch_stats, dispatch_submit, planner_placement, request_abort, request_out,
-    worker_assign, worker_heartbeat,
-    worker_stats,
+    worker_assign, worker_heartbeat, worker_prefixes, worker_stats,
 )
 from shared.wire import (
     DEADLINE_EXCEEDED, UNAVAILABLE, DeadlineExceeded, NoResponders, RemoteError, TidalError, Unavailable,
@@ -47,6 +46,8 @@ from services.dispatcher.effects import (
     SendAssignment,
 )
 from services.dispatcher.model_catalog import ModelCatalog
+from services.dispatcher.prefix_index import PrefixIndex
+from services.dispatcher.prefix_score import PrefixRouter
 from services.dispatcher.tracked import Phase
 
 log = get_logger("tidal.dispatcher")
@@ -66,8 +67,10 @@ class Dispatcher(Actor):
     def __init__(self, cfg: ClusterConfig, dispatcher_id: str) -> None:
         super().__init__("dispatcher")
         d = cfg.dispatcher
+        policy = make_policy(d.routing_policy.replace("_", "-"), options=routing_options(cfg))
         self.core = DispatchCore(
-            dispatcher_id=dispatcher_id, policy=make_policy(d.routing_policy.replace("_", "-"), options=routing_options(cfg)),
+            dispatcher_id=dispatcher_id, policy=policy,
+            prefix=PrefixRouter(policy, PrefixIndex(), weight=d.prefix_weight) if d.prefix_routing else None,
             catalog=ModelCatalog.from_config(cfg), queue_bound=d.queue_bound, max_redispatches=d.max_redispatches,
             dead_after=float(cfg.registry.dead_after), block_size=cfg.policies.kv_block_tokens,
             max_batch=cfg.policies.max_batch_size, now=time.time(), scale_from_zero=d.scale_from_zero,
@@ -79,6 +82,9 @@ class Dispatcher(Actor):
         self._submit_sub: Subscription | None = None
         for phase in Phase:
             metrics.OWNED.labels(str(phase)).set_function(functools.partial(self.core.count, phase))
+        if self.core.prefix is not None:
+            for outcome in ("prefix", "load"):
+                metrics.PREFIX_ROUTES.labels(outcome).set_function(functools.partial(self.core.prefix.counts.__getitem__, outcome))
         counts = getattr(self.core.policy, "counts", None)  # `mell` routing: hinted, or why it fell back
         if getattr(self.core.policy, "take_hints", None) is not None and counts is not None:
             for outcome in OUTCOMES:
@@ -87,6 +93,8 @@ class Dispatcher(Actor):
     async def on_start(self) -> None:
         await self.bind(worker_stats(), WorkerStats, self.on_worker_stats)
         await self.bind(worker_heartbeat(), WorkerHeartbeat, self.on_heartbeat)
+        if self.core.prefix is not None:  # prefix-aware routing: the instances' cached prefixes
+            await self.bind(worker_prefixes(), PrefixSummary, self.on_prefix_summary)
         if getattr(self.core.policy, "take_hints", None) is not None:  # `mell` routing follows the planner
             await self.bind(planner_placement(), PlacementHints, self.on_placement_hints)
         out, abort = CATALOG["request.out"].wildcard, CATALOG["request.abort"].wildcard
@@ -119,6 +127,10 @@ class Dispatcher(Actor):
 
     async def on_heartbeat(self, msg: WorkerHeartbeat, _ctx: Delivery) -> None:
         await self._perform(self.core.heartbeat(msg, time.time()))
+
+    async def on_prefix_summary(self, msg: PrefixSummary, _ctx: Delivery) -> None:
+        if self.core.prefix is not None:
+            self.core.prefix.index.take(msg, time.time())
 
     async def on_placement_hints(self, msg: PlacementHints, _ctx: Delivery) -> None:
         self.core.placement_hints(msg, time.time())
@@ -215,7 +227,9 @@ class Dispatcher(Actor):
         while True:
             await asyncio.sleep(TICK_S)
             async with self.turn():
-                effects = self.core.tick(time.time())
+                effects = self.core.tick(now := time.time())
+                if self.core.prefix is not None:
+                    self.core.prefix.index.expire(now)
             await self._perform(effects)
 
     async def _stats_loop(self) -> None:

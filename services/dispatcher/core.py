@@ -34,6 +34,7 @@ from services.dispatcher.effects import (
 from services.dispatcher.instance_table import InstanceTable, WorkerLost
 from services.dispatcher.load_counters import LoadCounters
 from services.dispatcher.model_catalog import ModelCatalog
+from services.dispatcher.prefix_score import PrefixRouter
 from services.dispatcher.queue_expiry import QueueExpiry
 from services.dispatcher.stream_fence import fence, stop_stale_copy, stream_error
 from services.dispatcher.tracked import Phase, TrackedRequest
@@ -51,8 +52,8 @@ RECORD_KEEP = 10_000  # assignment records kept in memory
 class DispatchCore:
     def __init__(self, *, dispatcher_id: str, policy: RoutingPolicy, catalog: ModelCatalog, queue_bound: int,
                  max_redispatches: int, dead_after: float, block_size: int, max_batch: int, now: float,
-                 scale_from_zero: bool = False, group_batch: GroupBatch = summed_batch) -> None:
-        self.dispatcher_id = dispatcher_id
+                 scale_from_zero: bool = False, group_batch: GroupBatch = summed_batch, prefix: PrefixRouter | None = None) -> None:
+        self.dispatcher_id, self.prefix = dispatcher_id, prefix  # prefix-aware routing (prefix_score.py); None: off
         self.capacity = CapacityAsks(scale_from_zero)  # cold models: queue and ask the planner (cold_start.py)
         self.policy = policy
         self.catalog = catalog
@@ -150,7 +151,7 @@ class DispatchCore:
                 if not req.avoided(inst.instance_id, now)]
         if not room:
             return None
-        chosen = self.policy.choose(view, room, now)
+        chosen = self.prefix.choose(req.submit, view, room, now) if self.prefix else self.policy.choose(view, room, now)
         target = next((inst for inst in room if inst.instance_id == chosen), None)
         if target is None:
             return None

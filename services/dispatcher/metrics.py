@@ -47,3 +47,9 @@ HINT_ROUTES = Gauge(
     "or the reason it fell back to least load (no_hint, stale, no_kv_size, unplaced, unavailable, no_room)",
     ["outcome"], registry=REGISTRY,
 )
+PREFIX_ROUTES = Gauge(
+    "tidal_dispatch_prefix_routes",
+    "Requests prefix-aware routing placed (cumulative): `prefix` (an instance held some of the prompt's "
+    "blocks: cost = weight x uncached tokens + load) or `load` (none did: the routing policy chose)",
+    ["outcome"], registry=REGISTRY,
+)

@@ -9,6 +9,7 @@
 * chunks — each engine step's encoded chunks arrive from the engine thread in one call;
   one publisher task sends them in order (`chunk_publisher.py`: no per-token work on the event loop).
 * stats — `WorkerStats` every `stats_interval` (250 ms); heartbeats are the announcer's.
+* prefixes — each instance's cached prefixes (`PrefixSummary`, prefix_publisher.py) on change.
 * drain (SIGTERM) — assignments are refused with `draining`; admitted requests run to
   the end or to the drain deadline; what is left then is re-dispatched by the dispatcher
   once this worker is marked dead (its chunks so far are not repeated: resume).
@@ -48,6 +49,7 @@ from services.gpu_worker.migration_dest import KvInbound
 from services.gpu_worker.worker_context import WorkerContext
 from services.gpu_worker.instance import ModelInstance
 from services.gpu_worker.instance_snapshot import InstanceSnapshot
+from services.gpu_worker.prefix_publisher import PrefixPublisher
 from services.gpu_worker.stats import StatsBuilder, pool_breakdown
 from shared.actors import Actor
 from shared.bus import Delivery
@@ -62,7 +64,8 @@ from shared.logging import get_logger
 from shared.metrics import REGISTRY
 from shared.registry_client import RegistryClient
 from shared.service import Service
-from shared.subjects import CATALOG, worker_adapters, worker_assign, worker_ctl, worker_migrate, worker_stats
+from shared.subjects import (CATALOG, worker_adapters, worker_assign, worker_ctl, worker_migrate, worker_prefixes,
+                             worker_stats)
 from shared.wire import TidalError
 
 log = get_logger("tidal.gpu_worker")
@@ -124,6 +127,8 @@ class GpuWorker(Actor):
         await self.bind(worker_migrate(self.worker_id), MigrateRequest, self.on_migrate)
         self.spawn("publisher", lambda: self.chunks.run(self.bus.nc))
         self.spawn("stats", self._stats_loop)
+        prefixes = PrefixPublisher(self.worker_id, self.instances, lambda m: self.bus.publish(worker_prefixes(), m))
+        self.spawn("prefixes", prefixes.run)  # each instance's cached prefixes, for prefix-aware routing
         self.bus_watch = BusWatch(lambda timeout: self.bus.nc.flush(timeout=timeout), self._fence_self,
                                   fence_after_s=lambda: fence_after(self.group_ctl.watch.dead_after))
         self.spawn("bus_watch", self.bus_watch.run)

@@ -208,6 +208,33 @@ class WorkerHeartbeat(Message, kw_only=True):
     state: WorkerState
 
 
+MAX_PREFIX_HASHES = 4096  # block hashes per PrefixSummary: the most recently used first, the rest left out
+BlockHash = Annotated[int, Meta(ge=0, description="A full KV block's chained 64-bit hash (shared/prefix_hash.py): an unsigned 64-bit integer.")]
+
+
+class PrefixSummary(Message, kw_only=True):
+    """The prefixes one instance holds in its KV (automatic prefix caching), for prefix-aware routing.
+
+    `hashes` name full blocks by the hash chained over their tokens, the previous block's hash and
+    the model/adapter salt (`shared.prefix_hash`): a request whose first k block hashes are all
+    here reuses k blocks of KV. Most recently used first, at most MAX_PREFIX_HASHES (`held_blocks`
+    says how many the instance holds in all). Sent when the set or the hit counters change, at most
+    every `min_interval`, and unchanged at least every `max_silence` (docs/serving.md), so `seq`
+    and `ts` tell a reader how fresh it is: drop one older than a few `max_silence`."""
+
+    worker_id: WorkerId
+    instance_id: InstanceId
+    model: ModelName
+    seq: Seq  # +1 per summary of this instance (restarts at 0 with the worker process)
+    ts: Timestamp
+    block_size: Annotated[int, Meta(ge=1, le=1024)]  # tokens per block
+    hashes: Annotated[list[BlockHash], Meta(max_length=MAX_PREFIX_HASHES)] = []
+    held_blocks: Count = 0  # blocks with a hash the instance holds (in use or cached-free)
+    cached_free_blocks: Count = 0  # of those, held by no running request: evictable
+    queried_blocks: Annotated[int, Meta(ge=0, le=2**53)] = 0  # cumulative: full prompt blocks looked up
+    hit_blocks: Annotated[int, Meta(ge=0, le=2**53)] = 0  # cumulative: ... and found cached
+
+
 __all__ = [
     "AdapterLevel",
     "AdapterResidency",
@@ -220,6 +247,7 @@ __all__ = [
     "MemoryHolding",
     "MemoryKind",
     "PoolBreakdown",
+    "PrefixSummary",
     "RequestLoad",
     "WorkerHeartbeat",
     "WorkerState",
