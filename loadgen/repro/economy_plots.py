@@ -14,7 +14,7 @@ from shared.policy.memory_market import SOURCES
 KINDS = ("weights", "dropped", "prewarm", "adapter", "kv_used", "kv_free")  # stacked bottom to top
 GIB = float(1 << 30)
 # one colour per source in every panel (matplotlib's default cycle would re-colour by what a panel has)
-SOURCE_COLORS = dict(zip(SOURCES, ("tab:green", "tab:red", "tab:orange", "tab:purple", "tab:blue", "tab:gray")))
+SOURCE_COLORS = dict(zip(SOURCES, ("tab:cyan", "tab:green", "tab:red", "tab:orange", "tab:purple", "tab:blue", "tab:gray")))
 
 
 def pool_series(r: EconomyResult) -> tuple[np.ndarray, dict[str, np.ndarray]]:

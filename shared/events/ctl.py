@@ -83,6 +83,17 @@ class OffloadAdapter(CtlCommand, kw_only=True):
     adapter: AdapterName
 
 
+class EvictPrefixBlocks(CtlCommand, kw_only=True):
+    """Free up to `blocks` of `instance_id`'s cached-free prefix blocks, least recently used first (their
+    bytes go back to the pool): what the memory economy buys when it gives up cached prefixes (the
+    planner's `ReleasePrefixBlocks`). Blocks a running request holds are never freed. Refused `not_found`
+    when no such instance is here, `unsupported` when its engine caches no prefixes; done with the number
+    of blocks (and bytes) freed in the detail, 0 when none were cached."""
+
+    instance_id: InstanceId
+    blocks: Count
+
+
 class DropLayers(CtlCommand, kw_only=True):
     """Release the weights of `layers` of an instance in a buddy group; the bytes become KV blocks."""
 
@@ -189,6 +200,7 @@ CtlRequest = (
     | LoadAdapter
     | EvictAdapter
     | OffloadAdapter
+    | EvictPrefixBlocks
     | DropLayers
     | RestoreLayers
     | Prewarm
@@ -263,6 +275,7 @@ __all__ = [
     "DropLayers",
     "EvictAdapter",
     "EvictModel",
+    "EvictPrefixBlocks",
     "JoinGroup",
     "LeaveGroup",
     "LoadAdapter",

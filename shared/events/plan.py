@@ -99,6 +99,15 @@ class ReleaseAdapter(Message, kw_only=True):
     adapter: AdapterName
 
 
+class ReleasePrefixBlocks(Message, kw_only=True):
+    """Free up to `blocks` cached-free prefix blocks of `instance_id` on `worker_id`, least recently used
+    first (ctl `EvictPrefixBlocks`): KV no running request holds, kept only for a later prefix hit."""
+
+    worker_id: WorkerId
+    instance_id: InstanceId
+    blocks: Count
+
+
 class ScaleUp(Message, kw_only=True):
     """Start a new instance of `model` on `worker_id` (ideally one that has prewarmed it)."""
 
@@ -117,7 +126,7 @@ class ScaleDown(Message, kw_only=True):
 
 PlanAction = (
     FormGroup | DissolveGroup | Migrate | DropInstanceLayers | RestoreInstanceLayers | ReportIdle | PlacePrewarm
-    | ReleasePrewarm | ReleaseAdapter | ScaleUp | ScaleDown
+    | ReleasePrewarm | ReleaseAdapter | ReleasePrefixBlocks | ScaleUp | ScaleDown
 )
 
 PlanTrigger = Literal["kv_pressure", "fragmentation", "forecast", "idle", "capacity_request", "manual"]
@@ -163,7 +172,7 @@ class PlanCancelled(Message, kw_only=True):
     message: Reason
 
 
-MemorySource = Literal["prewarm", "adapter", "layers", "migrate", "scale_out", "queue"]
+MemorySource = Literal["prefix", "prewarm", "adapter", "layers", "migrate", "scale_out", "queue"]
 
 
 class SourcePrice(Value, kw_only=True):
@@ -297,6 +306,7 @@ __all__ = [
     "PlanOutcome",
     "PlanTrigger",
     "ReleaseAdapter",
+    "ReleasePrefixBlocks",
     "ReleasePrewarm",
     "ReportIdle",
     "RequestClassName",

@@ -161,6 +161,15 @@ class InstanceStats(Value, kw_only=True):
     waiting_ranks: Annotated[list[LoraRank], Meta(max_length=MAX_REQUEST_LOADS)] = []
     adapter_room_bytes: ByteCount | None = None
     accepting: bool = True  # False: being evicted (EvictModel): it finishes its requests and takes no new ones
+    # Prefix caching (the engine's PrefixCache; all 0 when it caches none): its cached-free blocks (KV no
+    # running request holds, kept for a later hit: the memory economy's `prefix` source, ctl
+    # EvictPrefixBlocks) and their bytes; the block hit rate (hit / looked-up full blocks) over the stats
+    # publisher's recent window, and the cumulative counts it comes from
+    prefix_cached_free_blocks: Count = 0
+    prefix_cached_free_bytes: ByteCount = 0
+    prefix_hit_rate: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    prefix_queried_blocks: Count = 0
+    prefix_hit_blocks: Count = 0
 
 
 AdapterLevel = Literal["device", "host"]

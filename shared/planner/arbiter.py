@@ -5,7 +5,8 @@
 2. asks every wrapped policy for its decisions (a later one sees the earlier ones' keys as busy, so no
    key is proposed twice), and classifies each: FormGroup -> "layers", Migrate -> "migrate", ScaleUp ->
    "scale_out", ReleasePrewarm -> "prewarm", ReleaseAdapter -> "adapter", priced with memory_market's
-   `price_*`; adds its own offers on each needy worker: release a prewarmed replica, evict a cold adapter;
+   `price_*`; adds its own offers on each needy worker: release a prewarmed replica, evict a cold adapter,
+   release cached-free prefix blocks (arbiter_prefix.py, priced by shared/policy/prefix_price.py);
 3. `buy(need, offers)` per need, cheapest per useful byte while cheaper than waiting; what it buys is
    returned, and so is every decision that buys no memory (DropInstanceLayers of a bought group,
    restores, dissolves, PlacePrewarm, ScaleDown, ReportIdle), unchanged;
@@ -39,6 +40,7 @@ from shared.events.plan import (
 )
 from shared.planner import arbiter_offers as price
 from shared.planner.arbiter_offers import Pricing
+from shared.planner.arbiter_prefix import cut_prefix, prefix_offers
 from shared.planner.effects import Decision, Effect, EffectKey, action_of, key, workers_of
 from shared.planner.policy import Busy, Policy, hints_of, notify
 from shared.planner.view import ClusterView
@@ -205,7 +207,8 @@ class ArbiterPolicy:
         return None
 
     def _offers(self, view: ClusterView, policy: Policy | None, d: Decision, source: Source, target: str,
-                bytes_by_scope: dict[str, int], cost: float | None) -> str | list[tuple[str, Offer]]:
+                bytes_by_scope: dict[str, int], cost: float | None,
+                divisible: bool = False) -> str | list[tuple[str, Offer]]:
         if any(not view.alive(w) for w in workers_of(d.action)):
             return "not bought: a worker it needs is dead"
         if (source, target) in self.cooldown:
@@ -213,10 +216,12 @@ class ArbiterPolicy:
         if cost is None or not bytes_by_scope:
             return "not bought: no need it serves, or no price for it"
         prop = Proposal(policy, d, source, target)
-        return [(scope, Offer(source, target, b, cost, prop)) for scope, b in sorted(bytes_by_scope.items()) if b > 0]
+        return [(scope, Offer(source, target, b, cost, prop, divisible)) for scope, b in sorted(bytes_by_scope.items())
+                if b > 0]
 
     def _own_offers(self, view: ClusterView, need: Need, busy: Busy, taken: set[EffectKey]) -> list[Offer]:
-        """What the fixed order leaves to the worker's pool: its prewarmed replicas and cold adapters."""
+        """What the fixed order leaves to the worker's pool: its prewarmed replicas and cold adapters; and its
+        instances' cached-free prefix blocks."""
         kind, _, wid = need.scope.partition(":")
         if kind != "worker":
             return []
@@ -235,6 +240,11 @@ class ArbiterPolicy:
                 made = self._offers(view, None, d, "adapter", f"{wid}/{held.adapter}", {need.scope: held.bytes},
                                     price.adapter_price(view, self.pricing, worker, held))
                 out += [o for _, o in made] if isinstance(made, list) else []
+        for po in prefix_offers(view, self.pricing, need):
+            if key(po.decision.action) not in taken and not busy.has(key(po.decision.action)):
+                made = self._offers(view, None, po.decision, "prefix", po.target, {need.scope: po.bytes}, po.price,
+                                    divisible=True)
+                out += [o for _, o in made] if isinstance(made, list) else []
         return out
 
     # --- buying ---------------------------------------------------------------------------
@@ -249,9 +259,9 @@ class ArbiterPolicy:
             purchase = buy(left, [o for o in offers[need.scope] if o.payload.key not in chosen])  # type: ignore[union-attr]
             for offer in purchase.bought:
                 prop: Proposal = offer.payload  # type: ignore[assignment]
-                chosen[prop.key] = prop
+                chosen[prop.key] = cut_prefix(prop, offer.bytes) if offer.source == "prefix" else prop
                 for scope, others in offers.items():
-                    freed[scope] += sum(o.bytes for o in others if o.payload is prop)
+                    freed[scope] += sum(offer.bytes if o.divisible else o.bytes for o in others if o.payload is prop)
                 self.counts[f"bought_{prop.source}"] += 1
             self._record(view, purchase, before)
         return chosen
@@ -259,10 +269,11 @@ class ArbiterPolicy:
     def _record(self, view: ClusterView, p: Purchase, covered_before: int) -> None:
         self._n += 1
         self.counts["purchases"] += 1
-        bought = {id(o) for o in p.bought}
+        bought = {id(o.payload): o for o in p.bought}  # a divisible offer is bought cut: the same payload
+        shown = [bought.get(id(o.payload), o) for o in p.offers]
         prices = [SourcePrice(source=o.source, target=o.target[:512], bytes=o.bytes, price_request_s=o.price,
-                              bought=id(o) in bought) for o in p.offers]
-        keys = [o.payload.key if id(o) in bought else None for o in p.offers]  # type: ignore[union-attr]
+                              bought=id(o.payload) in bought) for o in shown]
+        keys = [o.payload.key if id(o.payload) in bought else None for o in p.offers]  # type: ignore[union-attr]
         short = max(0, p.need.bytes - p.bought_bytes)
         why = (f"bought {len(p.bought)} of {len(p.offers)} offers: {p.bought_bytes} of {p.need.bytes} B"
                if p.bought else f"nothing cheaper than waiting among {len(p.offers)} offers")

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 from shared.events.common import GroupMember
 from shared.events.ctl import (
-    CtlCommand, DropLayers, EvictModel, JoinGroup, LeaveGroup, LoadModel, MigrateOut, OffloadAdapter, Prewarm,
+    CtlCommand, DropLayers, EvictModel, EvictPrefixBlocks, JoinGroup, LeaveGroup, LoadModel, MigrateOut, OffloadAdapter, Prewarm,
     RestoreLayers,
 )
 from shared.events.plan import (
     DissolveGroup, DropInstanceLayers, FormGroup, Migrate, PlacePrewarm, Plan, PlanAction, PlanTrigger,
-    ReleaseAdapter, ReleasePrewarm, ReportIdle, RestoreInstanceLayers, ScaleDown, ScaleUp,
+    ReleaseAdapter, ReleasePrefixBlocks, ReleasePrewarm, ReportIdle, RestoreInstanceLayers, ScaleDown, ScaleUp,
 )
 
 Effect = Plan  # one action; plan_id is the effect id
@@ -68,6 +68,8 @@ def key(action: PlanAction) -> EffectKey:
             return ("prewarm", f"{action.worker_id}/{action.model}")
         case ReleaseAdapter():
             return ("adapter", f"{action.worker_id}/{action.adapter}")
+        case ReleasePrefixBlocks():
+            return ("prefix", f"{action.worker_id}/{action.instance_id}")
     raise TypeError(f"not a plan action: {type(action).__name__}")
 
 
@@ -131,6 +133,8 @@ def ctl_commands(effect: Effect, *, group_members: Sequence[GroupMember] | None 
             return [(action.worker_id, EvictModel(**k(0), model=action.model))]
         case ReleaseAdapter():  # the device copy only: the adapter stays registered and servable
             return [(action.worker_id, OffloadAdapter(**k(0), adapter=action.adapter))]
+        case ReleasePrefixBlocks():  # cached-free prefix blocks, least recently used first
+            return [(action.worker_id, EvictPrefixBlocks(**k(0), instance_id=action.instance_id, blocks=action.blocks))]
         case ScaleUp():
             return [(action.worker_id, LoadModel(**k(0), model=action.model, instance_id=action.instance_id))]
         case ScaleDown() if action.model is not None:  # drain: its requests finish, its weights stay warm

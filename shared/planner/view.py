@@ -44,6 +44,11 @@ class InstanceView:
     kv_growth_blocks_per_s: float = 0.0
     accepting: bool = True  # False: being evicted (draining: WarmServe's grace period)
     tokens_per_s: float = 0.0  # generated over the last stats interval (a running request's decode pace)
+    # prefix caching: cached-free blocks (held by no running request, kept for a later hit; the arbiter's
+    # `prefix` source), their bytes, and the recent block hit rate (the chance a cached block is reused)
+    prefix_cached_free_blocks: int = 0
+    prefix_cached_free_bytes: int = 0
+    prefix_hit_rate: float = 0.0
 
     @property
     def kv_capacity_bytes(self) -> int:
@@ -172,6 +177,8 @@ def worker_view(stats: WorkerStats, *, alive: bool = True) -> WorkerView:
             kv_blocks_used=i.kv_blocks_used, kv_block_bytes=i.kv_block_bytes,
             layers=(i.layers.start, i.layers.end), group_id=i.group_id, kv_growth_blocks_per_s=i.kv_growth_blocks_per_s,
             accepting=i.accepting, tokens_per_s=i.tokens_per_s,
+            prefix_cached_free_blocks=i.prefix_cached_free_blocks, prefix_cached_free_bytes=i.prefix_cached_free_bytes,
+            prefix_hit_rate=i.prefix_hit_rate,
             requests=tuple(RequestView(r.request_id, r.prompt_tokens, r.tokens, r.kv_tokens, r.kv_bytes,
                                        r.projected_kv_bytes) for r in i.requests),
         )

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-Source = Literal["prewarm", "adapter", "layers", "migrate", "scale_out", "queue"]
-SOURCES: tuple[Source, ...] = ("prewarm", "adapter", "layers", "migrate", "scale_out", "queue")
+# "prefix": cached-free prefix blocks (priced in shared/policy/prefix_price.py); first, so that on a tie in
+# price per byte the cache is given up before anything else
+Source = Literal["prefix", "prewarm", "adapter", "layers", "migrate", "scale_out", "queue"]
+SOURCES: tuple[Source, ...] = ("prefix", "prewarm", "adapter", "layers", "migrate", "scale_out", "queue")
 UNIT = "request_s"
 
 
@@ -55,6 +57,9 @@ class Offer:
     bytes: int  # memory it makes available to the need
     price: float  # request-seconds
     payload: object = field(default=None, compare=False)  # what the caller executes when it is bought
+    # True: any part of it can be bought at its price per byte (cached prefix blocks: evict n of them);
+    # False: it is bought whole, and pays its whole price for the part a need uses (an adapter, a group)
+    divisible: bool = False
 
     def __post_init__(self) -> None:
         if self.bytes < 0 or not math.isfinite(self.price) or self.price < 0:
@@ -154,20 +159,29 @@ def _prob(p: float) -> None:
 # --- buying -------------------------------------------------------------------------------
 def buy(need: Need, offers: Sequence[Offer]) -> Purchase:
     """Greedy by price per *useful* byte (an offer bigger than what is still missing pays its whole
-    price for the part used), while that beats waiting for the same bytes, until the need is covered.
-    Ties go to the order of SOURCES, then the target (deterministic)."""
+    price for the part used, unless it is divisible: then only the part used is bought, at its price per
+    byte), while that beats waiting for the same bytes, until the need is covered. Ties go to the order
+    of SOURCES, then the target (deterministic). A divisible offer cut to what was missing is in `bought`
+    as a copy with those bytes and their price (the same payload); `offers` keeps it whole."""
     reserve = queue_price(need) / need.bytes if need.bytes else 0.0
     ranked = tuple(sorted((o for o in offers if o.bytes > 0),
                           key=lambda o: (o.unit_price, SOURCES.index(o.source), o.target)))
     left, bought, missing = list(ranked), [], need.bytes
     while missing > 0 and left:
-        best = min(left, key=lambda o: (o.price / min(o.bytes, missing), SOURCES.index(o.source), o.target))
-        if best.price >= reserve * min(best.bytes, missing):
+        best = min(left, key=lambda o: (_used_price(o, missing) / min(o.bytes, missing), SOURCES.index(o.source),
+                                        o.target))
+        if _used_price(best, missing) >= reserve * min(best.bytes, missing):
             break  # waiting for these bytes is no dearer
-        bought.append(best)
         left.remove(best)
+        if best.divisible and best.bytes > missing:
+            best = replace(best, bytes=missing, price=best.unit_price * missing)
+        bought.append(best)
         missing -= best.bytes
     return Purchase(need, ranked, tuple(bought), reserve)
+
+
+def _used_price(o: Offer, missing: int) -> float:
+    return o.unit_price * min(o.bytes, missing) if o.divisible else o.price
 
 
 __all__ = [
