@@ -2,14 +2,14 @@
 
 One request of `prompt` tokens generating `output` tokens greedily (EOS ignored), the per-token
 time (ITL) of every decode step after the first token. Ours is `LLMEngine.step()` as the worker
-calls it: schedule, the forward, the sampler, the detokenizer. llama.cpp is llama-cpp-python's
-`Llama.generate` on the fp32 GGUF of the same weights (engine_gguf.py), greedy (top_k 1), timed
-between the tokens it yields. Both run at each thread count in `threads` (1: like the default
+calls it: schedule, the forward, the sampler, the detokenizer. llama.cpp (engine_peer.py: the
+prebuilt one of `llama-cpp-py-sync`, or llama-cpp-python) decodes the fp32 GGUF of the same weights
+(engine_gguf.py) greedily, timed between the tokens it makes. Both run at each thread count in `threads` (1: like the default
 worker on a 2-core host; more: the cores a worker would be given), repetitions interleaved so
 load from other processes falls on both alike. The ratio is of medians: below 1.0 ours is faster.
 
 Ends in `bench engine (cpu): itl_vs_llamacpp_f32=N.NNx` (the first thread count), or says why
-there is no llama.cpp figure (llama-cpp-python not installed, no GGUF).
+there is no llama.cpp figure (no llama.cpp package installed, no GGUF).
 """
 from __future__ import annotations
 
@@ -20,8 +20,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-LLAMACPP_HINT = (".venv/bin/python -m pip install --constraint constraints.txt -e '.[bench-llamacpp]' "
-                 "(builds llama.cpp from source where PyPI has no wheel: many minutes on 2 cores)")
 
 
 @dataclass(slots=True)
@@ -69,33 +67,6 @@ class OurStream:
         return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
-class LlamaCppStream:
-    """llama-cpp-python on a GGUF, `threads` threads for decode and prompt alike."""
-
-    def __init__(self, gguf: Path, threads: int, context: int) -> None:
-        from llama_cpp import Llama
-
-        self.llm = Llama(model_path=str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=context,
-                         n_batch=min(context, 512), verbose=False)
-
-    def run(self, prompt: list[int], output: int) -> list[float]:
-        stamps: list[float] = []
-        for _token in self.llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
-                                        reset=True):
-            stamps.append(time.perf_counter())
-            if len(stamps) == output:
-                break
-        return [b - a for a, b in zip(stamps, stamps[1:])]
-
-
-def llamacpp_version() -> str | None:
-    try:
-        import llama_cpp
-    except ImportError:
-        return None
-    return getattr(llama_cpp, "__version__", "?")
-
-
 def run_itl(args: argparse.Namespace) -> int:
     import torch
 
@@ -111,37 +82,51 @@ def run_itl(args: argparse.Namespace) -> int:
     cfg = load_model_config(model_dir)
     threads = [int(t) for t in args.itl_threads.split(",") if t] if args.itl_threads else _default_threads()
     prompt = bench_prompt(cfg.vocab_size, args.itl_prompt, args.seed)
-    version = llamacpp_version()
+    from tidal.bench.engine_peer import INSTALL_HINT, make_peer, peer_name
+
+    version = peer_name()
     print(f"single stream: {source.name} as fp32 ({cfg.num_layers} layers, hidden {cfg.hidden_size}), "
           f"prompt {len(prompt)} tokens, {args.itl_output} out, greedy, {args.itl_reps} interleaved repetitions; "
-          f"threads {threads}; llama-cpp-python {version or 'not installed'}")
+          f"threads {threads}; peer {version or 'llama.cpp not installed'}")
     ours = OurStream(model_dir)
-    peers = {t: LlamaCppStream(f32, t, len(prompt) + args.itl_output + 16) for t in threads} if version else {}
-    ours.run(prompt[:16], 4, threads[0])  # warm-up (first-call allocations, the kernel's build)
-    for peer in peers.values():
-        peer.run(prompt[:16], 4)
-    mine = {t: ItlSamples() for t in threads}
-    theirs = {t: ItlSamples() for t in threads}
-    for _ in range(args.itl_reps):
-        for t in threads:
-            mine[t].itl += ours.run(prompt, args.itl_output, t)
-            if t in peers:
-                theirs[t].itl += peers[t].run(prompt, args.itl_output)
+    peers = {t: make_peer(f32, t, len(prompt) + args.itl_output + 16) for t in threads} if version else {}
+    try:
+        mine, theirs = _measure(ours, {t: p for t, p in peers.items() if p is not None}, prompt, threads, args)
+    finally:
+        for peer in peers.values():
+            if peer is not None:
+                peer.close()
     ratios = []
     for t in threads:
         line = f"threads {t}: tidal ITL p50 {mine[t].p50_ms:.1f} ms ({mine[t].spread()})"
-        if t in peers:
+        if t in theirs:
             ratio = mine[t].p50_ms / theirs[t].p50_ms
             ratios.append((t, ratio))
             line += f"; llama.cpp fp32 {theirs[t].p50_ms:.1f} ms ({theirs[t].spread()}); ratio {ratio:.2f}x"
         print(line)
     torch.set_num_threads(threads[0])
     if not ratios:
-        print(f"bench engine (cpu): itl_vs_llamacpp_f32=skipped (llama-cpp-python is not installed: {LLAMACPP_HINT})")
+        print(f"bench engine (cpu): itl_vs_llamacpp_f32=skipped (no llama.cpp package installed: {INSTALL_HINT})")
         return 0
     extra = " ".join(f"itl_vs_llamacpp_f32_t{t}={r:.2f}x" for t, r in ratios[1:])
     print(f"bench engine (cpu): itl_vs_llamacpp_f32={ratios[0][1]:.2f}x (threads {ratios[0][0]}) {extra}".rstrip())
     return 0
+
+
+def _measure(ours: OurStream, peers: dict, prompt: list[int], threads: list[int],
+             args: argparse.Namespace) -> tuple[dict[int, ItlSamples], dict[int, ItlSamples]]:
+    """Warm both up, then `itl_reps` rounds of (ours, peer) per thread count, interleaved."""
+    ours.run(prompt[:16], 4, threads[0])  # warm-up (first-call allocations, the kernel's build)
+    for peer in peers.values():
+        peer.run(prompt[:16], 4)
+    mine = {t: ItlSamples() for t in threads}
+    theirs = {t: ItlSamples() for t in peers}
+    for _ in range(args.itl_reps):
+        for t in threads:
+            mine[t].itl += ours.run(prompt, args.itl_output, t)
+            if t in peers:
+                theirs[t].itl += peers[t].run(prompt, args.itl_output)
+    return mine, theirs
 
 
 def _default_threads() -> list[int]:
