@@ -65,6 +65,8 @@ def _install(engine: LLMEngine, adapter: LoRAAdapter, path: str, pinned: bool) -
     """On the engine thread: `LoRAManager.register` without the read (done off the thread); a
     pinned adapter is made device-resident now (MemoryError if it cannot be)."""
     engine.runner.lora.install(adapter, path, pinned=pinned)
+    if engine.prefix_cache is not None:  # the name may now stand for other weights: its cached KV is stale
+        engine.prefix_cache.invalidate(adapter.name, everything=False)
 
 
 class AdapterInUse(Exception):

@@ -27,28 +27,23 @@ allocator's business (`block_allocator`: contiguous chains when it can).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
+from typing import TYPE_CHECKING
 
 from services.gpu_worker.engine.block_allocator import BlockAllocator
+from services.gpu_worker.engine.block_tables_io import (
+    BlockManagerError, TableTransfer, cdiv, layer_tuple as _layer_tuple,
+)
 from services.gpu_worker.engine.memory_pool import MemoryKind, MemoryPool
+from services.gpu_worker.engine.prefix_cache import PrefixCache
+
+if TYPE_CHECKING:
+    from services.gpu_worker.engine.sequence import Sequence
+
+__all__ = ["BlockManager", "BlockManagerError", "cdiv"]
 
 
-class BlockManagerError(RuntimeError):
-    pass
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _layer_tuple(layers: Iterable[int]) -> tuple[int, ...]:
-    out = tuple(sorted(set(layers)))
-    if any(not isinstance(l, int) or l < 0 for l in out):
-        raise ValueError(f"layers must be non-negative integers, got {out}")
-    return out
-
-
-class BlockManager:
+class BlockManager(TableTransfer):
     def __init__(
         self,
         pool: MemoryPool,
@@ -63,6 +58,7 @@ class BlockManager:
         floor_blocks: int | None = None,
         on_retire: Callable[[list[int]], None] | None = None,
         on_grow: Callable[[list[int]], None] | None = None,
+        prefix_model: str | None = None,
     ) -> None:
         if block_size < 1 or block_bytes < 1:
             raise ValueError(f"block_size and block_bytes must be >= 1, got {block_size}, {block_bytes}")
@@ -86,6 +82,9 @@ class BlockManager:
         self._charge = pool.charge(MemoryKind.KV, owner, 0)
         self._num_blocks = 0
         self._alloc = BlockAllocator()
+        # automatic prefix caching (prefix_cache.py), named under `prefix_model`; None: off
+        self.prefix = PrefixCache(block_size=block_size, model=prefix_model, layers=self._layers, lock=self._lock,
+                                  release=lambda ids: self._alloc.release(None, ids)) if prefix_model else None
         self._tables: dict[str, dict[int, list[int]]] = {}
         self._covered: dict[str, int] = {}  # min blocks per held layer, the fast path
         pool.register_reclaimer(MemoryKind.KV, self._reclaim)
@@ -98,11 +97,17 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return self._alloc.num_free
+        """Free blocks, counting cached-free prefix blocks (evicted on demand)."""
+        return self._alloc.num_free + (self.prefix.cached_free_kv_blocks if self.prefix is not None else 0)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Of the free blocks, those that hold a cached prefix nobody uses now."""
+        return self.prefix.cached_free_kv_blocks if self.prefix is not None else 0
 
     @property
     def num_used_blocks(self) -> int:
-        return self._num_blocks - self._alloc.num_free
+        return self._num_blocks - self.num_free_blocks  # live: cached-free prefix blocks count as free
 
     @property
     def usage(self) -> float:
@@ -192,6 +197,8 @@ class BlockManager:
     def _retire_free(self, n: int, keep_floor: bool) -> int:
         # the highest free ids go, so the storage can shrink at its end
         spare = self._alloc.num_free - (self.floor_blocks if keep_floor else 0)
+        if self.prefix is not None and n > spare:  # cached-free prefix blocks go too, LRU first
+            spare += self.prefix.evict_blocks(n - spare)
         ids = self._alloc.retire(min(n, spare)) if spare > 0 and n > 0 else []
         if not ids:
             return 0
@@ -206,6 +213,10 @@ class BlockManager:
         what those lack from other instances' free blocks (just that: they may need theirs
         soon); what is still lacking is remembered for `settle`."""
         bb = self.block_bytes
+        if self.prefix is not None:  # this instance's cached-free prefix blocks first, LRU first
+            short -= self.prefix.evict_blocks(short)
+            if short <= 0:
+                return True
         needed = short * bb + self.reserve_bytes
         if self._root.available_to(self._tenant) < needed:
             self._root.reclaim_kv(self._tenant, needed)
@@ -229,9 +240,11 @@ class BlockManager:
         with self._lock:
             for seq_id, tables in self._tables.items():
                 for layer in [l for l in tables if l not in layers and not keep_tables]:
-                    self._alloc.release((seq_id, layer), tables.pop(layer))
+                    self._release((seq_id, layer), tables.pop(layer))
                 for layer in layers:
                     tables.setdefault(layer, [])
+            if self.prefix is not None:
+                self.prefix.set_layers(layers)
         self._layers = layers
         for seq_id in self._tables:
             self._refresh_covered(seq_id)
@@ -258,7 +271,7 @@ class BlockManager:
 
     def can_allocate(self, seq_id: str, num_tokens: int) -> bool:
         """Whether the blocks are free here now (without claiming any from the pool)."""
-        return self.blocks_needed(seq_id, num_tokens) <= self._alloc.num_free
+        return self.blocks_needed(seq_id, num_tokens) <= self.num_free_blocks
 
     def allocate(self, seq_id: str, num_tokens: int, expected_tokens: int = 0) -> bool:
         """Make every held layer's table cover `num_tokens` tokens: all or nothing.
@@ -313,9 +326,37 @@ class BlockManager:
         n = 0
         with self._lock:
             for layer, table in tables.items():
-                self._alloc.release((seq_id, layer), table)
+                self._release((seq_id, layer), table)
                 n += len(table)
+            if self.prefix is not None:
+                self.prefix.forget(seq_id)
         return n
+
+    def _release(self, owner: Hashable, ids: list[int]) -> None:
+        """Give up one table's blocks (lock held): shared prefix blocks lose a user, the rest are free."""
+        self._alloc.release(owner, self.prefix.unref(ids) if self.prefix is not None else ids)
+
+    # --- prefix caching ------------------------------------------------------------------
+    def attach_prefix(self, seq: Sequence) -> tuple[int, int]:
+        """Give a sequence without blocks here its leading cached prefix blocks (every held layer):
+        (blocks queried, blocks hit). Its first hit * block_size tokens' KV is then in its tables."""
+        if self.prefix is None or seq.seq_id in self._tables:
+            return 0, 0
+        with self._lock:  # match and pin at once: another thread may evict cached-free entries
+            queried, hit = self.prefix.match(seq)
+            if hit:
+                tables = self._new_seq(seq.seq_id)
+                for layer in self._layers:
+                    tables[layer] = [e.blocks[layer] for e in hit]
+                self.prefix.pin(seq.seq_id, hit)
+                self._covered[seq.seq_id] = len(hit)
+        return queried, len(hit)
+
+    def commit_prefix(self, seq: Sequence) -> None:
+        """After a step wrote its KV: name the sequence's newly full blocks in the prefix cache."""
+        tables = self._tables.get(seq.seq_id)
+        if self.prefix is not None and tables is not None:
+            self.prefix.commit(seq, tables)
 
     def _new_seq(self, seq_id: str) -> dict[int, list[int]]:
         tables: dict[int, list[int]] = {layer: [] for layer in self._layers}
@@ -327,51 +368,6 @@ class BlockManager:
         tables = self._tables[seq_id]
         self._covered[seq_id] = min((len(tables[l]) for l in self._layers), default=0)
 
-    # --- migration -----------------------------------------------------------------------
-    def export_tables(self, seq_id: str, layers: Iterable[int]) -> dict[int, list[int]]:
-        """Copies of the tables for `layers` (the data plane reads those blocks)."""
-        tables = self._tables[seq_id]
-        layers = _layer_tuple(layers)
-        missing = [l for l in layers if l not in tables]
-        if missing:
-            raise BlockManagerError(f"sequence {seq_id}: layers {missing} are not held here")
-        return {l: list(tables[l]) for l in layers}
-
-    def release_layers(self, seq_id: str, layers: Iterable[int]) -> int:
-        """Free one sequence's blocks for `layers` (after its KV there was exported)."""
-        tables = self._tables[seq_id]
-        n = 0
-        with self._lock:
-            for l in _layer_tuple(layers):
-                table = tables.get(l, [])
-                self._alloc.release((seq_id, l), table)
-                n += len(table)
-                table.clear()
-        self._refresh_covered(seq_id)
-        return n
-
-    def import_tables(self, seq_id: str, layers: Iterable[int], num_tokens: int) -> dict[int, list[int]] | None:
-        """Fresh blocks for `layers` covering `num_tokens` (the data plane fills them);
-        None, with nothing allocated, if they do not fit."""
-        layers = _layer_tuple(layers)
-        bad = [l for l in layers if l not in self._layers]
-        if bad:
-            raise BlockManagerError(f"sequence {seq_id}: cannot import layers {bad}: held layers are {self._layers}")
-        need = cdiv(num_tokens, self.block_size)
-        tables = self._tables.get(seq_id)
-        current = {l: len(tables[l]) if tables else 0 for l in layers}
-        if any(n for n in current.values()):
-            raise BlockManagerError(f"sequence {seq_id}: layers already have blocks: {current}")
-        with self._lock:
-            short = need * len(layers) - self._alloc.num_free
-            if short > 0 and not self._claim(short):
-                return None
-            tables = tables or self._new_seq(seq_id)
-            for l in layers:
-                tables[l] = self._alloc.take((seq_id, l), need, None, need)
-        self._refresh_covered(seq_id)
-        return {l: tables[l] for l in layers}
-
     def stats(self) -> dict[str, int]:
         return {
             "num_blocks": self._num_blocks,
@@ -382,4 +378,5 @@ class BlockManager:
             "capacity_blocks": self.capacity_blocks,
             "kv_used_bytes": self.num_used_blocks * self.block_bytes,
             "num_layers": len(self._layers),
+            "cached_blocks": self.num_cached_blocks,
         }

@@ -60,6 +60,10 @@ class EngineConfig:
     lora_load_mode: str = "async"  # or "inline": the step that needs a cold adapter loads it, the batch waits
     cpu_lora_chunk: int = 32  # tokens per CPU-assisted prefill chunk (the device takes over at the next)
     cpu_lora_cores: tuple[int, ...] = ()  # CPUs the helpers are pinned to (one each, round robin); () unpinned
+    # automatic prefix caching (prefix_cache.py, docs/engine-scheduling.md); blocks are named under
+    # `model_name` (default: the model dir's name), the name the dispatcher hashes requests with
+    prefix_caching: bool = True
+    model_name: str | None = None
 
 
 @dataclass(slots=True)
@@ -95,7 +99,9 @@ class LLMEngine(KvHandover):
             max_blocks=min(self.runner.max_kv_blocks, config.kv_blocks or self.runner.max_kv_blocks),
             on_retire=self.runner.kv_cache.release_blocks,  # blocks given to others cost this engine no memory
             on_grow=self.runner.kv_cache.back_blocks,  # CUDA VMM: map memory behind new ids before use
+            prefix_model=(config.model_name or model_dir.name or "model") if config.prefix_caching else None,
         )
+        self.prefix_cache = self.blocks.prefix  # None when caching is off
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len, config.max_prefill_chunk,
                             policy=config.scheduling_policy),
@@ -193,9 +199,13 @@ class LLMEngine(KvHandover):
 
     def add_lora(self, name: str, path: str | Path) -> None:
         self.runner.lora.register(name, path)
+        if self.prefix_cache is not None:  # the name may now stand for other weights: its cached KV is stale
+            self.prefix_cache.invalidate(name, everything=False)
 
     def remove_lora(self, name: str) -> None:
         self.runner.lora.unregister(name)
+        if self.prefix_cache is not None:
+            self.prefix_cache.invalidate(name, everything=False)
 
     @property
     def has_unfinished(self) -> bool:

@@ -207,18 +207,42 @@ class Scheduler:
         # Admit waiting sequences unless this step had to preempt (they would thrash).
         while self.waiting and budget > 0 and not preempted_any and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            hit = self.attach_prefix(seq)
             n = self._chunk_len(seq, budget)
             if not self.blocks.allocate(seq.seq_id, seq.num_computed_tokens + n, self._expected(seq)):
+                self.detach_prefix(seq, hit)
                 if not self._fits_at_all(seq, seq.num_computed_tokens + n):
                     self._never_fits(seq, seq.num_computed_tokens + n)
                     continue
                 break  # FCFS: later arrivals do not overtake (no starvation of long prompts)
+            self.admitted_prefix(hit)
             self.waiting.pop(0)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled[seq.seq_id] = self._chunk(seq, n)
             budget -= n
         return scheduled
+
+    # --- prefix caching (prefix_cache.py) --------------------------------------------
+    def attach_prefix(self, seq: Sequence) -> tuple[int, int]:
+        """Before admitting a sequence with no KV: its cached leading blocks become its first
+        blocks and computed tokens, so admission allocates (and counts) only the rest: a hit's
+        blocks are counted once, however many sequences share them. (queried, hit) blocks."""
+        if self.blocks.prefix is None or seq.num_computed_tokens:
+            return 0, 0
+        queried, hit = self.blocks.attach_prefix(seq)
+        seq.num_computed_tokens = hit * self.blocks.block_size
+        return queried, hit
+
+    def detach_prefix(self, seq: Sequence, hit: tuple[int, int]) -> None:
+        """The admission failed: give the pinned prefix back (cached-free again)."""
+        if hit[1]:
+            self.blocks.free(seq.seq_id)
+            seq.num_computed_tokens = 0
+
+    def admitted_prefix(self, hit: tuple[int, int]) -> None:
+        if self.blocks.prefix is not None:
+            self.blocks.prefix.record(*hit)
 
     def _expected(self, seq: Sequence) -> int:
         """Tokens the sequence may reach: lets the block allocator keep its chains contiguous."""
@@ -301,6 +325,8 @@ class Scheduler:
             if seq is None or seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted between schedule and update
             seq.num_computed_tokens = chunk.start_pos + len(chunk.token_ids)
+            if self.blocks.prefix is not None:
+                self.blocks.commit_prefix(seq)
             if token is None:
                 continue
             reason = seq.append_token(token, self.config.max_model_len)

@@ -59,23 +59,26 @@ def _admit_whole_prompts(sched: Scheduler) -> dict[str, ScheduledChunk]:
     scheduled: dict[str, ScheduledChunk] = {}
     while sched.waiting:
         seq = sched.waiting[0]
+        hit = sched.attach_prefix(seq)  # cached prefix blocks: counted once, not in `need`
         n = seq.num_uncomputed_tokens
         need = blocks.blocks_needed(seq.seq_id, seq.num_computed_tokens + n)
         if capacity - need - blocks.num_blocks_of(seq.seq_id) < watermark:  # vLLM's AllocStatus.NEVER
+            sched.detach_prefix(seq, hit)
             sched._never_fits(seq, seq.num_computed_tokens + n)
             continue
-        if len(sched.running) >= cfg.max_num_seqs or n > budget:
-            break  # waits for compute: the batch or this step's token budget is full
-        if free - need < watermark:
-            break  # AllocStatus.LATER: FCFS, later arrivals do not overtake
+        if len(sched.running) >= cfg.max_num_seqs or n > budget or free - need < watermark:
+            sched.detach_prefix(seq, hit)  # waits for compute (batch, token budget) or AllocStatus.LATER (FCFS)
+            break
         if not blocks.allocate(seq.seq_id, seq.num_computed_tokens + n, sched._expected(seq)):
+            sched.detach_prefix(seq, hit)
             break  # the shared pool could not give them after all
+        sched.admitted_prefix(hit)
+        free = capacity - blocks.num_used_blocks
         sched.waiting.pop(0)
         seq.status = SequenceStatus.RUNNING
         sched.running.append(seq)
         scheduled[seq.seq_id] = sched._chunk(seq, n)
         budget -= n
-        free -= need
     return scheduled
 
 
