@@ -6,10 +6,14 @@ from loadgen.traces.burstgpt import generate_burstgpt
 from loadgen.traces.maf import generate_maf
 from loadgen.traces.mixed import generate_mixed
 from loadgen.traces.poisson import generate_poisson
-from loadgen.traces.schema import AzureParams, BurstGPTParams, MAFParams, MixedParams, PoissonParams, Trace
+from loadgen.traces.prefix import generate_prefix_chat, generate_prefix_system
+from loadgen.traces.schema import (
+    AzureParams, BurstGPTParams, MAFParams, MixedParams, PoissonParams, PrefixChatParams, PrefixSystemParams, Trace,
+)
 
 
-def generate(params: BurstGPTParams | AzureParams | MAFParams | PoissonParams | MixedParams) -> Trace:
+def generate(params: BurstGPTParams | AzureParams | MAFParams | PoissonParams | MixedParams | PrefixChatParams
+             | PrefixSystemParams) -> Trace:
     if params.duration_s <= 0:
         raise ValueError(f"duration must be > 0, got {params.duration_s}")
     if isinstance(params, BurstGPTParams):
@@ -22,4 +26,8 @@ def generate(params: BurstGPTParams | AzureParams | MAFParams | PoissonParams | 
         return generate_poisson(params)
     if isinstance(params, MixedParams):
         return generate_mixed(params)
+    if isinstance(params, PrefixChatParams):
+        return generate_prefix_chat(params)
+    if isinstance(params, PrefixSystemParams):
+        return generate_prefix_system(params)
     raise TypeError(f"no generator for {type(params).__name__}")

@@ -14,6 +14,13 @@ TRACE_FORMAT_VERSION = 1
 LengthDataset = Literal["burstgpt", "azureconv", "agieval-cot", "azurecode"]
 
 
+class Segment(msgspec.Struct, frozen=True, array_like=True):
+    """A named run of prompt tokens: equal keys in one trace are equal token ids (a shared prefix)."""
+
+    key: str
+    tokens: int
+
+
 class TraceRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One request: when it arrives, what it asks for, how long it is."""
 
@@ -24,6 +31,9 @@ class TraceRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     adapter: str | None = None  # LoRA adapter name, None for the base model
     request_id: str | None = None
     session: str | None = None  # conversation id, where the source has one
+    # the prompt as named segments, in order (their tokens sum to prompt_tokens): requests whose segments
+    # start alike share that prefix token for token (loadgen/traces/prefix.py); empty: no shared prefix
+    segments: tuple[Segment, ...] = ()
 
 
 class AdapterInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -131,7 +141,35 @@ class CsvImportParams(msgspec.Struct, frozen=True, kw_only=True, tag_field="gene
     duration_s: float | None = None
 
 
-GeneratorParams = BurstGPTParams | AzureParams | MAFParams | PoissonParams | MixedParams | CsvImportParams
+class PrefixChatParams(msgspec.Struct, frozen=True, kw_only=True, tag_field="generator", tag="prefix-chat"):
+    """Multi-turn chat: each turn's prompt is the conversation so far plus a new user message."""
+
+    seed: int = 0
+    duration_s: float = 60.0
+    rate: float = 0.2  # new conversations per second (Poisson)
+    model: str = "model-0"
+    turns: tuple[int, int] = (3, 6)  # turns per conversation, uniform in [lo, hi]
+    system_tokens: int = 64  # each conversation's own system prompt
+    user_tokens: tuple[int, int] = (48, 128)  # a user message, uniform in [lo, hi]
+    output_tokens: int = 32  # each reply; the next turn's history holds a stand-in of this length
+    think_s: float = 4.0  # mean gap between a turn's arrival and the next (exponential, at least 1 s)
+
+
+class PrefixSystemParams(msgspec.Struct, frozen=True, kw_only=True, tag_field="generator", tag="prefix-system"):
+    """Shared system prompts: N distinct long system prompts, each request one of them + its own question."""
+
+    seed: int = 0
+    duration_s: float = 60.0
+    rate: float = 1.0  # requests per second (Poisson)
+    model: str = "model-0"
+    prompts: int = 4  # distinct system prompts, chosen uniformly
+    system_tokens: int = 768
+    user_tokens: tuple[int, int] = (32, 96)
+    output_tokens: int = 16
+
+
+GeneratorParams = (BurstGPTParams | AzureParams | MAFParams | PoissonParams | MixedParams | CsvImportParams
+                   | PrefixChatParams | PrefixSystemParams)
 
 
 class TraceHeader(msgspec.Struct, frozen=True, kw_only=True):

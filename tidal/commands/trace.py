@@ -1,4 +1,4 @@
-"""`tidal trace burstgpt|azure|maf|poisson|mixed [options] --out FILE` and `tidal trace info FILE`.
+"""`tidal trace burstgpt|azure|maf|poisson|mixed|prefix-chat|prefix-system [options] --out FILE`, `tidal trace info FILE`.
 
 Writes a seeded trace as JSONL (docs/loadgen.md). `burstgpt --csv` and `azure --csv`
 import the public trace files instead of generating. Requests name the models of the
@@ -69,6 +69,16 @@ def _burst(text: str):
         return Burst(start_s=duration(start), duration_s=duration(dur), magnitude=float(mag))
     except (ValueError, argparse.ArgumentTypeError):
         raise argparse.ArgumentTypeError(f"bad burst {text!r}: use START:DURATION:MAGNITUDE, e.g. 120:30:14") from None
+
+
+def _pair(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad range {text!r}: use LO:HI, e.g. 48:128") from None
+    if not 0 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"bad range {text!r}: need 0 <= LO <= HI")
+    return lo, hi
 
 
 def _common(p: argparse.ArgumentParser, *, rate: float, dur: str) -> None:
@@ -174,6 +184,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-tokens", type=int, default=None, help="fixed prompt length")
     p.add_argument("--output-tokens", type=int, default=None, help="fixed output length")
     p.set_defaults(func=run_poisson)
+
+    p = kinds.add_parser("prefix-chat", help="multi-turn chat: each turn's prompt is the conversation so far + "
+                                             "a new user message (prefix caching; loadgen/traces/prefix.py)")
+    _common(p, rate=0.2, dur="1m")  # --rate: new conversations per second
+    p.add_argument("--model", default=None, help="model name (default: the config's default model)")
+    p.add_argument("--turns", type=_pair, default=(3, 6), metavar="LO:HI", help="turns per conversation (default 3:6)")
+    p.add_argument("--system-tokens", type=int, default=64, help="each conversation's own system prompt")
+    p.add_argument("--user-tokens", type=_pair, default=(48, 128), metavar="LO:HI")
+    p.add_argument("--output-tokens", type=int, default=32, help="each reply (its stand-in joins the history)")
+    p.add_argument("--think", type=duration, default=4.0, help="mean gap between turns (default 4s)")
+    p.set_defaults(func=run_prefix_chat)
+
+    p = kinds.add_parser("prefix-system", help="N distinct long system prompts, many requests each (prefix caching)")
+    _common(p, rate=1.0, dur="1m")
+    p.add_argument("--model", default=None, help="model name (default: the config's default model)")
+    p.add_argument("--prompts", type=int, default=4, help="distinct system prompts (default 4)")
+    p.add_argument("--system-tokens", type=int, default=768)
+    p.add_argument("--user-tokens", type=_pair, default=(32, 96), metavar="LO:HI")
+    p.add_argument("--output-tokens", type=int, default=16)
+    p.set_defaults(func=run_prefix_system)
 
     p = kinds.add_parser("info", help="summarize a trace file")
     p.add_argument("file")
@@ -303,6 +333,25 @@ def run_poisson(args: argparse.Namespace) -> int:
     return _write(args, lambda: generate(PoissonParams(
         seed=args.seed, duration_s=_duration(args), rate=args.rate, model=_default_model(args), dataset=args.dataset,
         prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens)))
+
+
+def run_prefix_chat(args: argparse.Namespace) -> int:
+    from loadgen.traces.generate import generate
+    from loadgen.traces.schema import PrefixChatParams
+
+    return _write(args, lambda: generate(PrefixChatParams(
+        seed=args.seed, duration_s=_duration(args), rate=args.rate, model=_default_model(args), turns=args.turns,
+        system_tokens=args.system_tokens, user_tokens=args.user_tokens, output_tokens=args.output_tokens,
+        think_s=args.think)))
+
+
+def run_prefix_system(args: argparse.Namespace) -> int:
+    from loadgen.traces.generate import generate
+    from loadgen.traces.schema import PrefixSystemParams
+
+    return _write(args, lambda: generate(PrefixSystemParams(
+        seed=args.seed, duration_s=_duration(args), rate=args.rate, model=_default_model(args), prompts=args.prompts,
+        system_tokens=args.system_tokens, user_tokens=args.user_tokens, output_tokens=args.output_tokens)))
 
 
 def run_info(args: argparse.Namespace) -> int:
