@@ -285,6 +285,10 @@ class PoliciesSection(Section, kw_only=True):
     # prompts, so step_token_budget must cover a model's max_context; watermark; recompute preemption)
     scheduling: Literal["chunked", "vllm-0.6"] = "chunked"
     kv_block_tokens: Annotated[int, Meta(ge=1, le=1024)] = 16
+    # automatic prefix caching in the engine (docs/engine-scheduling.md): full KV blocks of a prompt
+    # prefix are shared between requests and kept after them (LRU) for a later hit; false: every prompt
+    # is prefilled from token 0
+    prefix_caching: bool = True
     lora_kernel: Literal["padded", "segmented"] = "segmented"
     max_lora_rank: Annotated[int, Meta(ge=1, le=1024)] = 64  # adapters of a higher rank are refused at load
     cpu_lora_assist: bool = True  # CaraServe: cold adapters prefill on CPU while loading
