@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCHES: list[str] = ["bus", "engine", "sim", "gateway", "serve", "fidelity", "transfer", "migrate", "planner", "predictor", "lora", "lora_invoke", "kunserve_exchange"]
+BENCHES: list[str] = ["bus", "engine", "sim", "gateway", "serve", "fidelity", "transfer", "migrate", "planner", "predictor", "lora", "lora_invoke", "kunserve_exchange", "prefix"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
