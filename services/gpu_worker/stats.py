@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from services.gpu_worker.instance import ModelInstance
 from services.gpu_worker.instance_snapshot import InstanceSnapshot
+from services.gpu_worker.prefix_stats import PrefixRates
 from shared.events import InstanceStats, LayerRange, MemoryHolding, MemoryKind, PoolBreakdown, WorkerState, WorkerStats
 from shared.events.base import MAX_LIST
 from shared.events.worker import MAX_REQUEST_LOADS, AdapterResidency, RequestLoad
@@ -110,6 +111,7 @@ class StatsBuilder:
         self.pool_extra = pool_extra  # pool holdings no instance owns (prewarmed weights), as snapshots
         self.seq = 0
         self._previous: dict[str, InstanceSnapshot] = {}
+        self.prefix = PrefixRates()  # the prefix cache's figures and recent hit rate (prefix_stats.py)
 
     def build(self, state: WorkerState, now: float) -> WorkerStats:
         instances = list(self.instances)
@@ -138,7 +140,9 @@ class StatsBuilder:
                 requests=request_loads(snap, inst.block_bytes), **instance_bytes(snap, inst.block_bytes),
                 running_ranks=list(snap.running_ranks[:MAX_REQUEST_LOADS]),
                 waiting_ranks=list(snap.waiting_ranks[:MAX_REQUEST_LOADS]), adapter_room_bytes=snap.adapter_room_bytes,
+                **self.prefix.fields(inst, now),
             ))
+        self.prefix.forget({inst.instance_id for inst in instances})
         msg = WorkerStats(
             worker_id=self.worker_id, seq=self.seq, ts=now,
             device=self.device, state=state, pool=pool_breakdown(pairs + (self.pool_extra() if self.pool_extra else [])),

@@ -39,6 +39,7 @@ from services.gpu_worker import migration
 from services.gpu_worker import metrics as worker_metrics
 from services.gpu_worker.adapter_metrics import export_residency
 from services.gpu_worker.adapter_ctl import AdapterControl
+from services.gpu_worker.prefix_ctl import PrefixControl
 from services.gpu_worker.admission import Active, refusal
 from services.gpu_worker.bus_watch import BusWatch, fence_after
 from services.gpu_worker.chunk_publisher import ChunkPublisher
@@ -57,7 +58,7 @@ from shared.events import AbortRequest, AssignAccepted, AssignRejected, Assignme
 from shared.announce import Announcer, incarnation
 from shared.events.ctl import (
     CtlReply, CtlRequest, EvictAdapter, EvictModel, LoadAdapter, LoadModel, MigrateIn, MigrateKvCancel, MigrateKvStage,
-    MigrateOut, MigrateRequest, OffloadAdapter, Prewarm, RestoreLayers,
+    EvictPrefixBlocks, MigrateOut, MigrateRequest, OffloadAdapter, Prewarm, RestoreLayers,
 )
 from shared.events.worker import PoolBreakdown
 from shared.logging import get_logger
@@ -104,6 +105,7 @@ class GpuWorker(Actor):
             spawn_task=self.spawn_task, publish_stats=self.publish_stats, resume_here=self.resume_here,
             crashed=self._crashed)
         self.adapter_ctl = AdapterControl(self.ctx)  # Load/Evict/OffloadAdapter (services/gpu_worker/adapter_ctl.py)
+        self.prefix_ctl = PrefixControl(self.ctx)  # EvictPrefixBlocks: the economy's `prefix` source (prefix_ctl.py)
         # JoinGroup / DropLayers / LeaveGroup (services/gpu_worker/group_ctl.py)
         self.group_ctl = GroupControl(worker_id, self.instances, self.dataplane, bus=lambda: self.bus,
                                       spawn_task=self.spawn_task, crashed=self._crashed,
@@ -325,6 +327,8 @@ class GpuWorker(Actor):
                               message=f"arrived {time.time() - deadline:.1f}s after its deadline; not executed")
         if isinstance(msg, (LoadAdapter, EvictAdapter, OffloadAdapter)):
             return await self.adapter_ctl.handle(msg, _ctx)  # may answer later, from its own task
+        if isinstance(msg, EvictPrefixBlocks):
+            return await self.prefix_ctl.handle(msg, _ctx)  # answered from its own task
         if isinstance(msg, (LoadModel, EvictModel, Prewarm)) and self.model_ctl is not None:
             return await self.model_ctl.handle(msg, _ctx)  # answered from its own task
         if isinstance(msg, RestoreLayers):  # answered once the layers are back (as KV frees): its own task
