@@ -2,8 +2,9 @@
 
 A profile written by `tidal profile gpu` (loadgen/profiler/gpu_profile.py) carries, beside the
 simulator's coefficients, one `FieldSource` per number it holds: `measured` with the method
-(what was timed, over which grid, on which device), `cited` with the reference, or `unmeasured`
-with the reason the number is absent (CUDA-graph capture on a CPU). `DeviceMeasures` holds the
+(what was timed, over which grid, on which device), `cited` with the reference, `setting` for a
+choice of the run (the engine's batch cap), or `unmeasured` with the reason the number is absent
+(CUDA-graph capture on a CPU). `DeviceMeasures` holds the
 device facts the simulator's step model has no slot for (load and start times, copy rates, the
 measured points the step fit was made from), so a report can show them and a test can check
 the fit against the points. Pure: no I/O.
@@ -12,12 +13,12 @@ from __future__ import annotations
 
 import msgspec
 
-SOURCE_KINDS = ("measured", "cited", "unmeasured")
+SOURCE_KINDS = ("measured", "cited", "setting", "unmeasured")
 
 
 class FieldSource(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     kind: str  # one of SOURCE_KINDS
-    method: str  # measured: how (tool, grid, device); cited: the reference; unmeasured: why
+    method: str  # measured: how (tool, grid, device); cited: the reference; setting: what; unmeasured: why
 
     def __post_init__(self) -> None:
         if self.kind not in SOURCE_KINDS:
@@ -32,6 +33,10 @@ def measured(method: str) -> FieldSource:
 
 def cited(reference: str) -> FieldSource:
     return FieldSource(kind="cited", method=reference)
+
+
+def setting(what: str) -> FieldSource:
+    return FieldSource(kind="setting", method=what)
 
 
 def unmeasured(reason: str) -> FieldSource:
@@ -83,11 +88,14 @@ def count_sources(sources: dict[str, FieldSource]) -> tuple[int, int]:
 
 
 def source_lines(sources: dict[str, FieldSource]) -> list[str]:
-    """One `- field: kind — method` line per field, measured first."""
+    """`- fields: kind — method` lines, fields sharing a source on one line, measured first."""
     order = {k: i for i, k in enumerate(SOURCE_KINDS)}
-    rows = sorted(sources.items(), key=lambda kv: (order[kv[1].kind], kv[0]))
-    return [f"- `{name}`: {src.kind} — {src.method}" for name, src in rows]
+    groups: dict[FieldSource, list[str]] = {}
+    for name, src in sources.items():
+        groups.setdefault(src, []).append(name)
+    rows = sorted(groups.items(), key=lambda kv: (order[kv[0].kind], min(kv[1])))
+    return [f"- {', '.join(f'`{n}`' for n in sorted(names))}: {src.kind} — {src.method}" for src, names in rows]
 
 
 __all__ = ["DeviceMeasures", "FieldSource", "MeasuredPoint", "ModelFit", "SOURCE_KINDS", "cited",
-           "count_sources", "measured", "source_lines", "unmeasured"]
+           "count_sources", "measured", "setting", "source_lines", "unmeasured"]

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from tidal.commands import profile_lora
+from tidal.commands import profile_gpu, profile_lora
 
 
 def _ints(text: str) -> list[int]:
@@ -29,7 +29,8 @@ def _ints(text: str) -> list[int]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="fit the simulator's cost model from the real engine; writes a profile")
     p.add_argument("model_dir", help="checkpoint directory (config.json + weights); `lora`: CaraServe's LoRA "
-                                     "performance models instead (tidal/commands/profile_lora.py)")
+                                     "performance models instead (tidal/commands/profile_lora.py); "
+                                     "`gpu`: a measured device profile (tidal/commands/profile_gpu.py)")
     p.add_argument("--out", default=None, help="profile file (.json; default profile-<model>.json)")
     p.add_argument("--name", default=None, help="the profile's name (default: the model directory's name)")
     p.add_argument("--threads", type=int, default=1,
@@ -48,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="gateway + dispatch + delivery per request, seconds (not measured here)")
     p.add_argument("--no-links", action="store_true", help="keep the default link numbers")
     profile_lora.add_arguments(p)
+    profile_gpu.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -58,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.model_dir == "lora":
         return profile_lora.run_lora(args)
+    if args.model_dir == "gpu":
+        return profile_gpu.run_gpu(args)
     model_dir = Path(args.model_dir)
     if not (model_dir / "config.json").is_file():
         print(f"error: {model_dir}: no config.json (not a checkpoint directory)", file=sys.stderr)

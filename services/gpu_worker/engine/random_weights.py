@@ -57,7 +57,7 @@ def moved(w: PreloadedWeights, device: torch.device | str, *, pin: bool = False)
             out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             out.copy_(t)
             return out
-        return t.to(device, non_blocking=True)
+        return t.to(device, non_blocking=True, copy=True)  # a copy on the same device too (a CPU run)
 
     embed = to(w.embed)
     head = embed if w.lm_head is w.embed else to(w.lm_head)
