@@ -3,7 +3,8 @@
 Needs (shared/policy/memory_market.Need, unit request-seconds):
 - `worker:<id>` — a usable worker above `kv_high_watermark`, or with requests waiting on its instances:
   the KV its waiting prompts need (queued prompt tokens x KV bytes per token) plus its KV growth over the
-  horizon (`kv_growth_blocks_per_s` x block bytes x horizon), less what it has free below the watermark.
+  horizon (`kv_growth_blocks_per_s` x block bytes x horizon), less what it has free below the watermark
+  (its cached-free prefix blocks are not free here: they are the `prefix` source's offer).
   Its waiting requests wait for it (at least one: a worker past the watermark preempts someone), and it
   drains by itself at its used KV / a request's mean time in the system (Little's law).
 - `model:<name>` — requests queued at the dispatchers (`view.queued`) while no accepting instance of the
@@ -72,7 +73,10 @@ def worker_need(view: ClusterView, worker: WorkerView, s: ArbiterSettings,
                 prefill: PrefillCost | None = None) -> Need | None:
     """With `prefill`, the running requests its KV growth would preempt are priced too (each waits and then
     re-prefills its context: vLLM's recompute preemption, our engine's too)."""
-    capacity, used = worker.kv_capacity_bytes, worker.kv_used_bytes
+    capacity, live = worker.kv_capacity_bytes, worker.kv_used_bytes
+    # cached-free prefix blocks count as free in the engine (it evicts them on demand) but are room only if
+    # given up: they are the `prefix` source's to sell (arbiter_prefix.py), so the need counts them as held
+    used = live + sum(i.prefix_cached_free_bytes for i in worker.instances)
     waiting = sum(i.waiting for i in worker.instances)
     if not worker.instances or (used <= s.kv_high_watermark * capacity and not waiting):
         return None
@@ -84,11 +88,12 @@ def worker_need(view: ClusterView, worker: WorkerView, s: ArbiterSettings,
         return None
     preempted, recompute = 0, 0.0
     running = worker.requests
-    if prefill is not None and running and growth > max(0.0, room):
+    live_room = max(0.0, s.kv_high_watermark * capacity - live)  # the engine evicts cached blocks before preempting
+    if prefill is not None and running and growth > live_room:
         mean_kv = max(1.0, sum(r.kv_bytes for r in running) / len(running))
-        preempted = min(len(running), math.ceil((growth - max(0.0, room)) / mean_kv))
+        preempted = min(len(running), math.ceil((growth - live_room) / mean_kv))
         recompute = prefill.reprefill_s(round(sum(r.tokens for r in running) / len(running)))
-    return Need(f"worker:{worker.worker_id}", short, s.horizon_s, max(1, waiting), used / s.request_time_s,
+    return Need(f"worker:{worker.worker_id}", short, s.horizon_s, max(1, waiting), live / s.request_time_s,
                 preempted=preempted, recompute_s=recompute)
 
 

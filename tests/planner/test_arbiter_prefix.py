@@ -26,8 +26,9 @@ CACHED_BLOCK = 512 * KIB  # one 16-token block over the 8 layers (32 KiB per tok
 
 
 def two_caches(*, waiting: int, cold_blocks: int = 80, hot_blocks: int = 160) -> ClusterView:
-    """w1 (needy: 56.25 MiB short) runs m twice: w1-m's cache is cold (hit rate 0.1), w1-m2's hot (0.9)."""
-    w1 = needy_w1(waiting=waiting)
+    """w1 runs m twice: 350 MiB of live KV of 500, and cached-free prefixes: w1-m's cold (hit rate 0.1, 40 MiB
+    by default), w1-m2's hot (0.9, 80 MiB). The need counts the cached bytes as held: 51.25 MiB short."""
+    w1 = needy_w1(waiting=waiting, used=700)
     (inst,) = w1.instances
     cold = replace(inst, prefix_cached_free_blocks=cold_blocks, prefix_cached_free_bytes=cold_blocks * CACHED_BLOCK,
                    prefix_hit_rate=0.1)
@@ -40,7 +41,8 @@ def two_caches(*, waiting: int, cold_blocks: int = 80, hot_blocks: int = 160) ->
 def test_the_cold_cache_is_released_and_the_hot_one_kept_when_waiting_is_cheaper() -> None:
     view = two_caches(waiting=1)
     (need,) = find_needs(view, SETTINGS)
-    assert need.bytes == 58_982_400  # 1000 prompt tokens x 32 KiB + 25 MiB above the watermark
+    # 1000 prompt tokens x 32 KiB + 20 MiB above the 450 MiB watermark (350 MiB live + 120 MiB cached)
+    assert need.bytes == 53_739_520
     arb = arbiter()
     core = PlannerCore([arb], id_prefix="c")
     effects = core.step(view)
@@ -52,8 +54,8 @@ def test_the_cold_cache_is_released_and_the_hot_one_kept_when_waiting_is_cheaper
     # 80 blocks = 40 MiB = 1280 tokens, reused with chance 0.1, 0.5 ms of prefill each
     assert cold.bought and cold.bytes == 40 * MIB and cold.price_request_s == pytest.approx(0.1 * 1280 * 5e-4)
     assert cold.plan_ids == [effect.plan_id]
-    # the hot cache would cover the rest (16.25 MiB) at 0.9 x 520 tokens x 0.5 ms = 0.234 request-s; waiting
-    # for those bytes costs 1 request x 0.237 s x 16.25 / 56.25 = 0.068: it is kept, and so is the replica
+    # the hot cache would cover the rest (11.25 MiB) at 0.9 x 360 tokens x 0.5 ms = 0.162 request-s; waiting
+    # for those bytes costs 1 request x 0.293 s (51.25 MiB at 175 MiB/s) x 11.25 / 51.25 = 0.064: it is kept
     assert not hot.bought and not prices[("prewarm", "w1/p")].bought
     assert purchase.bought_bytes == 40 * MIB and not purchase.reason.startswith("nothing")
     (cmd,) = ctl_commands(effect)
@@ -68,16 +70,16 @@ def test_with_dearer_waiting_the_hot_cache_goes_too_after_the_cold_one_cut_to_wh
     (purchase,) = arb.take_purchases([])
     bought = [(p.target, p.bytes) for p in purchase.prices if p.bought]
     assert [t for t, _ in bought] == ["w1/w1-m", "w1/w1-m2"]  # cheapest per byte first
-    assert dict(bought)["w1/w1-m2"] == 58_982_400 - 40 * MIB  # only what the cold one left missing
+    assert dict(bought)["w1/w1-m2"] == 53_739_520 - 40 * MIB  # only what the cold one left missing
     blocks = {d.action.instance_id: d.action.blocks for d in decisions}  # type: ignore[union-attr]
-    assert blocks == {"w1-m": 80, "w1-m2": 33}  # 16.25 MiB in 512 KiB blocks, rounded up
+    assert blocks == {"w1-m": 80, "w1-m2": 23}  # 11.25 MiB in 512 KiB blocks, rounded up
     assert purchase.bought_bytes == purchase.need_bytes  # covered, nothing past it
 
 
 def test_a_cache_that_is_never_hit_is_free_and_bought_before_a_cheap_adapter() -> None:
     from shared.planner.view import AdapterView
 
-    view = two_caches(waiting=1, cold_blocks=200)
+    view = two_caches(waiting=1, cold_blocks=150, hot_blocks=20)  # 16.25 MiB short: the cold cache covers it
     w1 = view.workers["w1"]
     cold = replace(w1.instances[0], prefix_hit_rate=0.0)
     w1 = replace(w1, instances=(cold, w1.instances[1]), adapters=(AdapterView("a", 64 * MIB),))
