@@ -57,10 +57,18 @@ class Stream:
 
 
 def copy_blocks(src: LLMEngine, dst: LLMEngine, rid: str, first: int, last: int) -> None:
-    views = list(zip(src.kv_views(rid, first, last), dst.kv_views(rid, first, last), strict=True))
-    for s, d in views:
-        assert s.shape == d.shape
-        d.copy_(s)
+    """The data plane's byte stream: the same rows in the same order on both sides, though cut into
+    different runs of consecutive block ids (a source on shared prefix blocks has more of them)."""
+    sviews, dviews = src.kv_views(rid, first, last), dst.kv_views(rid, first, last)
+    if not sviews:
+        assert not dviews
+        return
+    rows = torch.cat(sviews)
+    assert rows.shape[0] == sum(d.shape[0] for d in dviews) and rows.shape[1:] == dviews[0].shape[1:]
+    at = 0
+    for d in dviews:
+        d.copy_(rows[at:at + d.shape[0]])
+        at += d.shape[0]
 
 
 def unmigrated(model_dir: Path, lora: Path | None, prompt: str, params: SamplingParams, adapter: str | None, **kw: object) -> Stream:
@@ -272,3 +280,23 @@ def test_full_blocks_never_change_while_decoding(model_dir: Path) -> None:
     assert not all(torch.equal(x, y) for x, y in zip(whole, eng.kv_views("r", 0, p.num_blocks), strict=True))
     with pytest.raises(ValueError, match="outside"):
         eng.kv_views("r", 0, later.num_blocks + 1)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED])
+def test_migration_of_a_request_on_shared_prefix_blocks(model_dir: Path, params: SamplingParams) -> None:
+    """Prefix caching on both sides: the source's request runs on cached blocks it shares, the
+    destination holds the same prefix cached. The copy lands in fresh blocks there (re-named after
+    its first step, never written into the destination's cached ones) and every later hit on either
+    side still gives the unmigrated tokens."""
+    ref = unmigrated(model_dir, None, LONG, params, None, prefix_caching=False)
+    a, b = engine(model_dir), engine(model_dir)
+    for eng in (a, b):  # both hold LONG's blocks cached
+        assert [r.token_ids for r in eng.generate([LONG], params)] == [ref.tokens]
+    a_hits = a.prefix_cache.hit_stats()[1]
+    got, d = migrate(a, b, LONG, params, None, warm_steps=5, precopy_steps=3)
+    assert a.prefix_cache.hit_stats()[1] > a_hits  # the source ran on its cached prefix
+    assert got.tokens == ref.tokens
+    for eng in (a, b):  # nothing cached was corrupted by the copy or the release
+        before = eng.prefix_cache.hit_stats()[1]
+        assert [r.token_ids for r in eng.generate([LONG], params)] == [ref.tokens]
+        assert eng.prefix_cache.hit_stats()[1] > before
