@@ -24,7 +24,7 @@ LEADER = Gauge("tidal_planner_leader", "1 while this planner holds the lease and
 TICKS = Counter("tidal_planner_ticks_total", "Planning intervals run while leader", registry=REGISTRY)
 PURCHASES = Counter(
     "tidal_planner_purchases_total",
-    "Memory the arbiter bought ([planner] economy = arbiter), by source (prewarm, adapter, layers, migrate, "
+    "Memory the arbiter bought ([planner] economy = arbiter), by source (prefix, prewarm, adapter, layers, migrate, "
     "scale_out; queue: a need, or its part, left waiting because nothing was cheaper)",
     ["source"], registry=REGISTRY,
 )
