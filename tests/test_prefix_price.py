@@ -70,7 +70,7 @@ def markets(draw):  # type: ignore[no-untyped-def]
 
 @settings(max_examples=300, deadline=None)
 @given(markets())
-def test_a_colder_cache_goes_first_and_nothing_dearer_per_byte_is_bought_while_a_cache_is_kept(market) -> None:  # type: ignore[no-untyped-def]
+def test_a_colder_cache_goes_first_and_nothing_dearer_per_byte_while_a_cache_is_kept(market) -> None:  # type: ignore
     need, caches, others = market
     p = buy(need, caches + others)
     bought = {o.payload: o for o in p.bought}

@@ -132,7 +132,8 @@ class PrefixEconomySim:
         if was_hit:
             self.result.hit[inst] += pb
         elif self.arm != "off":
-            entry = self.entries[(inst, r.prefix)] = Entry(inst, r.prefix, self.blocks(r.prefix_tokens), r.prefix_tokens)
+            entry = Entry(inst, r.prefix, self.blocks(r.prefix_tokens), r.prefix_tokens)
+            self.entries[(inst, r.prefix)] = entry
         if entry is not None:
             entry.refs += 1
             entry.last_used = t
@@ -217,7 +218,8 @@ def run_prefix_economy(params: PrefixTraceParams, arm: str, *, profile: str = "a
 def headline(results: dict[str, PrefixResult]) -> str:
     off, lru, pr = results["off"], results["lru"], results["instance"]
     return (f"prefix sim: chat_hit_rate lru={lru.hit_rate('chat'):.0%} priced={pr.hit_rate('chat'):.0%} "
-            f"p50_ttft_cut_vs_off={off.p(50) / pr.p(50):.1f}x chat_p99_ttft lru/priced={lru.p(99, 'chat') / pr.p(99, 'chat'):.2f}x "
+            f"p50_ttft_cut_vs_off={off.p(50) / pr.p(50):.1f}x "
+            f"chat_p99_ttft lru/priced={lru.p(99, 'chat') / pr.p(99, 'chat'):.2f}x "
             f"chat_prompts_released lru={lru.released['chat']} priced={pr.released['chat']} "
             f"chat_before_rag lru={lru.chat_before_rag} priced={pr.chat_before_rag}")
 
@@ -230,11 +232,13 @@ def _main() -> None:
     ap.add_argument("--profile", default="a100-7b")
     args = ap.parse_args()
     params = PrefixTraceParams(seed=args.seed, duration_s=args.minutes * 60)
-    results = {arm: run_prefix_economy(params, arm, profile=args.profile, capacity_blocks=args.capacity) for arm in ARMS}
+    results = {arm: run_prefix_economy(params, arm, profile=args.profile, capacity_blocks=args.capacity)
+               for arm in ARMS}
     print(f"{'arm':9} {'chat hit':>8} {'rag hit':>8} {'P50 TTFT':>9} {'P99 TTFT':>9} {'chat P99':>9} "
           f"{'released chat/rag':>18} {'chat before rag':>15}")
     for arm, r in results.items():
-        print(f"{arm:9} {r.hit_rate('chat'):8.1%} {r.hit_rate('rag'):8.1%} {r.p(50) * 1e3:7.0f}ms {r.p(99) * 1e3:7.0f}ms "
+        print(f"{arm:9} {r.hit_rate('chat'):8.1%} {r.hit_rate('rag'):8.1%} {r.p(50) * 1e3:7.0f}ms "
+              f"{r.p(99) * 1e3:7.0f}ms "
               f"{r.p(99, 'chat') * 1e3:7.0f}ms {r.released['chat']:>12}/{r.released['rag']:<5} {r.chat_before_rag:>15}")
     print(headline(results))
 

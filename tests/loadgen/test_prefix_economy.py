@@ -30,7 +30,7 @@ def test_without_caching_nothing_hits_or_is_released(results) -> None:  # type: 
     assert off.hit_rate("chat") == 0.0 and sum(off.released.values()) == 0
 
 
-def test_priced_releases_cold_documents_before_any_chat_prompt_and_lru_does_not(results) -> None:  # type: ignore[no-untyped-def]
+def test_priced_releases_cold_documents_before_any_chat_prompt_and_lru_does_not(results) -> None:  # type: ignore
     lru, priced = results["lru"], results["instance"]
     assert priced.released["rag"] > 0  # memory did run short: the cache was bought from
     assert priced.chat_before_rag == 0

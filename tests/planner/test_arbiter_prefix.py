@@ -95,7 +95,7 @@ def test_a_cache_that_is_never_hit_is_free_and_bought_before_a_cheap_adapter() -
 def test_old_stats_without_prefix_fields_decode_and_new_ones_reach_the_view() -> None:
     inst = InstanceStats(instance_id="i1", model="m", layers=LayerRange(start=0, end=8))
     stripped = {k: v for k, v in msgspec.json.decode(msgspec.json.encode(inst)).items() if not k.startswith("prefix_")}
-    assert "accepting" in stripped and not any(k.startswith("prefix") for k in stripped)  # as a worker before them sent it
+    assert "accepting" in stripped and not any(k.startswith("prefix") for k in stripped)  # as an older worker sends
     assert msgspec.json.decode(msgspec.json.encode(stripped), type=InstanceStats).prefix_hit_rate == 0.0
     new = msgspec.structs.replace(inst, prefix_cached_free_blocks=7, prefix_cached_free_bytes=7 * CACHED_BLOCK,
                                   prefix_hit_rate=0.25, prefix_queried_blocks=40, prefix_hit_blocks=10)
