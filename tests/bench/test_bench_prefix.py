@@ -20,6 +20,9 @@ def test_each_arm_is_the_default_config_with_its_switches(tmp_path: Path) -> Non
         assert (cfg.policies.prefix_caching, cfg.dispatcher.prefix_routing) == (caching, routing)
         assert cfg.gateway.port == 18123 and Path(cfg.cluster.data_dir) == tmp_path
         assert [w.id for w in cfg.workers] == ["cpu-0", "cpu-1"]  # the default cluster otherwise
+        assert cfg.policies.migration == "off" and cfg.planner.enabled
+    kept = parse_config(arm_config("on", data_dir=tmp_path, port=18123, base=base, migration=True))
+    assert kept.policies.migration == parse_config(base).policies.migration
 
 
 def test_set_key_replaces_within_its_section_or_adds() -> None:

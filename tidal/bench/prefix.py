@@ -11,7 +11,9 @@ shapes `tidal trace prefix-chat` and `tidal trace prefix-system` write):
   `--system-tokens` tokens + its own 32-96-token question, 16 tokens out.
 
 Each arm starts the default cluster afresh (`shared/default_cluster.toml`: two CPU workers, SmolLM2-135M
-and the demo models, the planner; prefix_drive.py), warms it, sends the same requests at the same times
+and the demo models, the planner; prefix_drive.py) — with the planner's request migrations off unless
+`--planner-migration` (MELL's consolidation moves running requests onto one worker, each move a re-prefill:
+measured, it piled 25 of 29 requests onto one worker), warms it, sends the same requests at the same times
 through the official `openai` client (greedy, `ignore_eos`) and stops it. Per arm: TTFT P50/P99 (and per
 shape), completion tokens/s and requests/s, and per worker the requests it served and its block hit rate
 (hit / looked-up full prompt blocks, from its `PrefixSummary` counters). Last line: the TTFT cuts of
@@ -36,14 +38,16 @@ WARMUPS = 4  # concurrent short requests after start (both workers' first steps)
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prefix", help="prefix caching off / on / on + prefix-aware routing, live (default cluster)")
     add_out_argument(p, "prefix")
-    p.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals per arm (default 40)")
-    p.add_argument("--chat-rate", type=float, default=0.15, help="new conversations per second (default 0.15)")
-    p.add_argument("--system-rate", type=float, default=0.5, help="shared-system-prompt requests/s (default 0.5)")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per arm (default 30)")
+    p.add_argument("--chat-rate", type=float, default=0.1, help="new conversations per second (default 0.1)")
+    p.add_argument("--system-rate", type=float, default=0.4, help="shared-system-prompt requests/s (default 0.4)")
     p.add_argument("--prompts", type=int, default=4, help="distinct system prompts (default 4)")
-    p.add_argument("--system-tokens", type=int, default=768, help="tokens per system prompt (default 768)")
+    p.add_argument("--system-tokens", type=int, default=512, help="tokens per system prompt (default 512)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arms", default="off,on,routed", help="a subset of off,on,routed (the line needs all three)")
     p.add_argument("--data-dir", default=".tidal", help="where models are built and cached (default .tidal)")
+    p.add_argument("--planner-migration", action="store_true",
+                   help="keep the default config's request migrations (MELL consolidation); default: off in every arm")
     p.add_argument("--request-timeout", type=float, default=300.0)
     p.set_defaults(func=run)
 
@@ -93,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, ArmResult] = {}
     for arm in arms:
         started = time.monotonic()
-        services, url = start_cluster(arm, out / arm, data_dir, base, model)
+        services, url = start_cluster(arm, out / arm, data_dir, base, model, migration=args.planner_migration)
         try:
             asyncio.run(_warm(url, model))
             ready = time.monotonic() - started

@@ -3,8 +3,9 @@ set), a prefix trace sent open loop through the official `openai` client, and th
 workers' PrefixSummary counters and which worker served each request.
 
 The cluster is `shared/default_cluster.toml` as `tidal up` runs it — its two CPU workers, SmolLM2 and
-the demo models, the planner — with `[dispatcher] prefix_routing` and the caching switch set per arm,
-its own NATS and gateway port, models cached in `--data-dir` (built once, shared by the arms).
+the demo models, the planner — with `[dispatcher] prefix_routing` and `[policies] prefix_caching` set
+per arm, the planner's request migrations off unless asked (`arm_config`), its own NATS and gateway
+port, models cached in `--data-dir` (built once, shared by the arms).
 """
 from __future__ import annotations
 
@@ -40,9 +41,14 @@ def set_key(toml: str, section: str, key: str, value: str) -> str:
     return toml[:found.end()] + body + toml[stop:]
 
 
-def arm_config(arm: str, *, data_dir: Path, port: int, base: str) -> str:
+def arm_config(arm: str, *, data_dir: Path, port: int, base: str, migration: bool = False) -> str:
+    """The base config with the arm's switches, its own port and data dir; unless `migration`, the planner's
+    request migrations off (`[policies] migration = "off"`: MELL's consolidation moves running requests
+    onto the fewest workers, each move a re-prefill elsewhere, which is not what this bench measures)."""
     caching, routing = SWITCHES[arm]
     text = set_key(base, "cluster", "data_dir", f'"{data_dir}"')
+    if not migration:
+        text = set_key(text, "policies", "migration", '"off"')
     text = set_key(text, "gateway", "port", str(port))
     text = set_key(text, *ROUTING_SWITCH, "true" if routing else "false")
     return set_key(text, *CACHE_SWITCH, "true" if caching else "false")
@@ -54,23 +60,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_cluster(arm: str, root: Path, data_dir: Path, base: str, model: str) -> tuple[LiveServices, str]:
+def start_cluster(arm: str, root: Path, data_dir: Path, base: str, model: str, *,
+                  migration: bool = False) -> tuple[LiveServices, str]:
+    """The arm's cluster, serving (one completion through the gateway); stopped again if starting fails."""
     from shared.config import parse_config
 
     port = free_port()
-    text = arm_config(arm, data_dir=data_dir, port=port, base=base)
+    text = arm_config(arm, data_dir=data_dir, port=port, base=base, migration=migration)
     cfg = parse_config(text)  # refuses a switch this tree does not know
     root.mkdir(parents=True, exist_ok=True)
     (root / "cluster.toml").write_text(text)
     services = LiveServices(root, root / "cluster.toml", f"prefix-{arm}")
-    services.start_nats()
-    services.launch("registry")
-    for w in cfg.workers:
-        services.launch(f"gpu_worker:{w.id}", "--worker-id", w.id)
-    for name in ("dispatcher", "planner", "predictor", "gateway"):
-        services.launch(name)
     url = f"http://127.0.0.1:{port}"
-    services.warm_up(url, [model], time.monotonic() + 600.0, timeout_s=60.0)
+    try:
+        services.start_nats()
+        services.launch("registry")
+        for w in cfg.workers:
+            services.launch(f"gpu_worker:{w.id}", "--worker-id", w.id)
+        for name in ("dispatcher", "planner", "predictor", "gateway"):
+            services.launch(name)
+        services.warm_up(url, [model], time.monotonic() + 600.0, timeout_s=60.0)
+    except BaseException:
+        services.stop()
+        raise
     return services, url
 
 
