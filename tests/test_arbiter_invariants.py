@@ -1,11 +1,14 @@
 """The arbiter's invariants over random views and proposals (hypothesis): it never buys past covering a
 need, never buys an offer dearer per useful byte than waiting, never returns two decisions on one key,
-and returns every decision that buys no memory as it was given."""
+returns every decision that buys no memory as it was given, and never releases more cached prefix blocks
+than an instance holds."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from shared.events.plan import Migrate, ReportIdle, ScaleDown
+from shared.events.plan import Migrate, ReleasePrefixBlocks, ReportIdle, ScaleDown
 from shared.planner.effects import Decision, key
 from shared.planner.policy import Busy
 from shared.planner.view import AdapterView
@@ -22,6 +25,14 @@ def scenarios(draw):  # type: ignore[no-untyped-def]
     w1 = needy_w1(used=draw(st.integers(700, 1000)), waiting=draw(st.integers(0, 40)),
                   prompt_tokens=draw(st.integers(0, 4000)), requests=requests, running=draw(st.integers(0, 8)),
                   prewarmed=draw(st.sampled_from([{}, {"p": 256 * MIB}, {"p": 2048 * MIB}])), adapters=adapters)
+    if draw(st.booleans()):  # cached-free prefix blocks (512 KiB each) on w1's instance and on a second one
+        (inst,) = w1.instances
+        caches = [replace(inst, prefix_cached_free_blocks=n, prefix_cached_free_bytes=n * 512 * 1024,
+                          prefix_hit_rate=draw(st.floats(0, 1)))
+                  for n in (draw(st.integers(0, 60)), draw(st.integers(0, 60)))]
+        caches[1] = replace(caches[1], instance_id="w1-m2", running=0, waiting=0, queued_prompt_tokens=0,
+                            kv_blocks_used=0, requests=())
+        w1 = replace(w1, instances=tuple(caches))
     p50 = draw(st.floats(0, 20))
     fc = draw(st.sampled_from([None, forecast("p", p50, p50 + draw(st.floats(0, 10)))]))
     rps = {a.adapter: draw(st.floats(0, 20)) for a in adapters}
@@ -60,6 +71,10 @@ def test_arbiter_invariants(scenario) -> None:  # type: ignore[no-untyped-def]
             assert p.price_request_s < purchase.reserve_request_s_per_byte * min(p.bytes, purchase.need_bytes)
         assert purchase.price_request_s <= purchase.need_bytes * purchase.reserve_request_s_per_byte * (1 + 1e-9)
     assert len(bought_targets) == len(set(bought_targets))  # an offer is sold once
+    held = {i.instance_id: i.prefix_cached_free_blocks for i in view.workers["w1"].instances}
+    for d in decisions:
+        if isinstance(d.action, ReleasePrefixBlocks):
+            assert 0 < d.action.blocks <= held[d.action.instance_id]
     # what is returned: the pass-through decisions, consolidations no need asked for, and what was bought
     others = [d for d in decisions if not any(d is x for x in passing)]
     unpriced = [d for d in others if d.trigger == "fragmentation"]
