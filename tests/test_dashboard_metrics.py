@@ -2,6 +2,8 @@
 mirrored from its WorkerStats (stale instances removed), and migrations counted by mode and outcome."""
 from __future__ import annotations
 
+import msgspec
+
 from services.gateway.streaming import Metering
 from services.gpu_worker.metrics import export_stats, record_migration
 from shared.events import InstanceStats, LayerRange, PoolBreakdown, TokenChunk, Usage, WorkerState, WorkerStats
@@ -68,3 +70,15 @@ def test_migrations_are_counted_by_mode_and_outcome():
     assert value("tidal_worker_migrations_total", worker="wm", mode="tokens", outcome="done") == before + 1
     assert value("tidal_worker_migrations_total", worker="wm", mode="kv", outcome="busy") >= 1
     assert value("tidal_worker_migration_downtime_seconds_count", mode="tokens") >= 1
+
+
+def test_cached_prefix_blocks_are_a_pool_kind_and_a_gauge():
+    s = stats("wp-a")
+    s.instances[0] = msgspec.structs.replace(s.instances[0], kv_block_bytes=10, prefix_cached_free_bytes=60,
+                                             prefix_hit_rate=0.5)
+    export_stats(msgspec.structs.replace(s, worker_id="wp"))
+    assert value("tidal_worker_pool_bytes", worker="wp", kind="kv_cached") == 60
+    assert value("tidal_worker_pool_bytes", worker="wp", kind="kv") == 500 - 60  # the kinds still sum to capacity
+    labels = {"worker": "wp", "model_instance": "wp-a", "model": "m"}
+    assert value("tidal_worker_kv_blocks_cached", **labels) == 6
+    assert value("tidal_worker_prefix_hit_rate", **labels) == 0.5

@@ -177,3 +177,13 @@ def test_a_buddy_group_member_shows_its_group_and_the_layers_it_kept():
     text = render_to_string(report(s), width=80)
     assert "w0-demo-llama-0 in buddy group bg-7: holds layers 0-1" in text
     assert text.count("buddy group") == 1  # the other instance is in none
+
+
+def test_cached_prefix_blocks_are_their_own_kind_out_of_kv_free():
+    s = stats()
+    s.instances[1] = msgspec.structs.replace(s.instances[1], prefix_cached_free_bytes=6 * MiB)
+    segs = dict(pool_segments(s))
+    assert segs["kv cached"] == 6 * MiB and segs["kv free"] == 32 * MiB - 4 * MiB - 6 * MiB
+    assert sum(segs.values()) == 128 * MiB
+    text = render_to_string(report(s), width=80)
+    assert "kv cached 6.0MiB" in text and max(len(line) for line in text.splitlines()) <= 80

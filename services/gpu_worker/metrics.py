@@ -18,7 +18,9 @@ _POOL_FIELDS = {"weights": "weights_bytes", "prewarm": "prewarm_bytes", "adapter
 _INSTANCE_LABELS = ["worker", "model_instance", "model"]
 
 POOL_BYTES = Gauge(
-    "tidal_worker_pool_bytes", "Device pool bytes by kind (weights, prewarm, adapter, kv, workspace, free)",
+    "tidal_worker_pool_bytes",
+    "Device pool bytes by kind (weights, prewarm, adapter, kv, kv_cached, workspace, free); kv_cached: free KV "
+    "blocks holding a cached prompt prefix (evicted on demand), not counted in kv, so the kinds sum to capacity",
     ["worker", "kind"], registry=REGISTRY,
 )
 POOL_CAPACITY = Gauge("tidal_worker_pool_capacity_bytes", "Device pool capacity", ["worker"], registry=REGISTRY)
@@ -27,6 +29,11 @@ RUNNING = Gauge("tidal_worker_running_sequences", "Sequences in the instance's b
 WAITING = Gauge("tidal_worker_waiting_sequences", "Requests admitted to the instance, not yet scheduled (its queue)",
                 _INSTANCE_LABELS, registry=REGISTRY)
 KV_USED = Gauge("tidal_worker_kv_blocks_used", "KV blocks in use by the instance", _INSTANCE_LABELS, registry=REGISTRY)
+KV_CACHED = Gauge("tidal_worker_kv_blocks_cached",
+                  "KV blocks held only by the prefix cache (free, evicted on demand, LRU first)", _INSTANCE_LABELS,
+                  registry=REGISTRY)
+PREFIX_HIT_RATE = Gauge("tidal_worker_prefix_hit_rate", "Share of looked-up prompt blocks found in the prefix cache "
+                        "(recent)", _INSTANCE_LABELS, registry=REGISTRY)
 KV_TOTAL = Gauge("tidal_worker_kv_blocks_capacity", "KV blocks the instance can use", _INSTANCE_LABELS, registry=REGISTRY)
 TOKENS_PER_S = Gauge("tidal_worker_tokens_per_second", "Tokens generated per second over the last stats interval",
                      _INSTANCE_LABELS, registry=REGISTRY)
@@ -58,8 +65,10 @@ def export_stats(stats: WorkerStats) -> None:
     """Set the gauges from one WorkerStats (extra fields a later WorkerStats may carry are ignored)."""
     worker, pool = stats.worker_id, stats.pool
     POOL_CAPACITY.labels(worker).set(pool.capacity_bytes)
+    cached = min(pool.kv_bytes, sum(getattr(i, "prefix_cached_free_bytes", 0) for i in stats.instances))
     for kind, field in _POOL_FIELDS.items():
-        POOL_BYTES.labels(worker, kind).set(getattr(pool, field))
+        POOL_BYTES.labels(worker, kind).set(getattr(pool, field) - (cached if kind == "kv" else 0))
+    POOL_BYTES.labels(worker, "kv_cached").set(cached)
     current: set[tuple[str, str, str]] = set()
     for inst in stats.instances:
         labels = (worker, inst.instance_id, inst.model)
@@ -68,13 +77,16 @@ def export_stats(stats: WorkerStats) -> None:
         WAITING.labels(*labels).set(inst.waiting)
         KV_USED.labels(*labels).set(inst.kv_blocks_used)
         KV_TOTAL.labels(*labels).set(inst.kv_blocks_total)
+        cached_bytes = getattr(inst, "prefix_cached_free_bytes", 0)
+        KV_CACHED.labels(*labels).set(cached_bytes // inst.kv_block_bytes if inst.kv_block_bytes else 0)
+        PREFIX_HIT_RATE.labels(*labels).set(getattr(inst, "prefix_hit_rate", 0.0))
         TOKENS_PER_S.labels(*labels).set(inst.tokens_per_s)
         VLLM_RUNNING.labels(inst.model, inst.instance_id).set(inst.running)
         VLLM_WAITING.labels(inst.model, inst.instance_id).set(inst.waiting)
         VLLM_CACHE.labels(inst.model, inst.instance_id).set(
             inst.kv_blocks_used / inst.kv_blocks_total if inst.kv_blocks_total else 0.0)
     for labels in _exported - current:
-        for gauge in (RUNNING, WAITING, KV_USED, KV_TOTAL, TOKENS_PER_S):
+        for gauge in (RUNNING, WAITING, KV_USED, KV_CACHED, PREFIX_HIT_RATE, KV_TOTAL, TOKENS_PER_S):
             try:
                 gauge.remove(*labels)
             except KeyError:

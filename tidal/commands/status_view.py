@@ -2,7 +2,7 @@
 
 The services; each worker's pool by kind on one line and the planner's latest purchases
 (status_economy.py); then per worker: its pool as one stacked bar by kind (weights, prewarm,
-adapter, KV used, KV free, workspace, free) with a legend, its instances (batch, queue, KV use,
+adapter, KV used, KV cached, KV free, workspace, free) with a legend, its instances (batch, queue, KV use,
 tokens/s) and its resident adapters. Everything fits an 80-column terminal. Only fields of today's
 `WorkerStats` are read, so a newer worker that publishes more still renders.
 """
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # (label, style) in bar order; the order groups what the memory economy can reclaim.
 KINDS: tuple[tuple[str, str], ...] = (
     ("weights", "blue"), ("prewarm", "cyan"), ("adapter", "magenta"), ("kv used", "red"),
-    ("kv free", "yellow"), ("workspace", "green"), ("free", "bright_black"),
+    ("kv cached", "bright_yellow"), ("kv free", "yellow"), ("workspace", "green"), ("free", "bright_black"),
 )
 STYLE = dict(KINDS)
 BAR = "█"
@@ -37,12 +37,16 @@ COLOUR = {"ok": "green", "alive": "green", "ready": "green", "draining": "yellow
 
 
 def pool_segments(stats: WorkerStats) -> list[tuple[str, int]]:
-    """The pool by kind, in KINDS order; KV split into used and free by the instances' block use."""
+    """The pool by kind, in KINDS order; KV split into used, cached (free blocks holding a cached
+    prefix: evicted on demand, LRU first) and free by the instances' block use."""
     pool = stats.pool
     kv_used = sum(i.kv_blocks_used * i.kv_block_bytes for i in stats.instances)
     kv_used = min(kv_used, pool.kv_bytes)
+    kv_cached = sum(getattr(i, "prefix_cached_free_bytes", 0) for i in stats.instances)  # automatic prefix caching
+    kv_cached = min(kv_cached, pool.kv_bytes - kv_used)
     sizes = {"weights": pool.weights_bytes, "prewarm": pool.prewarm_bytes, "adapter": pool.adapter_bytes,
-             "kv used": kv_used, "kv free": pool.kv_bytes - kv_used, "workspace": pool.workspace_bytes,
+             "kv used": kv_used, "kv cached": kv_cached, "kv free": pool.kv_bytes - kv_used - kv_cached,
+             "workspace": pool.workspace_bytes,
              "free": pool.free_bytes}
     return [(label, sizes[label]) for label, _style in KINDS]
 
