@@ -321,11 +321,14 @@ class Headline:
     scenarios: int = 0  # scenarios where every arm of the line met the SLO somewhere
 
     def line(self) -> str:
-        gpus = " ".join(f"gpus_vs_{b.lower()}={round(100 * v):+d}%" for b, v in self.gpus_vs.items())
-        return (f"repro mell: {gpus} gpus_ours_vs_best_baseline={round(100 * self.gpus_ours_vs_best_baseline):+d}% "
-                f"batching_cut={round(-100 * self.batching_cut):+d}% max_items_per_op={self.max_items_per_op} "
+        def pct(v: float) -> str:  # NaN where no scenario had every arm meet the SLO (e.g. a slow measured device)
+            return "n/a" if v != v else f"{round(100 * v):+d}%"
+
+        gpus = " ".join(f"gpus_vs_{b.lower()}={pct(v)}" for b, v in self.gpus_vs.items())
+        return (f"repro mell: {gpus} gpus_ours_vs_best_baseline={pct(self.gpus_ours_vs_best_baseline)} "
+                f"batching_cut={pct(-self.batching_cut)} max_items_per_op={self.max_items_per_op} "
                 f"max_requests_per_op={self.max_requests_per_op} moves_per_request={self.moves_per_request:.1f} "
-                f"gpus_vs_lower_bound={round(100 * self.gpus_vs_lower_bound):+d}%")
+                f"gpus_vs_lower_bound={pct(self.gpus_vs_lower_bound)}")
 
 
 def gpus_needed(result: PackingResult) -> float:

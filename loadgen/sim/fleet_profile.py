@@ -29,7 +29,8 @@ from pathlib import Path
 
 import msgspec
 
-from loadgen.sim.profile import ENGINE_MODES, LinkSpec, StepCost, WorkerSpec
+from loadgen.sim.profile import ENGINE_MODES, LinkSpec, StepCost, WorkerSpec, active_measured
+from loadgen.sim.profile_overlay import overlay_fleet
 from shared.policy.movement import MovementCosts, MovementSpec, movement_costs
 from shared.profiles import resolve_profile
 
@@ -201,4 +202,5 @@ def load_fleet_profile(source: str | Path) -> FleetProfile:
             raise ValueError(f"fleet profile {path}: model {m.name!r} needs prefill_s >= decode_step_s > 0 "
                              f"and prefill_tokens >= 1 (or no measured times)")
         profile.kv_blocks(m)  # raises when the weights do not fit
-    return profile
+    measured = active_measured()  # `--profile FILE` of a repro: the device's numbers (loadgen/sim/measured_overlay.py)
+    return overlay_fleet(profile, measured) if measured is not None else profile

@@ -15,10 +15,13 @@ built-in `cpu` profile) are plausible numbers for a ~0.5B model on a few CPU cor
 """
 from __future__ import annotations
 
+import os
+from functools import lru_cache
 from pathlib import Path
 
 import msgspec
 
+from loadgen.sim.profile_overlay import overlay_cost
 from loadgen.sim.profile_sources import DeviceMeasures, FieldSource
 from shared.policy.movement import LinkSpec, MovementCosts, MovementSpec, movement_costs  # LinkSpec: re-exported
 
@@ -101,17 +104,37 @@ class CostProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 BUILTIN_DIR = Path(__file__).with_name("profiles")
 
 
+MEASURED_ENV = "TIDAL_MEASURED_PROFILE"  # a measured profile laid over every profile loaded (measured_overlay.py)
+
+
 def builtin_profiles() -> list[str]:
-    return sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
+    return sorted(p.stem for p in [*BUILTIN_DIR.glob("*.toml"), *BUILTIN_DIR.glob("*.json")])
 
 
-def load_profile(source: str | Path | None = None) -> CostProfile:
-    """A profile from a .toml/.json file, or a built-in by name; None gives the defaults."""
+@lru_cache(maxsize=4)
+def load_measured(path: str) -> CostProfile:
+    """A profile written by `tidal profile gpu` (it must carry its device measures and sources)."""
+    profile = load_profile(path, overlay=False)
+    if profile.device is None or not profile.sources:
+        raise ValueError(f"{path} is not a measured profile (no device measures or sources): "
+                         "write one with `tidal profile gpu`")
+    return profile
+
+
+def active_measured() -> CostProfile | None:
+    path = os.environ.get(MEASURED_ENV)
+    return load_measured(path) if path else None
+
+
+def load_profile(source: str | Path | None = None, *, overlay: bool = True) -> CostProfile:
+    """A profile from a .toml/.json file, or a built-in by name; None gives the defaults. With a
+    measured profile active (MEASURED_ENV) its device numbers replace the cited ones."""
     if source is None:
         return CostProfile()
     path = Path(source)
-    if not path.exists() and (BUILTIN_DIR / f"{source}.toml").exists():
-        path = BUILTIN_DIR / f"{source}.toml"
+    for suffix in (".toml", ".json"):
+        if not path.exists() and (BUILTIN_DIR / f"{source}{suffix}").exists():
+            path = BUILTIN_DIR / f"{source}{suffix}"
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -124,7 +147,8 @@ def load_profile(source: str | Path | None = None) -> CostProfile:
     except msgspec.DecodeError as exc:
         raise ValueError(f"profile {path}: {exc}") from None
     _validate(profile, path)
-    return profile
+    measured = active_measured() if overlay else None
+    return overlay_cost(profile, measured) if measured is not None else profile
 
 
 def _validate(p: CostProfile, path: Path) -> None:

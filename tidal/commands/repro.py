@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from tidal.commands.profile_option import add_profile_option, measured_run
+
 # paper name -> module under tidal.commands
 PAPERS: dict[str, str] = {
     "mell": "repro_mell",
@@ -30,5 +32,6 @@ def register(sub: argparse._SubParsersAction) -> None:
             raise
         sp = papers.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(sp)
-        sp.set_defaults(func=module.run)
+        add_profile_option(sp)  # every paper: --profile FILE|h200-measured (profile_option.py)
+        sp.set_defaults(func=measured_run(name, module.run))
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

@@ -34,7 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     live = p.add_argument_group("--live: the small version on a local cluster (real processes, CPU workers)")
     live.add_argument("--live", action="store_true", help="run it live, then the simulator on the same trace")
     live.add_argument("--profile", default=None, metavar="FILE",
-                      help="`tidal profile lora` file to route and simulate with (default: measured at start)")
+                      help="with --live: the `tidal profile lora` file to route and simulate with (default: measured "
+                           "at start); simulated: a measured device profile (tidal/commands/profile_option.py)")
     live.add_argument("--workers", type=int, default=2, help="CPU workers (default 2)")
     live.add_argument("--adapters", type=int, default=32, help="adapters, ranks 8/16/32/64 (default 32)")
     live.add_argument("--rate", type=float, default=3.0, help="requests per second (default 3)")

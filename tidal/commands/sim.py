@@ -18,7 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, required=True, help="simulated workers (one model instance each)")
     p.add_argument("--policy", choices=sorted(POLICIES), default="least-load")
     p.add_argument("--profile", default=None,
-                   help="cost profile: a .toml/.json file or a built-in name (cpu, a100-7b); default cpu")
+                   help="cost profile: a .toml/.json file or a built-in name (cpu, a100-7b, h200-measured once "
+                        "written); default cpu. A measured one (`tidal profile gpu`) puts its per-field sources "
+                        "in the report")
     p.add_argument("--out", required=True, help="report directory")
     p.add_argument("--seed", type=int, default=0, help="seed for randomized policies")
     p.add_argument("--time-scale", type=float, default=1.0, help="divide the trace's arrival times by this")
@@ -68,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(render_markdown(summary))
+    from tidal.commands.profile_option import sim_sources
+
+    for line in sim_sources(args.out, profile):
+        print(line)
     print(f"simulated {result.stats.requests} requests on {args.workers} workers in {result.stats.wall_s:.2f} s "
           f"(whole command {time.perf_counter() - started:.2f} s); report in {args.out}")
     return 0
