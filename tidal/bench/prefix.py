@@ -78,8 +78,10 @@ async def _warm(url: str, model: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from tidal.bench.prefix_drive import DEFAULT_CONFIG, run_arm, start_cluster
     from tidal.bench.prefix_stats import ARMS, ArmResult, arm_lines, summary_line
+    from shared.logging import configure_logging
     from tidal.commands.trace import config_models
 
+    configure_logging("bench-prefix", level="warning")
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if not arms or any(a not in ARMS for a in arms):
         print(f"error: --arms takes a subset of {','.join(ARMS)}")
