@@ -74,6 +74,9 @@ class CostProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     name: str = "cpu"
     description: str = "plausible numbers for a ~0.5B model on a few CPU cores"
     request_overhead_s: float = 0.002  # gateway, dispatch and token delivery, once per request
+    # an instance's start, from the decision to serving: the checkpoint read and the engine built
+    # (`tidal profile` times it); 0: not measured (scale-out then charges the disk link's read of the weights)
+    instance_start_s: float = 0.0
     step: StepCost = StepCost()
     worker: WorkerSpec = WorkerSpec()
     links: list[LinkSpec] = msgspec.field(default_factory=_default_links)
@@ -83,6 +86,12 @@ class CostProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # and the device facts beside them (loadgen/sim/profile_sources.py); empty / None in a cited profile
     sources: dict[str, FieldSource] = {}
     device: DeviceMeasures | None = None
+
+    def start_s(self) -> float:
+        """An instance's start: the measured one, else the weights read over the disk link."""
+        if self.instance_start_s > 0:
+            return self.instance_start_s
+        return self.transfer_s(self.worker.weights_bytes, self.movement.disk_link)
 
     def movement_costs(self) -> MovementCosts:
         """The one movement cost model (migrations, restores, loads) over this profile's links."""

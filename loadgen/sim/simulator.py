@@ -21,6 +21,7 @@ import msgspec
 from loadgen.report.records import MemorySample, RequestRecord
 from loadgen.sim.profile import CostProfile
 from loadgen.sim.request import SimRequest
+from loadgen.sim.scale_out import ScaleEvent, ScaleOut
 from loadgen.sim.timeline import OccupancySample, WorkerTimeline
 from loadgen.sim.worker import SimWorker
 from loadgen.traces.schema import Trace
@@ -45,6 +46,7 @@ class SimResult(msgspec.Struct, kw_only=True):
     stats: SimStats
     placement: dict[str, str]  # worker id -> model
     occupancy: dict[str, list[OccupancySample]] = {}  # worker id -> its engine over time (when asked for)
+    scale_outs: list[ScaleEvent] = []  # with a ScaleOut: each start, when decided and when serving
 
 
 def place_models(counts: dict[str, int], workers: int) -> list[str]:
@@ -69,7 +71,7 @@ class Simulator:
                  max_run_s: float = 0.5, sample_interval_s: float | None = None,
                  placement: list[str] | None = None, check_invariants: bool = False,
                  make_worker: Callable[..., SimWorker] | None = None,
-                 occupancy_interval_s: float | None = None) -> None:
+                 occupancy_interval_s: float | None = None, scale_out: ScaleOut | None = None) -> None:
         if workers < 1:
             raise ValueError(f"need at least one worker, got {workers}")
         self.trace = trace
@@ -87,6 +89,8 @@ class Simulator:
         self.workers = [make(i, f"w{i:0{width}d}", m, profile.worker, profile.step_cost(m), max_run_s)
                         for i, m in enumerate(models)]
         self.by_instance = {w.instance_id: w for w in self.workers}
+        self.scale_out = scale_out  # None: every worker serves from time 0
+        self.standby = scale_out.standby(self.workers) if scale_out is not None else set()
         if occupancy_interval_s is not None:  # KV occupancy, preemptions, waiting for memory vs compute
             for w in self.workers:
                 w.timeline = WorkerTimeline(occupancy_interval_s)
@@ -96,12 +100,20 @@ class Simulator:
         self.view_pos: dict[int, int] = {}
         for w in self.workers:
             lst = self.views.setdefault(w.model, [])
-            self.view_pos[w.index] = len(lst)
-            lst.append(self._view(w))
+            if w.index not in self.standby:
+                self.view_pos[w.index] = len(lst)
+                lst.append(self._view(w))
         self.dirty: dict[str, set[SimWorker]] = {m: set() for m in self.views}
         duration = trace.header.duration_s or (trace.records[-1].arrival_s if trace.records else 1.0)
         self.sample_interval = sample_interval_s or max(duration / 400, 1e-3)
         self.memory: list[MemorySample] = []
+
+    def activate(self, w: SimWorker) -> None:
+        """A standby worker's instance serves from now: the routing policy sees it."""
+        self.standby.discard(w.index)
+        lst = self.views[w.model]
+        self.view_pos[w.index] = len(lst)
+        lst.append(self._view(w))
 
     def _view(self, w: SimWorker) -> InstanceView:
         cached = self._adapter_sets.get(w.index)
@@ -148,8 +160,12 @@ class Simulator:
         arrivals = [r.arrival_s + overhead for r in records]
         arrivals.append(inf)
         i = 0
+        scaler = self.scale_out
         while True:
             t_arr = arrivals[i]
+            if scaler is not None and (i < n or heap) and scaler.next_s <= min(t_arr, heap[0][0] if heap else inf):
+                scaler.tick(self, scaler.next_s)
+                continue
             if heap and heap[0][0] <= t_arr:
                 t, _, widx, gen = heappop(heap)
                 w = workers[widx]
@@ -224,7 +240,8 @@ class Simulator:
             sim_end_s=sim_end, wall_s=time.perf_counter() - started)
         occupancy = {w.worker_id: w.timeline.samples for w in workers if w.timeline is not None}
         return SimResult(records=[_record(r) for r in requests], memory=self.memory, stats=stats,
-                         placement={w.worker_id: w.model for w in workers}, occupancy=occupancy)
+                         placement={w.worker_id: w.model for w in workers}, occupancy=occupancy,
+                         scale_outs=list(scaler.events) if scaler is not None else [])
 
 
 def _record(r: SimRequest) -> RequestRecord:

@@ -33,6 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-batch", type=int, default=None, help="override the profile's maximum batch")
     p.add_argument("--max-run-s", type=float, default=0.5,
                    help="longest decode run simulated as one event; bounds how stale routing views get")
+    p.add_argument("--scale-out", action="store_true",
+                   help="scale as the config does live: its min_instances per model serve from the start, the other "
+                        "workers stand by, one more starts on measured saturation after the profile's instance start "
+                        "(loadgen/sim/scale_out.py)")
+    p.add_argument("--config", default=None, help="with --scale-out: the cluster TOML (default: the embedded default)")
     p.add_argument("--no-records", action="store_true", help="do not write records.jsonl")
     p.add_argument("--no-plots", action="store_true", help="do not draw PNG plots")
     p.set_defaults(func=run)
@@ -46,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from loadgen.sim.profile import load_profile
     from loadgen.sim.run import run_and_report
     from loadgen.traces.io import TraceFormatError, read_trace, scale_time
+    from shared.config import ConfigError
 
     started = time.perf_counter()
     try:
@@ -62,11 +68,17 @@ def run(args: argparse.Namespace) -> int:
         ms = {k: (None if v is None else v / 1000) for k, v in
               (("ttft_s", args.slo_ttft), ("tpot_s", args.slo_tpot), ("e2e_s", args.slo_e2e))}
         slo = SloSpec(**ms) if any(v is not None for v in ms.values()) else None
+        scale_out = None
+        if args.scale_out:
+            from loadgen.sim.scale_out import spec_from_config
+            from shared.config import load_config
+
+            scale_out = spec_from_config(load_config(args.config), profile.start_s())
         result, summary = run_and_report(
             trace, profile, args.out, workers=args.workers, policy=args.policy, seed=args.seed, slo=slo,
             slo_scale=args.slo_scale, max_run_s=args.max_run_s, save_records=not args.no_records,
-            plots=not args.no_plots, trace_name=args.trace)
-    except (ValueError, TraceFormatError) as exc:
+            plots=not args.no_plots, trace_name=args.trace, scale_out=scale_out)
+    except (ValueError, TraceFormatError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(render_markdown(summary))
