@@ -7,7 +7,8 @@ unit the profile is fitted in with `clock="cpu"`. Other processes on a shared ho
 nothing but the wall time it takes, so against the simulator (the engine-only profile, no
 serving overheads) it checks the simulator's model of the engine itself when KV runs out — the
 step-time model under the run's mix of steps included — apart from the serving path and the
-host's contention, which only the live cluster run has.
+host's contention, which only the live cluster run has. `replay_engine` takes an engine already
+built (on a GPU: `tidal bench fidelity --device cuda:0`, on the wall clock of its steps).
 """
 from __future__ import annotations
 
@@ -34,6 +35,16 @@ def engine_replay(model_dir: Path, trace: Trace, *, pool_bytes: int, block_size:
     ))
     vocab = engine.runner.cfg.vocab_size
     engine.generate([[min(16, vocab - 1)] * 8], SamplingParams(temperature=0, max_tokens=4))  # warm-up
+    return replay_engine(engine, trace, clock="cpu")
+
+
+def replay_engine(engine, trace: Trace, *, clock: str = "cpu") -> ReplayResult:  # type: ignore[no-untyped-def]
+    """`trace` through a built (and warmed) engine, open loop, on the clock `clock` ("cpu": the
+    process's CPU seconds; "wall": each step's wall time, e.g. a GPU step, which ends in the token fetch)."""
+    from services.gpu_worker.engine.sampling_params import SamplingParams
+
+    now = {"cpu": time.process_time, "wall": time.perf_counter}[clock]
+    vocab = engine.runner.cfg.vocab_size
     recs = sorted(trace.records, key=lambda r: r.arrival_s)
     ids = [r.request_id or f"req-{i}" for i, r in enumerate(recs)]
     first: dict[str, float] = {}
@@ -50,9 +61,9 @@ def engine_replay(model_dir: Path, trace: Trace, *, pool_bytes: int, block_size:
         if not engine.has_unfinished:
             t = recs[i].arrival_s  # idle until the next arrival
             continue
-        start = time.process_time()
+        start = now()
         outputs = engine.step()
-        t += time.process_time() - start
+        t += now() - start
         steps += 1
         peak = max(peak, engine.blocks.usage)
         for out in outputs:
@@ -69,4 +80,4 @@ def engine_replay(model_dir: Path, trace: Trace, *, pool_bytes: int, block_size:
     return ReplayResult(records=records, preemptions=engine.scheduler.num_preemptions, steps=steps, kv_peak=peak)
 
 
-__all__ = ["engine_replay"]
+__all__ = ["engine_replay", "replay_engine"]

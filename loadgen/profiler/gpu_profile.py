@@ -114,12 +114,14 @@ def _graph_capture(engine, device: str, vocab: int, batch: int = 4) -> tuple[flo
                                       f"minus the median of its next 5 replays, on {device}")
 
 
-def run_model(plan: ModelPlan, device: str, real_dir: Path | None, tmp: Path) -> ModelRun:
+def start_engine(plan: ModelPlan, device: str, real_dir: Path | None, tmp: Path):  # type: ignore[no-untyped-def]
+    """(engine, weights_from, weights bytes, host -> device load seconds or None, engine start seconds)
+    for `plan` on `device`: the real checkpoint `real_dir`, or random weights at the plan's geometry
+    made on the device, copied to (page-locked on CUDA) host memory, and timed back onto the device."""
     from services.gpu_worker.engine.checkpoint_gen import write_config
     from services.gpu_worker.engine.engine import EngineConfig, LLMEngine
     from services.gpu_worker.engine.model_config import load_model_config
     from services.gpu_worker.engine.random_weights import moved, random_weights, weights_bytes
-    from services.gpu_worker.engine.sampling_params import SamplingParams
 
     g, cuda = plan.grid, gpu_measure.is_cuda(device)
     common = dict(device=device, max_num_seqs=g.max_batch, max_num_batched_tokens=g.budget, max_model_len=g.max_len)
@@ -144,8 +146,19 @@ def run_model(plan: ModelPlan, device: str, real_dir: Path | None, tmp: Path) ->
     pool = None if cuda else nbytes * 2 + (1 << 30)
     start = time.perf_counter()
     engine = LLMEngine(EngineConfig(model_dir=str(model_dir), pool_bytes=pool, **common), preloaded=preloaded)
-    start_s = time.perf_counter() - start
-    del preloaded
+    return engine, weights_from, nbytes, load_s, time.perf_counter() - start
+
+
+def free_device(device: str) -> None:
+    """After the caller dropped its engine (runner closed): give the device memory back."""
+    _free(device)
+
+
+def run_model(plan: ModelPlan, device: str, real_dir: Path | None, tmp: Path) -> ModelRun:
+    from services.gpu_worker.engine.sampling_params import SamplingParams
+
+    g, cuda = plan.grid, gpu_measure.is_cuda(device)
+    engine, weights_from, nbytes, load_s, start_s = start_engine(plan, device, real_dir, tmp)
     vocab = engine.runner.cfg.vocab_size
     engine.generate([[min(16, vocab - 1)] * 8], SamplingParams(temperature=0, max_tokens=4))  # warm-up
     capture = _graph_capture(engine, device, vocab) if cuda else None
@@ -196,4 +209,4 @@ def profile_device(device: str, *, quick: bool, smollm_dir: Path | None = None,
                      adapter, time.perf_counter() - started)
 
 
-__all__ = ["DeviceRun", "ModelRun", "profile_device", "run_model", "smollm_checkpoint"]
+__all__ = ["DeviceRun", "ModelRun", "free_device", "profile_device", "run_model", "smollm_checkpoint", "start_engine"]

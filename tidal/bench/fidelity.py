@@ -8,6 +8,9 @@ trace open loop (`loadgen/runner`); simulate the same trace on N workers with th
 The last line is the ratio simulated / live of P50 TTFT and TPOT (goal: each within 15%).
 Both runs' reports are written under --out.
 
+`--device cuda:0 --profile FILE` runs the engine on the device against the simulator on the profile
+measured there (fidelity_device.py; `--device cpu` runs the same path on a CPU profile).
+
 `--pressure` runs the check where KV runs out and the engine preempts (fidelity_pressure.py):
 one worker with a KV budget of --kv-tokens, the live engine in scheduling policy --mode and the
 simulator in the same engine mode; its own defaults (PRESSURE_DEFAULTS) for what is not given.
@@ -67,6 +70,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calibration-requests", type=int, default=12,
                    help="requests sent one at a time to measure the live path's overheads")
     p.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("--device: the engine on a device vs the simulator on its measured profile "
+                             "(tidal/bench/fidelity_device.py)")
+    g.add_argument("--device", default=None, help="cuda:N or cpu: the device mode (the default runs the CPU cluster check)")
+    g.add_argument("--profile", default=None, metavar="FILE|NAME",
+                   help="the device's measured profile (`tidal profile gpu --device DEVICE --out FILE`)")
+    g.add_argument("--requests", type=int, default=None, help="requests in the trace (default 200 on CUDA, 16 on a CPU)")
     add_out_argument(p, "fidelity")  # reports: <out>/live and <out>/sim, plus the profile
     p.set_defaults(func=run)
 
@@ -92,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
     from tidal.bench.fidelity_cluster import MultiWorkerCluster
     from shared.nats_server import free_port
 
+    if args.device is not None:
+        from tidal.bench.fidelity_device import run_device
+
+        return run_device(args)
     if not args.pressure and (args.mode != "chunked" or args.engine_run):
         raise SystemExit("tidal bench fidelity: --mode and --engine-run apply to --pressure runs only")
     if args.pressure:
