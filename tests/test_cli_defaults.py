@@ -54,6 +54,7 @@ CASES: dict[str, tuple[list[str], bool]] = {
     "repro warmserve --live": (["repro", "warmserve", "--live", "--duration", "16"], True),
     "repro economy": (["repro", "economy", "--scale", "tiny", "--no-plots"], True),
     "repro economy --live": (["repro", "economy", "--live", "--duration", "10"], True),
+    "repro prefix": (["repro", "prefix", "--minutes", "1"], False),
 }
 # `tidal bench serve` needs a running gateway: tests/e2e/test_e2e_trace_serve.py runs it from another folder
 ELSEWHERE = {"bench serve"}

@@ -224,6 +224,22 @@ def headline(results: dict[str, PrefixResult]) -> str:
             f"chat_before_rag lru={lru.chat_before_rag} priced={pr.chat_before_rag}")
 
 
+def table(results: dict[str, PrefixResult]) -> list[str]:
+    """One row per arm: hit rates, TTFT, prefixes released, chat prompts released while a document stayed."""
+    rows = [f"{'arm':9} {'chat hit':>8} {'rag hit':>8} {'P50 TTFT':>9} {'P99 TTFT':>9} {'chat P99':>9} "
+            f"{'released chat/rag':>18} {'chat before rag':>15}"]
+    for arm, r in results.items():
+        rows.append(f"{arm:9} {r.hit_rate('chat'):8.1%} {r.hit_rate('rag'):8.1%} {r.p(50) * 1e3:7.0f}ms "
+                    f"{r.p(99) * 1e3:7.0f}ms {r.p(99, 'chat') * 1e3:7.0f}ms "
+                    f"{r.released['chat']:>12}/{r.released['rag']:<5} {r.chat_before_rag:>15}")
+    return rows
+
+
+def run_arms(params: PrefixTraceParams, *, profile: str = "a100-7b",
+             capacity_blocks: int = 3000) -> dict[str, PrefixResult]:
+    return {arm: run_prefix_economy(params, arm, profile=profile, capacity_blocks=capacity_blocks) for arm in ARMS}
+
+
 def _main() -> None:
     ap = argparse.ArgumentParser(description="cached prefixes on one worker: released by price or by recency")
     ap.add_argument("--minutes", type=float, default=10.0)
@@ -231,15 +247,9 @@ def _main() -> None:
     ap.add_argument("--capacity", type=int, default=3000, help="KV blocks of the worker")
     ap.add_argument("--profile", default="a100-7b")
     args = ap.parse_args()
-    params = PrefixTraceParams(seed=args.seed, duration_s=args.minutes * 60)
-    results = {arm: run_prefix_economy(params, arm, profile=args.profile, capacity_blocks=args.capacity)
-               for arm in ARMS}
-    print(f"{'arm':9} {'chat hit':>8} {'rag hit':>8} {'P50 TTFT':>9} {'P99 TTFT':>9} {'chat P99':>9} "
-          f"{'released chat/rag':>18} {'chat before rag':>15}")
-    for arm, r in results.items():
-        print(f"{arm:9} {r.hit_rate('chat'):8.1%} {r.hit_rate('rag'):8.1%} {r.p(50) * 1e3:7.0f}ms "
-              f"{r.p(99) * 1e3:7.0f}ms "
-              f"{r.p(99, 'chat') * 1e3:7.0f}ms {r.released['chat']:>12}/{r.released['rag']:<5} {r.chat_before_rag:>15}")
+    results = run_arms(PrefixTraceParams(seed=args.seed, duration_s=args.minutes * 60), profile=args.profile,
+                       capacity_blocks=args.capacity)
+    print("\n".join(table(results)))
     print(headline(results))
 
 
@@ -247,4 +257,4 @@ if __name__ == "__main__":
     _main()
 
 
-__all__ = ["ARMS", "PrefixEconomySim", "PrefixResult", "headline", "run_prefix_economy"]
+__all__ = ["ARMS", "PrefixEconomySim", "PrefixResult", "headline", "run_arms", "run_prefix_economy", "table"]

@@ -17,6 +17,7 @@ PAPERS: dict[str, str] = {
     "kunserve": "repro_kunserve",
     "warmserve": "repro_warmserve",
     "economy": "repro_economy",
+    "prefix": "repro_prefix",
 }
 
 
