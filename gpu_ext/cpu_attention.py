@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from gpu_ext import cpu_kernel_build
+from gpu_ext import cpu_kernel_build, cpu_matvec
 
 if TYPE_CHECKING:  # torch is imported when the kernel is used: `tidal up` asks `pending()` without it
     import torch
@@ -265,10 +265,15 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& kc, const at::Ten
   return out;
 }
 
-TORCH_LIBRARY(NAMESPACE, m) { m.def("paged_decode", &paged_decode); }
+""" + cpu_matvec.SOURCE + r"""
+TORCH_LIBRARY(NAMESPACE, m) {
+  m.def("paged_decode", &paged_decode);
+  register_matvec(m);
+}
 """
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"]
 _kernel: Callable[..., torch.Tensor] | None = None
+_ops: object | None = None  # torch.ops.<name>: paged_decode and cpu_matvec's ops
 _tried = False
 
 
@@ -283,7 +288,7 @@ def pending() -> bool:
 
 def paged_decode_kernel() -> Callable[..., torch.Tensor] | None:
     """The compiled kernel, loaded (built if missing) once per process (None: use the torch path)."""
-    global _kernel, _tried
+    global _kernel, _ops, _tried
     if _tried:
         return _kernel
     _tried = True
@@ -294,12 +299,19 @@ def paged_decode_kernel() -> Callable[..., torch.Tensor] | None:
         import torch
 
         cpu_kernel_build.build_and_load(name, _SOURCE.replace("NAMESPACE", name), _FLAGS, ["-lmvec"])
-        _kernel = getattr(torch.ops, name).paged_decode
+        _ops = getattr(torch.ops, name)
+        _kernel = _ops.paged_decode
     except Exception as exc:  # no compiler, headers or libmvec: the torch path still works
         log.warning("CPU paged attention kernel unavailable, using torch (install g++ and ninja, "
                     "or set TIDAL_CPU_KERNELS=0): %s", exc)
         _kernel = None
     return _kernel
+
+
+def cpu_ops() -> object | None:
+    """The library's op namespace (`paged_decode`, cpu_matvec's `small_linear` ...), or None."""
+    paged_decode_kernel()
+    return _ops
 
 
 def supported(q: torch.Tensor) -> bool:

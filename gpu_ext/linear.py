@@ -14,18 +14,45 @@ SmolLM2-135M shapes: [1 x 576] @ [576 x 3072] 0.94 ms packed vs 0.76 ms plain, [
 0.49 vs 0.32 ms), and a tied lm_head needed a packed copy of the embedding. TIDAL_PACK_WEIGHTS=1
 brings packing back (prefill-heavy loads). The oneDNN path is probed per dtype (result checked
 against F.linear) and skipped where it fails. CUDA weights are never touched here.
+
+Up to `cpu_matvec.MAX_ROWS` rows of fp32 (a decode step) go to gpu_ext's own C++ loops
+(cpu_matvec.py: 4 weight rows at a time with prefetch ahead; ~25% less time than MKL's gemv on
+the dev box) where the CPU kernel library is built; `small_ops` hands them to the model for the
+fused forms (norm + projection, projection + residual, SiLU-gate + projection).
+TIDAL_CPU_MATVEC=0 keeps F.linear.
 """
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from gpu_ext.cpu_matvec import MAX_ROWS
 
 # Rows from which oneDNN (reordering the weight per call) beats MKL on the plain weight.
 ONEDNN_MIN_ROWS = 16
 
 _SUPPORTED: dict[torch.dtype, bool] = {}
+_SMALL: list[Any] = []  # [the ops or None] once resolved
+
+
+def small_ops(device: torch.device | str, dtype: torch.dtype) -> Any | None:
+    """gpu_ext's C++ few-row projections (cpu_matvec.py) for fp32 CPU, or None (not built, off, other dtype)."""
+    if torch.device(device).type != "cpu" or dtype != torch.float32:
+        return None
+    if not _SMALL:
+        from gpu_ext import cpu_attention
+
+        ops = cpu_attention.cpu_ops() if os.environ.get("TIDAL_CPU_MATVEC", "1") != "0" else None
+        _SMALL.append(ops if ops is not None and hasattr(ops, "small_linear") else None)
+    return _SMALL[0]
+
+
+def _small_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
+    return (x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype == torch.float32 and w.dtype == torch.float32
+            and x.device.type == "cpu" and x.is_contiguous() and w.is_contiguous() and not x.requires_grad)
 
 
 def _onednn_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -71,6 +98,8 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if w.is_mkldnn:
         return _onednn_linear(x, w, bias)
+    if x.dim() == 2 and x.shape[0] <= MAX_ROWS and small_ops(x.device, x.dtype) is not None and _small_fits(x, w):
+        return _SMALL[0].small_linear(x, w, bias, None)
     if x.dim() == 2 and x.shape[0] >= ONEDNN_MIN_ROWS and onednn_usable(x.device, x.dtype):
         return _onednn_linear(x, w, bias)
     return F.linear(x, w, bias)

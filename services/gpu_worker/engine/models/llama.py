@@ -13,7 +13,10 @@ All token tensors are flat over the step's tokens: hidden [T, H], q [T, heads, h
 
 On CUDA the elementwise stages run as gpu_ext's fused Triton kernels (`fused`: RMSNorm with
 the residual add, rotary embedding of q and k by position, SiLU * up), one kernel each instead
-of torch's ~40 small ones per layer, rounding where torch rounds.
+of torch's ~40 small ones per layer, rounding where torch rounds. On fp32 CPU a step of at most
+`MAX_ROWS` tokens without LoRA (single-stream decode) runs each layer's projections as gpu_ext's
+fused C++ calls (`cpu_ops`, gpu_ext/cpu_matvec.py): norm + qkv, o_proj + residual, norm + gate|up,
+SiLU-gate + down + residual: 4 calls where torch took ~15 ops.
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from gpu_ext.linear import linear, pack_weight, weight_nbytes
+from gpu_ext.cpu_matvec import MAX_ROWS
+from gpu_ext.linear import linear, pack_weight, packing_enabled, small_ops, weight_nbytes
 
 from ..model_config import ModelConfig
 
@@ -143,6 +147,8 @@ class LlamaModel:
         self.lm_head: torch.Tensor | None = None
         self.rope = RotaryTable(cfg, self.device)
         self.fused = None  # gpu_ext.triton_fused on CUDA (imports Triton: CUDA paths only)
+        # gpu_ext's fused few-row projections on fp32 CPU (None: not built, TIDAL_CPU_MATVEC=0, packed weights)
+        self.cpu_ops = None if packing_enabled(self.device, cfg.dtype) else small_ops(self.device, cfg.dtype)
         if self.device.type == "cuda":
             from gpu_ext import triton_fused
 
@@ -168,16 +174,20 @@ class LlamaModel:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """norm → fused qkv (+LoRA) → rope (`rope_for`). Returns q [T, heads, d], k and v [T, kv_heads, d]."""
         cfg, w = self.cfg, self._layer(i)
-        x = self._norm(hidden, w.input_norm)
-        if lora is not None:
-            lora.start(i, ("q_proj", "k_proj", "v_proj"), x)
-        qkv = linear(x, w.wqkv, w.bqkv)
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        if lora is not None:
-            lora.add(i, "q_proj", x, q)
-            lora.add(i, "k_proj", x, k)
-            lora.add(i, "v_proj", x, v)
         t = hidden.shape[0]
+        if self._cpu_fast(hidden, lora):
+            qkv = self.cpu_ops.rms_small_linear(hidden, w.input_norm, cfg.rms_norm_eps, w.wqkv, w.bqkv)
+            v = qkv[:, cfg.q_size + cfg.kv_size :]
+        else:
+            x = self._norm(hidden, w.input_norm)
+            if lora is not None:
+                lora.start(i, ("q_proj", "k_proj", "v_proj"), x)
+            qkv = linear(x, w.wqkv, w.bqkv)
+            q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+            if lora is not None:
+                lora.add(i, "q_proj", x, q)
+                lora.add(i, "k_proj", x, k)
+                lora.add(i, "v_proj", x, v)
         if self.fused is not None:
             assert isinstance(rope, torch.Tensor)
             q, k = self.fused.rope_qk(qkv, self.rope.cos, self.rope.sin, rope, cfg.num_heads, cfg.num_kv_heads,
@@ -195,6 +205,11 @@ class LlamaModel:
         """o_proj (+LoRA) → residual → norm → SwiGLU MLP (+LoRA) → residual."""
         cfg, w = self.cfg, self._layer(i)
         attn = attn.reshape(attn.shape[0], cfg.q_size)
+        if self._cpu_fast(residual, lora):
+            ops = self.cpu_ops
+            hidden = ops.small_linear(attn.contiguous(), w.wo, None, residual)
+            gate_up = ops.rms_small_linear(hidden, w.post_norm, cfg.rms_norm_eps, w.w13, None)
+            return ops.silu_small_linear(gate_up, w.w2, hidden)
         if lora is not None:
             lora.start(i, ("o_proj",), attn)
         o = linear(attn, w.wo)
@@ -223,6 +238,8 @@ class LlamaModel:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None or self.final_norm is None:
             raise RuntimeError("this stage holds no lm_head (not the last pipeline stage)")
+        if self._cpu_fast(hidden, None) and self.lm_head.is_contiguous():
+            return self.cpu_ops.rms_small_linear(hidden, self.final_norm, self.cfg.rms_norm_eps, self.lm_head, None)
         return linear(self._norm(hidden, self.final_norm), self.lm_head)
 
     # --- a layer range ------------------------------------------------------------
@@ -241,6 +258,10 @@ class LlamaModel:
             q, k, v = self.pre_attention(i, hidden, rope, lora)
             hidden = self.post_attention(i, attention(i, q, k, v), hidden, lora)
         return hidden
+
+    def _cpu_fast(self, x: torch.Tensor, lora: LoRAHook | None) -> bool:
+        """The fused C++ projections apply: fp32 CPU ops built, no LoRA, a few contiguous rows."""
+        return self.cpu_ops is not None and lora is None and x.shape[0] <= MAX_ROWS and x.is_contiguous()
 
     def _layer(self, i: int) -> LayerWeights:
         w = self.layers.get(i)
