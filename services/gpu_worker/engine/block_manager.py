@@ -322,6 +322,8 @@ class BlockManager(TableTransfer):
         tables = self._tables.pop(seq_id, None)
         self._covered.pop(seq_id, None)
         if not tables:
+            if self.prefix is not None:
+                self.prefix.forget(seq_id)
             return 0
         n = 0
         with self._lock:

@@ -235,7 +235,8 @@ class LLMEngine(KvHandover):
         # Alone: no other sequence holds KV that could be freed later, so it never fits. The
         # failed charge took every free KV block of the shared pool: other instances' KV left is live.
         others_kv = self.pool.root.bytes_of(MemoryKind.KV) - self.blocks.num_blocks * self.blocks.block_bytes
-        alone = self.blocks.num_used_blocks == sum(self.blocks.num_blocks_of(s) for s in waiting) and others_kv <= 0
+        mine = {b for s in waiting if self.blocks.has(s) for t in self.blocks.block_tables(s).values() for b in t}
+        alone = self.blocks.num_used_blocks == len(mine) and others_kv <= 0  # shared prefix blocks counted once
         for seq_id in waiting:
             if alone:
                 self.scheduler.finish(seq_id, FinishReason.ERROR, error=error)
