@@ -180,3 +180,11 @@ def run(args: argparse.Namespace) -> int:
           f"(goal 0.85-1.15: {'met' if ok else 'missed'}){f'; {failed} live requests failed' if failed else ''}")
     tmp.cleanup()
     return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":  # `python -m tidal.bench.fidelity ...` without the other benches' imports (a GPU machine)
+    import sys
+
+    from tidal.bench.output import run_alone
+
+    sys.exit(run_alone(register, "fidelity", sys.argv[1:]))
