@@ -205,3 +205,34 @@ def test_three_member_group_is_token_exact_with_requests_decoding_through_the_dr
     assert loop.sent["KvExchange"] == loop.sent["KvLanded"] > 0
     for m in members:
         assert m.engine.blocks.num_used_blocks == 0 and not m.exchanging
+
+
+def test_victims_on_shared_prefix_blocks_are_token_exact(model_dir):
+    """Prefix caching: requests admitted on a cached shared prefix (their first blocks shared with
+    each other) decode through the drop on remote attention and the KV exchange; tokens equal a
+    cache-off unsplit run. A member holding a layer subset neither hits nor names blocks."""
+    g = torch.Generator().manual_seed(7)
+    shared = torch.randint(0, 500, (24,), generator=g).tolist()  # 3 blocks of 8
+    reqs = {f"p{i}": (shared + torch.randint(0, 500, (n,), generator=g).tolist(),
+                      SamplingParams(temperature=0.0, max_tokens=NEW)) for i, n in enumerate([3, 9, 5, 12])}
+    off = LLMEngine(EngineConfig(str(model_dir), pool_bytes=64 << 20, block_size=8, prefix_caching=False))
+    expected = {f"p{i}": r.token_ids for i, r in enumerate(off.generate([p for p, _ in reqs.values()],
+                                                                          [s for _, s in reqs.values()]))}
+    loop, a, b = pair(model_dir)
+    for m in (a, b):  # each member holds the shared prefix cached
+        m.engine.generate([shared + [1]], SamplingParams(temperature=0.0, max_tokens=2))
+    for i, (rid, (prompt, params)) in enumerate(reqs.items()):
+        (a if i % 2 == 0 else b).engine.add_request(rid, prompt, params)
+    tokens: dict[str, list[int]] = {}
+    for _ in range(4):
+        for m in (a, b):
+            collect(tokens, m.engine.step())
+    assert all(m.engine.prefix_cache.hit_stats()[1] >= 6 for m in (a, b))  # two requests x 3 blocks each
+    stages = [Stage("a", range(0, 2)), Stage("b", range(2, LAYERS))]
+    a.join("g", stages), b.join("g", stages)
+    assert set(a.victims) == {"p0", "p2"} and set(b.victims) == {"p1", "p3"}
+    assert all(not m.engine.prefix_cache.enabled and m.engine.prefix_cache.held_hashes() == [] for m in (a, b))
+    drive(loop, [a, b], tokens, kv_every=4)
+    assert tokens == expected
+    for m in (a, b):
+        assert m.engine.blocks.num_used_blocks == 0 and not m.exchanging
