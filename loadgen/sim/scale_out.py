@@ -7,7 +7,10 @@ to `shared.policy.saturation.SaturationMonitor` — the same pure code, here —
 saturation and no start is in flight, one more instance starts on a standby worker. That worker
 serves from `start_s` later: the measured instance start (`CostProfile.instance_start_s`, which
 `tidal profile` times: the checkpoint read and the engine built), plus up to one stats interval
-before the dispatcher sees it. Requests already on an instance stay there, as live.
+before the dispatcher sees it. Requests already on an instance stay there, as live. The trace starts
+on a cluster that has been idle with its floor of instances (as `make run` is once the keep-alive
+stopped the others): the monitor has watched them for a window already, so a queue at the start
+counts at once, as it does live.
 
 Without a `ScaleOut` the simulator keeps every worker serving from time 0 (its old behaviour).
 """
@@ -80,9 +83,14 @@ class ScaleOut:
             sim.activate(item[1])
         if t < self.next_tick:
             return
-        self.next_tick = t + self.spec.interval_s
+        first, self.next_tick = self.next_tick == 0.0 and not self.events, t + self.spec.interval_s
         for model in sorted({w.model for w in sim.workers}):
             serving = [w for w in sim.workers if w.model == model and w.index not in sim.standby]
+            if first and model not in self.monitor.models:
+                # the trace starts on a cluster that has served nothing for a while with these instances
+                # (live: the planner has watched them since the last change): no settling window at 0
+                idle = [InstanceLoad(running=0, waiting=0, tokens_per_s=0.0)] * len(serving)
+                self.monitor.observe(model, t - self.spec.saturation.window_s, idle, 0)
             self.monitor.observe(model, t, [instance_load(w) for w in serving], 0)
             why = self.monitor.verdict(model, t)
             starting = any(w.model == model for _, w in self.pending)

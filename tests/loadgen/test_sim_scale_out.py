@@ -32,6 +32,7 @@ def test_a_queue_that_does_not_drain_starts_the_standby_worker_which_serves_only
     result = simulate(trace(40, 0.5), PROFILE, workers=2, scale_out=SPEC)
     (event,) = result.scale_outs
     assert event.worker == "w1" and "waiting" in event.reason
+    assert event.decided_s < 5.0  # the cluster was idle before the trace: no settling window at 0, as live
     assert event.serving_s == pytest.approx(event.decided_s + 3.0 + 1.0)
     on_w1 = [r for r in result.records if r.worker == "w1"]
     assert on_w1, "the started instance took no request"
