@@ -1,9 +1,12 @@
 """The dispatcher's live view of workers and their model instances (pure; time passed in).
 
 Fed by `WorkerStats` (every 250 ms: instances, their registered LoRA adapters, batch, queue,
-KV), `WorkerHeartbeat`s and the registry's worker records. Between two stats the view adds
-what this dispatcher assigned since the last one and subtracts what finished, so a burst of
-submits does not pile onto the instance that looked idle 250 ms ago.
+KV), `WorkerHeartbeat`s and the registry's worker records. The view adds what this dispatcher
+assigned that the stats do not list yet and subtracts what finished that they still list, so a
+burst of submits does not pile onto the instance that looked idle 250 ms ago. "Listed" is by
+request id (`InstanceStats.requests`): a worker's stats carry its engine's last snapshot, which
+is as old as the engine's current step — seconds on a busy CPU — so a stats message does not
+mean the worker has seen what was sent before it.
 
 A worker is lost when it falls silent for `dead_after` (no heartbeat and no stats), when the
 registry marks it dead, or when it restarts (a new incarnation: the old process's requests
@@ -14,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shared.events import InstanceStats, WorkerHeartbeat, WorkerRecord, WorkerState, WorkerStats
+from shared.events.worker import MAX_REQUEST_LOADS
 from shared.policy.routing import InstanceView
 from shared.policy.routing_groups import GroupBatch, collapse_groups, summed_batch
 
@@ -23,9 +27,8 @@ class InstanceLoad:
     """What this dispatcher knows about an instance beyond its last stats."""
 
     own: dict[str, int] = field(default_factory=dict)  # our requests assigned here and not finished -> LoRA rank
-    since: dict[str, int] = field(default_factory=dict)  # ours assigned after the last stats -> tokens
-    finished_since: int = 0  # ours that finished after the last stats (which still counted them)
-    finished_ranks: list[int] = field(default_factory=list)  # ... and their ranks (the stats list them)
+    since: dict[str, int] = field(default_factory=dict)  # ours the stats do not list yet -> prompt tokens
+    finished: dict[str, int] = field(default_factory=dict)  # ours that finished but the stats still list -> rank
 
 
 @dataclass(slots=True)
@@ -74,14 +77,16 @@ class InstanceTable:
         w.instances = {inst.instance_id: inst for inst in msg.instances}
         w.resident_adapters = frozenset(msg.resident_adapters)
         w.adapters = {inst.instance_id: frozenset(inst.adapters) for inst in msg.instances}
-        for iid in w.instances:
+        for iid, inst in w.instances.items():
             self._instance_worker[iid] = msg.worker_id
             load = self.loads.get(iid)
             if load is not None:
-                load.since.clear()
-                load.finished_since = 0
-                load.finished_ranks.clear()
-                if not load.own:
+                listed = {r.request_id for r in inst.requests}
+                # the list is whole (not capped, not left out while requests run): else take the stats as current
+                whole = len(listed) < MAX_REQUEST_LOADS and (bool(listed) or not inst.running + inst.waiting)
+                load.since = {rid: n for rid, n in load.since.items() if whole and rid not in listed}
+                load.finished = {rid: r for rid, r in load.finished.items() if whole and rid in listed}
+                if not load.own and not load.finished:
                     del self.loads[iid]
         return sorted({inst.model for inst in msg.instances})
 
@@ -141,10 +146,9 @@ class InstanceTable:
         if load is None or request_id not in load.own:
             return
         rank = load.own.pop(request_id)
-        if load.since.pop(request_id, None) is None:
-            load.finished_since += 1
-            load.finished_ranks.append(rank)
-        if not load.own and not load.finished_since:  # (since is a subset of own)
+        if load.since.pop(request_id, None) is None:  # the stats list it: count it out until they do not
+            load.finished[request_id] = rank
+        if not load.own and not load.finished:  # (since is a subset of own)
             del self.loads[instance_id]  # type: ignore[arg-type]
 
     # --- reading --------------------------------------------------------------------------
@@ -170,7 +174,7 @@ class InstanceTable:
 
     def _view(self, w: WorkerView, inst: InstanceStats) -> InstanceView:
         load = self.loads.get(inst.instance_id) or InstanceLoad()
-        estimate = inst.running + inst.waiting + len(load.since) - load.finished_since
+        estimate = inst.running + inst.waiting + len(load.since) - len(load.finished)
         total = max(len(load.own), estimate, 0)
         running = min(inst.running, total)
         running_ranks, waiting_ranks = _ranks(inst, load)
@@ -211,7 +215,7 @@ def _ranks(inst: InstanceStats, load: InstanceLoad) -> tuple[tuple[int, ...], tu
     """The stats' (running, waiting) ranks, less ours that finished since, plus ours assigned since
     (waiting: not yet in the batch as far as we know), so rank-aware routing sees a burst's ranks."""
     running, waiting = list(inst.running_ranks), list(inst.waiting_ranks)
-    for rank in load.finished_ranks:
+    for rank in load.finished.values():
         for ranks in (running, waiting):
             if rank in ranks:
                 ranks.remove(rank)
