@@ -32,12 +32,18 @@ def test_a_queue_that_does_not_drain_starts_the_standby_worker_which_serves_only
     result = simulate(trace(40, 0.5), PROFILE, workers=2, scale_out=SPEC)
     (event,) = result.scale_outs
     assert event.worker == "w1" and "waiting" in event.reason
-    assert event.decided_s < 5.0  # the cluster was idle before the trace: no settling window at 0, as live
     assert event.serving_s == pytest.approx(event.decided_s + 3.0 + 1.0)
     on_w1 = [r for r in result.records if r.worker == "w1"]
     assert on_w1, "the started instance took no request"
     assert min(r.arrival_s for r in on_w1) >= event.serving_s  # nothing routed to it before it serves
     assert all(r.worker == "w0" for r in result.records if r.arrival_s < event.serving_s)
+
+
+def test_a_burst_at_the_start_scales_out_within_the_first_window() -> None:
+    # the cluster was idle before the trace (the monitor has watched it already): no settling window at 0
+    burst = trace(12, 0.0)
+    (event,) = simulate(burst, PROFILE, workers=2, scale_out=SPEC).scale_outs
+    assert event.decided_s < SPEC.saturation.window_s
 
 
 def test_a_scaled_out_run_is_slower_than_two_instances_from_the_start() -> None:
