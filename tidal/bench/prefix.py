@@ -4,13 +4,13 @@ one run — caching off; caching on (routing by load); caching on + prefix-aware
 The workload is two seeded prefix-sharing traces merged on one timeline (loadgen/traces/prefix.py, the
 shapes `tidal trace prefix-chat` and `tidal trace prefix-system` write):
 
-* multi-turn chat: conversations start at `--chat-rate`/s (0.05), 3-6 turns, each turn's prompt the conversation
+* multi-turn chat: conversations start at `--chat-rate`/s (0.1), 3-6 turns, each turn's prompt the conversation
   so far (own 64-token system prompt, 48-128-token user messages, 32-token reply stand-ins) + a new user
   message, ~4 s apart;
-* shared system prompts: `--system-rate` requests/s (0.2), each one of `--prompts` (2) system prompts of
+* shared system prompts: `--system-rate` requests/s (0.3), each one of `--prompts` (2) system prompts of
   `--system-tokens` (384) tokens + its own 32-96-token question, 16 tokens out.
 
-`--duration` (40 s) of arrivals per arm: ~14 requests, sized so an arm ends in a few minutes on a busy
+`--duration` (40 s) of arrivals per arm: 20 requests (seed 0), sized so an arm ends in a few minutes on a busy
 2-core box (each worker has one torch thread).
 
 Each arm starts the default cluster afresh (`shared/default_cluster.toml`: two CPU workers, SmolLM2-135M
@@ -42,8 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prefix", help="prefix caching off / on / on + prefix-aware routing, live (default cluster)")
     add_out_argument(p, "prefix")
     p.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals per arm (default 40)")
-    p.add_argument("--chat-rate", type=float, default=0.05, help="new conversations per second (default 0.05)")
-    p.add_argument("--system-rate", type=float, default=0.2, help="shared-system-prompt requests/s (default 0.2)")
+    p.add_argument("--chat-rate", type=float, default=0.1, help="new conversations per second (default 0.1)")
+    p.add_argument("--system-rate", type=float, default=0.3, help="shared-system-prompt requests/s (default 0.3)")
     p.add_argument("--prompts", type=int, default=2, help="distinct system prompts (default 2)")
     p.add_argument("--system-tokens", type=int, default=384, help="tokens per system prompt (default 384)")
     p.add_argument("--seed", type=int, default=0)
