@@ -27,6 +27,7 @@ enabled = {planner}
 interval = "{interval_ms}ms"
 kv_high_watermark = {watermark}
 ctl_timeout = "20s"
+packer = "mell"
 
 [policies]
 max_batch_size = {batch}

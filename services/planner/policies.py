@@ -52,7 +52,7 @@ def build_policies(config: ClusterConfig, *, group_prefix: str, scale_up: ScaleU
         policies.append(KunServePolicy(load_pipeline_profile(pol.kunserve_profile), kv_block_tokens=pol.kv_block_tokens,
                                        unsplit_max_batch=pol.max_batch_size, group_prefix=group_prefix))
     policies.append(MellPolicy(migration=pol.migration, kv_high_watermark=p.kv_high_watermark,
-                               max_migrations_per_op=p.max_migrations_per_op))
+                               max_migrations_per_op=p.max_migrations_per_op, packer=p.packer))
     if p.autoscale:
         # the public code's autoscaler (shared/policy/autoscaler.py: 0.8 / 0.5 of B per instance over a 5 s
         # window, 5 s protect period), the rule the fleet simulator runs; B = max_batch_size

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from shared.events.plan import PlacementEntry, PlacementHints, RequestClassName
 from shared.policy.mell import MellScheduler
+from shared.policy.packer import RepackFit
 
 HINT_INTERVALS = 3.0  # a hint stays valid this many planning intervals (the planner republishes every one)
 
@@ -25,7 +26,7 @@ def class_bounds(capacity: int) -> list[tuple[RequestClassName, int, int]]:
     return [(name, lo, hi) for name, lo, hi in zip(names, cuts, cuts[1:]) if hi > lo]
 
 
-def model_hints(model: str, scheduler: MellScheduler, now: float, valid_for_s: float) -> PlacementHints:
+def model_hints(model: str, scheduler: MellScheduler | RepackFit, now: float, valid_for_s: float) -> PlacementHints:
     """Where MELL would allocate a request of each class of `model` now."""
     capacity = scheduler.capacity
     entries = []

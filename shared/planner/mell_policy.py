@@ -1,7 +1,11 @@
 """MELL as a planner policy: views become Allocate/Depart/Update ops, MELL's placement becomes migrations.
 
-Per model, one `MellScheduler` over the usable workers serving it, with capacity C = the smallest KV
-capacity among them × `[planner] kv_high_watermark`, so MELL never packs a device past the watermark.
+Per model, one packer over the usable workers serving it, with capacity C = the smallest KV capacity
+among them × `[planner] kv_high_watermark`, so it never packs a device past the watermark. The packer is
+`[planner] packer`: `repackfit` (the default: ours, shared/policy/packer.py, packing as on demand: worst
+fit over the workers in use, a new one only when none fits) or `mell` (`MellScheduler`, MELL's classes);
+both take the same Allocate/Depart/Update batches and answer `device_of` / `peek_allocate`, so the rest
+below is the same for either ("MELL" below: the packer).
 Every interval (`decide`):
 
 1. A request seen for the first time (with KV) is *allocated*; one no longer reported *departs*
@@ -38,8 +42,10 @@ from shared.planner.view import ClusterView, WorkerView
 from shared.policy.mell import Allocate, Depart, MellScheduler, Update
 from shared.policy.mell_migration import MigrationCandidate, choose_migration_modes
 from shared.policy.mell_ops import NoCapacity
+from shared.policy.packer import RepackFit
 
 MigrationSetting = Literal["auto", "kv", "tokens", "off"]
+PackerSetting = Literal["repackfit", "mell"]
 CAPACITY_DRIFT = 0.25  # a model's scheduler is rebuilt when its devices' KV capacity changes by more than this
 # A request just migrated is missing from the views for a moment (its destination's stats predate the commit):
 # it does not depart while it is this young a move (the larger of these intervals and seconds).
@@ -51,7 +57,7 @@ OPERATOR_HOLD_S = 60.0
 
 @dataclass
 class _ModelState:
-    scheduler: MellScheduler
+    scheduler: MellScheduler | RepackFit
     devices: tuple[str, ...]
     capacity: int
     sizes: dict[str, int] = field(default_factory=dict)  # requests MELL holds -> the size it knows
@@ -62,11 +68,14 @@ class MellPolicy:
 
     def __init__(self, *, migration: MigrationSetting = "auto", kv_high_watermark: float = 0.9,
                  max_migrations_per_op: int = 10, max_attempts: int = 3, batching: bool = True,
-                 operator_hold_s: float = OPERATOR_HOLD_S) -> None:
+                 operator_hold_s: float = OPERATOR_HOLD_S, packer: PackerSetting = "mell") -> None:
         if not 0 < kv_high_watermark <= 1:
             raise ValueError(f"kv_high_watermark must be in (0, 1], got {kv_high_watermark}")
         if migration not in ("auto", "kv", "tokens", "off"):
             raise ValueError(f"migration must be auto, kv, tokens or off, got {migration!r}")
+        if packer not in ("repackfit", "mell"):
+            raise ValueError(f"packer must be repackfit or mell, got {packer!r}")
+        self.packer = packer
         self.migration = migration
         self.kv_high_watermark = kv_high_watermark
         self.max_migrations_per_op = max_migrations_per_op
@@ -137,8 +146,12 @@ class MellPolicy:
         # a pool's KV block count drifts (adapters, workspace): only a real change of capacity rebuilds
         drifted = state is not None and abs(state.capacity - capacity) > CAPACITY_DRIFT * state.capacity
         if state is None or state.devices != devices or drifted:
-            scheduler = MellScheduler(capacity, list(devices), max_migrations_per_op=self.max_migrations_per_op,
-                                      batching=self.batching)
+            scheduler: MellScheduler | RepackFit
+            if self.packer == "repackfit":  # packed as on demand (no spreading over idle workers: they are released)
+                scheduler = RepackFit(capacity, list(devices), spread=False)
+            else:
+                scheduler = MellScheduler(capacity, list(devices), max_migrations_per_op=self.max_migrations_per_op,
+                                          batching=self.batching)
             state = self.models[model] = _ModelState(scheduler, devices, capacity)
         return state
 

@@ -69,6 +69,21 @@ class RepackFit(LoadBalanceOpen):
                 return self._activate(device_id=idle)
         return best_fit(self, charge, exclude) if self.fit == "best" else worst_fit(self, charge, exclude)
 
+    def peek_allocate(self, size: int) -> str | None:
+        """The device `allocate` would choose for a request of `size` now if it fits somewhere as things are,
+        changing nothing (the planner's placement hints); with a device list, the first idle one when none
+        fits (what `allocate` would open after making room or consolidating is not foreseen); None when
+        nothing is idle or the devices are minted on demand."""
+        self._check_size("peeked", size)
+        if self.spread and self._allowed is not None and self.fit == "worst":
+            idle = next((d for d in self._allowed if d not in self._members), None)
+            if idle is not None and size <= self.capacity - self.held.get(idle, 0):
+                return idle
+        chosen = best_fit(self, size, None) if self.fit == "best" else worst_fit(self, size, None)
+        if chosen is not None or self._allowed is None:
+            return chosen
+        return next((d for d in self._allowed if d not in self._members), None)
+
     def allocate(self, request_id: str, size: int) -> OpResult:
         if request_id in self._loc:
             raise ValueError(f"allocate: request {request_id!r} is already placed on {self._loc[request_id]}")

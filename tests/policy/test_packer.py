@@ -137,3 +137,23 @@ def test_a_full_pool_refuses_an_arrival_and_leaves_a_growth_over_capacity() -> N
     assert r.placements == {"a": "g0"} and p.refused == ["b"]
     r = p.run_batch([Update("a", 100), Allocate("c", 10)])
     assert p.refused == ["c"] and r.moves == () and p.used("g0") == 100
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, C), max_size=12), st.integers(1, C), st.booleans(), st.booleans())
+def test_peek_allocate_changes_nothing_and_names_where_an_arrival_that_fits_goes(sizes, size, spread, pool) -> None:
+    """The planner's hints: `peek_allocate` leaves the books as they were, and when it names a device in use
+    that has room, `allocate` puts the request there without moving anything."""
+    p = RepackFit(C, [f"w{i}" for i in range(len(sizes) + 1)] if pool else None, spread=spread)
+    for i, s in enumerate(sizes):
+        p.allocate(f"r{i}", s)
+    before = (dict(p._loc), dict(p._load), list(p._order))
+    peeked = p.peek_allocate(size)
+    assert (dict(p._loc), dict(p._load), list(p._order)) == before
+    if not pool:
+        assert peeked is None or peeked in p._order
+    if peeked is not None and peeked in p._order and p._free(peeked) >= size:
+        got = p.allocate("new", size)
+        assert got.placements == {"new": peeked} and not got.moves
+    elif peeked is not None:  # an idle device of the list: the arrival fits on none in use (or spreads there)
+        assert peeked not in p._order and pool

@@ -101,3 +101,14 @@ def test_the_summary_line_compares_mell_with_the_planner_off_and_the_simulator()
     assert re.fullmatch(r"repro mell \(live\): live_gpus_vs_no_planner=-50% sim_vs_live_gpus=[+-]\d+% "
                         r"sim_vs_live_peak=[+-]\d+ live_util=50% sim_util=\d+% migrations=3 sim_migrations=\d+ "
                         r"lost=1", line), line
+
+
+def test_the_live_mell_repro_runs_mells_packer_not_the_live_default() -> None:
+    """`[planner] packer` defaults to ours (RepackFit); the live MELL repro compares MELL, so it pins MELL."""
+    from pathlib import Path
+
+    from loadgen.repro.mell_live_cluster import PHASES, LiveClusterSpec
+    from shared.config import ClusterConfig, parse_config
+
+    cfg = parse_config(LiveClusterSpec(models={}, workers={}).toml(PHASES["mell"], Path("/tmp/unused"), 4222))
+    assert cfg.planner.enabled and cfg.planner.packer == "mell" != ClusterConfig().planner.packer
