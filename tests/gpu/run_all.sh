@@ -45,7 +45,7 @@ if [ "$BENCH_TIMEOUT" -gt 0 ]; then
   stamp "2. bench engine --device $DEVICE (timeout $BENCH_TIMEOUT s)"
   mkdir -p "$OUT/engine"
   timeout "$BENCH_TIMEOUT" $PY -m tidal.bench.engine --device "$DEVICE" --out "$OUT/engine" --shapes llama-8b \
-    --batches 8,64 --contexts 4096 --prefill-tokens 2048 --steps 12 > "$OUT/engine-bench.log" 2>&1
+    --batches 8,64 --contexts 4096 --prefill-tokens 2048 --steps 12 --no-eager > "$OUT/engine-bench.log" 2>&1
   echo "engine bench exit $?"; grep -v '^{' "$OUT/engine-bench.log" | tail -8
   BENCH_LINE=$(grep '^bench engine (cuda):' "$OUT/engine-bench.log" | tail -1)
 else
