@@ -215,3 +215,43 @@ async def test_a_committed_move_the_source_gave_up_on_is_withdrawn_quietly(bus: 
     other = await bus.request(worker_migrate("w1"), MigrateKvCancel(
         idempotency_key="kv-withdraw-2", request_id=rid, source="w3", reason="not its move"), CtlReply)
     assert isinstance(other, CtlDone) and other.detail.startswith("no reservation"), other
+
+
+async def run_to_end(bus: Bus, worker: str, rid: str, prompt: list[int], max_tokens: int) -> list[int]:
+    stream = Stream()
+    await bus.subscribe(request_out(rid), TokenChunk | StreamError, stream.on)
+    a = Assignment(idempotency_key=f"{rid}:0", request_id=rid, instance_id=f"{worker}-tiny", model="tiny",
+                   prompt_token_ids=prompt, arrival_ts=time.time(),
+                   sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    reply = await bus.request(worker_assign(worker), a, AssignReply)
+    assert isinstance(reply, AssignAccepted), reply
+    await asyncio.wait_for(stream.done.wait(), 60)
+    assert not stream.errors
+    return [t for c in sorted(stream.chunks, key=lambda c: c.seq) for t in c.token_ids]
+
+
+async def test_kv_migration_of_a_request_on_cached_prefix_blocks(bus: Bus, reference: LLMEngine) -> None:
+    """Prefix caching (on by default): both workers hold the prompt's blocks cached, so the source
+    admits the request on shared blocks; they move like any other (copied into fresh blocks at the
+    destination, which holds the same names cached) and the tokens are the unmigrated run's. Later
+    requests hitting either worker's cache are exact too: nothing cached was corrupted."""
+    prompt = [7, 8, 9] + PROMPT * 8  # 67 tokens: 4 full blocks of 16
+    short = engine_params(SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    expected_short = reference.generate([prompt], short)[0].token_ids
+    for w in ("w0", "w1"):
+        assert await run_to_end(bus, w, f"warm-{w}", prompt, 8) == expected_short
+    stats = Stats()
+    await bus.subscribe(worker_stats(), WorkerStats, stats.on)
+    stream = await start(bus, "kv-cached-prefix", prompt, None)
+    while len(stream.chunks) < 5:
+        await asyncio.sleep(0.002)
+    moved = await migrate_out(bus, "kv-cached-prefix", "w1")
+    assert isinstance(moved, CtlDone) and moved.migration is not None and not moved.migration.fallback, moved
+    await finished(stream, reference, prompt, None)
+    for w in ("w0", "w1"):
+        assert await run_to_end(bus, w, f"again-{w}", prompt, 8) == expected_short
+    after = time.time()
+    while not all(w in stats.latest and stats.latest[w].ts > after for w in ("w0", "w1")):
+        await asyncio.sleep(0.02)
+    for w in ("w0", "w1"):  # the requests after the warm-up were admitted on cached blocks
+        assert sum(i.prefix_hit_blocks for i in stats.latest[w].instances) > 0
