@@ -23,7 +23,10 @@ MAX_ROWS = 4
 
 SOURCE = r"""
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <cstdlib>
 #include <optional>
+#include <sys/mman.h>
 
 constexpr int64_t PF_ROWS = 16;  // weight rows prefetched ahead of the ones being summed
 
@@ -141,7 +144,32 @@ at::Tensor silu_small_linear(const at::Tensor& gate_up, const at::Tensor& w, con
   return y;
 }
 
+// Copies of `tensors` in one allocation aligned to 2 MiB that the kernel is asked to back with
+// transparent huge pages (madvise): a decode step streams every weight once, and with 4 KiB
+// pages that walk misses the TLB every 4 KiB. Views of one storage, freed with the last of them.
+std::vector<at::Tensor> to_hugepages(const std::vector<at::Tensor>& tensors) {
+  constexpr int64_t HUGE = 2 << 20, ALIGN = 64;
+  int64_t total = 0;
+  for (const auto& t : tensors) total += (t.numel() * t.element_size() + ALIGN - 1) / ALIGN * ALIGN;
+  const int64_t bytes = std::max<int64_t>(HUGE, (total + HUGE - 1) / HUGE * HUGE);
+  void* p = std::aligned_alloc(HUGE, bytes);
+  TORCH_CHECK(p != nullptr, "to_hugepages: out of memory for ", bytes, " bytes");
+  madvise(p, bytes, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KiB
+  auto arena = at::from_blob(p, {bytes}, [](void* q) { std::free(q); }, at::TensorOptions().dtype(at::kByte));
+  std::vector<at::Tensor> out;
+  int64_t off = 0;
+  for (const auto& t : tensors) {
+    const int64_t n = t.numel() * t.element_size();
+    auto view = arena.narrow(0, off, n).view(t.scalar_type()).view(t.sizes());
+    view.copy_(t);
+    out.push_back(view);
+    off += (n + ALIGN - 1) / ALIGN * ALIGN;
+  }
+  return out;
+}
+
 static void register_matvec(torch::Library& m) {
+  m.def("to_hugepages", &to_hugepages);
   m.def("small_linear", &small_linear);
   m.def("rms_small_linear", &rms_small_linear);
   m.def("silu_small_linear", &silu_small_linear);

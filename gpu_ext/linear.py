@@ -50,6 +50,19 @@ def small_ops(device: torch.device | str, dtype: torch.dtype) -> Any | None:
     return _SMALL[0]
 
 
+def huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """fp32 CPU weights copied into one 2 MiB-aligned block backed by transparent huge pages
+    (cpu_matvec.py `to_hugepages`: ~19% less time for the decode projections on the dev box);
+    the tensors themselves where that does not apply (other device or dtype, no kernel library,
+    TIDAL_HUGEPAGES=0)."""
+    if not tensors or any(t.device.type != "cpu" or t.dtype != torch.float32 or t.is_mkldnn for t in tensors):
+        return tensors
+    ops = small_ops("cpu", torch.float32)
+    if ops is None or os.environ.get("TIDAL_HUGEPAGES", "1") == "0":
+        return tensors
+    return list(ops.to_hugepages(tensors))
+
+
 def _small_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
     return (x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype == torch.float32 and w.dtype == torch.float32
             and x.device.type == "cpu" and x.is_contiguous() and w.is_contiguous() and not x.requires_grad)

@@ -103,3 +103,24 @@ class _Spy:
     def __getattr__(self, name):
         self._calls.append(name)
         return getattr(self._ops, name)
+
+
+def test_huge_pages_copies_into_one_aligned_block():
+    from gpu_ext.linear import huge_pages
+    from services.gpu_worker.engine.models.llama import LayerWeights
+
+    gen = torch.Generator().manual_seed(1)
+    src = [torch.randn(33, 17, generator=gen), torch.randn(5, generator=gen), torch.randn(64, 64, generator=gen).t()]
+    out = huge_pages(src)
+    assert out[0].data_ptr() % (2 << 20) == 0
+    assert len({t.untyped_storage().data_ptr() for t in out}) == 1  # one allocation
+    for a, b in zip(src, out):
+        assert torch.equal(a, b) and b.is_contiguous() and a.data_ptr() != b.data_ptr()
+    assert huge_pages([torch.ones(3, dtype=torch.float64)])[0].dtype == torch.float64  # other dtypes: as they are
+    hf = {"input_layernorm.weight": torch.ones(8), "post_attention_layernorm.weight": torch.ones(8),
+          **{f"self_attn.{p}_proj.weight": torch.randn(8, 8, generator=gen) for p in "qkvo"},
+          **{f"mlp.{p}_proj.weight": torch.randn(12 if p != "down" else 8, 8 if p != "down" else 12, generator=gen)
+             for p in ("gate", "up", "down")}}
+    layer = LayerWeights.from_hf(hf)
+    assert len({t.untyped_storage().data_ptr() for t in layer.tensors()}) == 1
+    torch.testing.assert_close(layer.w2, hf["mlp.down_proj.weight"], rtol=0, atol=0)

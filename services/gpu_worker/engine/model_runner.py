@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from gpu_ext.linear import pack_weight, weight_nbytes
+from gpu_ext.linear import huge_pages, pack_weight, weight_nbytes
 
 from .attention import PagedAttention
 from .batch import SchedulerOutput
@@ -136,7 +136,10 @@ class ModelRunner:
     def _load_stage_ends(self) -> None:
         m, r, pre = self.model, self.reader, self._preloaded
         if self.layers.start == 0:
-            m.embed = pre.embed if pre is not None and pre.embed is not None else r.read_embedding().to(self.device)
+            if pre is not None and pre.embed is not None:
+                m.embed = pre.embed
+            else:  # the tied lm_head too: every decode step reads it whole
+                m.embed = huge_pages([r.read_embedding().to(self.device)])[0]
             self._charge("embed", _nbytes(m.embed))
         if self.layers.stop == self.cfg.num_layers:
             if pre is not None and pre.final_norm is not None and pre.lm_head is not None:
@@ -149,7 +152,7 @@ class ModelRunner:
             elif self.cfg.tie_word_embeddings and m.embed is not None:
                 m.lm_head = pack_weight(m.embed)  # the embedding itself unless packing copies it
             else:
-                m.lm_head = pack_weight(r.read_lm_head().to(self.device))
+                m.lm_head = pack_weight(huge_pages([r.read_lm_head().to(self.device)])[0])
             extra = 0 if m.lm_head is m.embed else weight_nbytes(m.lm_head)
             self._charge("lm_head", _nbytes(m.final_norm) + extra)
 

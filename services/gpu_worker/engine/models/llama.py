@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from gpu_ext.cpu_matvec import MAX_ROWS
-from gpu_ext.linear import linear, pack_weight, packing_enabled, small_ops, weight_nbytes
+from gpu_ext.linear import huge_pages, linear, pack_weight, packing_enabled, small_ops, weight_nbytes
 
 from ..model_config import ModelConfig
 
@@ -75,7 +75,13 @@ class LayerWeights:
             post_norm=t["post_attention_layernorm.weight"].to(device),
             w13=pack_weight(torch.cat([t["mlp.gate_proj.weight"], t["mlp.up_proj.weight"]]).to(device)),
             w2=pack_weight(t["mlp.down_proj.weight"].to(device)),
-        )
+        ).on_huge_pages()
+
+    def on_huge_pages(self) -> LayerWeights:
+        """This layer's fp32 CPU tensors in one huge-page block (gpu_ext.linear.huge_pages), else itself."""
+        names = [f.name for f in fields(self) if getattr(self, f.name) is not None]
+        moved = huge_pages([getattr(self, n) for n in names])
+        return LayerWeights(**{f.name: None for f in fields(self)} | dict(zip(names, moved)))
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for f in fields(self) if (t := getattr(self, f.name)) is not None]
