@@ -163,3 +163,18 @@ def test_refcounts_never_go_negative_and_live_blocks_are_never_evicted(ops) -> N
     refs = sum(e.refs for e in set(cache._owner.values()))
     slots = sum(1 for sid in live for t in bm.block_tables(sid).values() for b in t if b in cache._owner)
     assert refs == slots
+
+
+def test_a_sequence_running_when_its_adapter_is_invalidated_names_no_more_blocks() -> None:
+    bm = manager()
+    old = seq("old", list(range(9)), adapter="x")
+    _, _ = bm.attach_prefix(old)
+    assert bm.allocate("old", 9)
+    old.num_computed_tokens = 4
+    bm.commit_prefix(old)  # block 0 named under the old weights
+    bm.prefix.invalidate("x", everything=False)
+    old.num_computed_tokens = 9
+    bm.commit_prefix(old)  # block 1 (chained on the stale block 0) must not be named
+    assert bm.prefix.held_hashes() == []
+    run(bm, seq("new", list(range(9)), adapter="x"))  # the re-registered adapter names both afresh
+    assert run(bm, seq("new2", list(range(9)), adapter="x")) == 2

@@ -233,10 +233,8 @@ class PrefixCache:
         """The held layers changed: every entry goes stale; off unless back to the built set."""
         with self._lock:
             if layers != self.layers:
-                self.invalidate()
+                self.invalidate()  # live sequences stop naming blocks: theirs were made under the old layers
                 self.layers = layers
-                for st in self._seqs.values():
-                    st.stopped = True  # tables made under the old layer set are never named
 
     def invalidate(self, adapter: str | None = None, *, everything: bool = True) -> int:
         """Make entries stale (all, or those of `adapter` when everything is False): never hit
@@ -252,6 +250,9 @@ class PrefixCache:
                     self._drop(e)
                 else:
                     e.stale = True
+            for st in self._seqs.values():  # names chained on stale blocks must not be registered later
+                if everything or st.adapter == adapter:
+                    st.stopped = True
             return len(doomed)
 
     def stats(self) -> dict[str, int]:
