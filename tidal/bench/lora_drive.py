@@ -82,7 +82,8 @@ def make_engine(mode: str, model: Path, *, device: str, kernel: str, bandwidth: 
         max_model_len=max_model_len, lora_mode="segmented" if mode == "slora" else kernel,
         lora_load_bandwidth=bandwidth, lora_load_mode="inline" if mode in ("ondemand", "slora") else "async",
         cpu_lora_assist=mode == "cpu_assist", cpu_lora_processes=processes if mode == "cpu_assist" else 0,
-        cpu_lora_chunk=chunk, cpu_lora_cores=cores if mode == "cpu_assist" else ())
+        cpu_lora_chunk=chunk, cpu_lora_cores=cores if mode == "cpu_assist" else (),
+        prefix_caching=False)  # prefill cost is what is measured (the calibration repeats one prompt)
     return LLMEngine(cfg)
 
 
