@@ -21,6 +21,12 @@ All touching of free blocks happens under the pool's one lock (another instance'
 may be retiring them); the hot path — a sequence whose blocks already cover its next
 tokens — takes no lock.
 
+With prefix caching (`prefix_cache.py`, on unless `prefix_model` is None) a full block may be
+shared by several sequences' tables, and kept after its last user as *cached-free*: such blocks
+count as free, and every path above that takes free blocks (allocation, the pool's reclaim,
+other instances' wants, `set_cap`) evicts them, least recently used first, when the plain free
+ones do not cover it.
+
 Block ids are stable for the life of a block; retired ids are reused first, so the
 runner sizes its KV storage by `block_id_limit`. Which free ids a chain gets is the
 allocator's business (`block_allocator`: contiguous chains when it can).
