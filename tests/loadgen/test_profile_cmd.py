@@ -49,6 +49,7 @@ def test_profile_command_writes_a_profile_the_simulator_runs(tmp_path: Path) -> 
     assert profile.name == "m" and profile.worker.max_model_len == 512 and profile.worker.max_batch == 8
     assert profile.worker.kv_bytes_per_token == 2 * 2 * 16 * 4 * 2  # K+V x kv_heads x head_dim x fp32 x layers
     assert profile.step.step_s(1, 16) > 0 and {l.name for l in profile.links} == {"tcp", "shm", "disk"}  # disk: defaults
+    assert profile.instance_start_s > 0 and profile.start_s() == profile.instance_start_s  # measured, used by scale-out
     trace = generate(PoissonParams(seed=0, duration_s=5, rate=4, model="m", prompt_tokens=32, output_tokens=8))
     result = simulate(trace, profile, workers=1)
     assert len(result.records) == len(trace.records) and all(r.status == "ok" for r in result.records)

@@ -14,6 +14,9 @@ measured there (fidelity_device.py; `--device cpu` runs the same path on a CPU p
 `--pressure` runs the check where KV runs out and the engine preempts (fidelity_pressure.py):
 one worker with a KV budget of --kv-tokens, the live engine in scheduling policy --mode and the
 simulator in the same engine mode; its own defaults (PRESSURE_DEFAULTS) for what is not given.
+
+`--default-cluster` compares the running `tidal up` cluster with `tidal sim --scale-out` on its config
+(fidelity_default.py): P99 TTFT within 20%.
 """
 from __future__ import annotations
 
@@ -37,6 +40,13 @@ LIGHT_DEFAULTS = {"workers": 2, "rate": 3.0, "duration": 60.0, "prompt_tokens": 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("fidelity", help="a small trace live and simulated: P50 TTFT/TPOT side by side "
                                         "(--pressure: where KV runs out, P99 TTFT and preemptions too)")
+    p.add_argument("--default-cluster", action="store_true",
+                   help="the running `tidal up` cluster against `tidal sim --scale-out` on its config, with a profile "
+                        "measured here first: P50/P99 TTFT, TPOT (tidal/bench/fidelity_default.py)")
+    p.add_argument("--trace", default=None, help="--default-cluster: the trace (default: Poisson 2 req/s for 20 s, "
+                                                 "BurstGPT lengths, the config's first model)")
+    p.add_argument("--profile", default=None, help="--default-cluster: a profile file instead of measuring one")
+    p.add_argument("--state", default=None, metavar="DIR", help="--default-cluster: the cluster's data directory")
     p.add_argument("--model", help="checkpoint directory (default: generate a 4-layer llama, hidden 256)")
     p.add_argument("--pressure", action="store_true",
                    help="a KV budget small enough that the engine preempts: live vs simulated P50/P99 TTFT, "
@@ -73,8 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("--device: the engine on a device vs the simulator on its measured profile "
                              "(tidal/bench/fidelity_device.py)")
     g.add_argument("--device", default=None, help="cuda:N or cpu: the device mode (the default runs the CPU cluster check)")
-    g.add_argument("--profile", default=None, metavar="FILE|NAME",
-                   help="the device's measured profile (`tidal profile gpu --device DEVICE --out FILE`)")
+    # its profile is --profile above (shared with --default-cluster): the device's measured one here
     g.add_argument("--requests", type=int, default=None, help="requests in the trace (default 200 on CUDA, 16 on a CPU)")
     add_out_argument(p, "fidelity")  # reports: <out>/live and <out>/sim, plus the profile
     p.set_defaults(func=run)
@@ -105,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
         from tidal.bench.fidelity_device import run_device
 
         return run_device(args)
+    if args.default_cluster:
+        from tidal.bench.fidelity_default import run_default
+
+        return run_default(args)
     if not args.pressure and (args.mode != "chunked" or args.engine_run):
         raise SystemExit("tidal bench fidelity: --mode and --engine-run apply to --pressure runs only")
     if args.pressure:
