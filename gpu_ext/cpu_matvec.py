@@ -10,7 +10,9 @@ call instead of 3-7 torch ops each:
 
 - `rms_small_linear(x, norm_w, eps, w, bias)`: RMSNorm of each row (fp32), then x W^T (+ bias);
 - `small_linear(x, w, bias, residual)`: x W^T (+ bias) (+ residual) (o_proj with its residual);
-- `silu_small_linear(gate_up, w, residual)`: silu(gate) * up, then times W^T (+ residual).
+- `silu_small_linear(gate_up, w, residual)`: silu(gate) * up, then times W^T (+ residual);
+- `rope_qk(qkv, cos, sin, heads, dim)`: the rotary embedding of q and k, read from qkv (models/llama.py's
+  `apply_rope_full` in one call instead of 7 ops).
 
 fp32, contiguous, at most `MAX_ROWS` rows (more rows are compute-bound: oneDNN/MKL win there).
 The sums run in another order than MKL's, so results differ from `F.linear` in the last bits.
@@ -168,7 +170,33 @@ std::vector<at::Tensor> to_hugepages(const std::vector<at::Tensor>& tensors) {
   return out;
 }
 
+// Rotary embedding of q and k together (`apply_rope_full` of models/llama.py in one call):
+// qkv [T, (H + 2 KVH) D]; cos, sin [T, 1, D] (cos twice, sin with its first half negated);
+// out [T, H + KVH, D]: x * cos + roll(x, D / 2) * sin for the first H + KVH heads of each row.
+at::Tensor rope_qk(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads, int64_t dim) {
+  const int64_t T = qkv.size(0), W = qkv.size(1), half = dim / 2;
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1 && qkv.scalar_type() == at::kFloat && heads * dim <= W,
+              "rope_qk: qkv must be fp32 [T, >= heads * dim] with unit inner stride");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == T * dim && sin.numel() == T * dim,
+              "rope_qk: cos/sin must be contiguous [T, 1, dim]");
+  auto out = at::empty({T, heads, dim}, qkv.options());
+  const float* xp = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* x = xp + t * qkv.stride(0) + h * dim;
+      const float* c = cp + t * dim;
+      const float* s = sp + t * dim;
+      float* o = op + (t * heads + h) * dim;
+      for (int64_t i = 0; i < dim; ++i) o[i] = x[i] * c[i] + x[i < half ? i + half : i - half] * s[i];
+    }
+  return out;
+}
+
 static void register_matvec(torch::Library& m) {
+  m.def("rope_qk", &rope_qk);
   m.def("to_hugepages", &to_hugepages);
   m.def("small_linear", &small_linear);
   m.def("rms_small_linear", &rms_small_linear);

@@ -52,6 +52,19 @@ def test_rms_and_silu_forms_match_torch(rows, n, k, threads):
     torch.testing.assert_close(OPS.silu_small_linear(gate_up, w, res), res + F.linear(act, w), **tol)
 
 
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 8), (2, 1, 6)])
+def test_rope_qk_matches_apply_rope_full(heads, kv_heads, dim):
+    from services.gpu_worker.engine.models.llama import apply_rope_full
+
+    gen = torch.Generator().manual_seed(heads + dim)
+    t = 3
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * dim, generator=gen)
+    ang = torch.rand(t, 1, dim // 2, generator=gen) * 50
+    cos, sin = torch.cat((ang.cos(), ang.cos()), -1), torch.cat((-ang.sin(), ang.sin()), -1)
+    want = apply_rope_full(qkv[:, : (heads + kv_heads) * dim].view(t, heads + kv_heads, dim), cos, sin)
+    torch.testing.assert_close(OPS.rope_qk(qkv, cos, sin, heads + kv_heads, dim), want, atol=1e-5, rtol=1e-5)
+
+
 def test_bad_inputs_raise():
     with pytest.raises(RuntimeError, match="x must be"):
         OPS.small_linear(torch.randn(MAX_ROWS + 1, 8), torch.randn(4, 8), None, None)
@@ -87,7 +100,7 @@ def test_decode_step_runs_the_fused_projections(tmp_path, monkeypatch):
     calls: list[str] = []
     monkeypatch.setattr(model, "cpu_ops", _Spy(OPS, calls))
     fast = model.compute_logits(model.run_layers(0, cfg.num_layers, hidden, torch.tensor([0, 0]), plain_attention))
-    assert sorted(set(calls)) == ["rms_small_linear", "silu_small_linear", "small_linear"]
+    assert sorted(set(calls)) == ["rms_small_linear", "rope_qk", "silu_small_linear", "small_linear"]
     assert calls.count("rms_small_linear") == 2 * cfg.num_layers + 1  # qkv, gate|up per layer; the head
     monkeypatch.setattr(model, "cpu_ops", None)
     plain = model.compute_logits(model.run_layers(0, cfg.num_layers, hidden, torch.tensor([0, 0]), plain_attention))

@@ -16,7 +16,7 @@ the residual add, rotary embedding of q and k by position, SiLU * up), one kerne
 of torch's ~40 small ones per layer, rounding where torch rounds. On fp32 CPU a step of at most
 `MAX_ROWS` tokens without LoRA (single-stream decode) runs each layer's projections as gpu_ext's
 fused C++ calls (`cpu_ops`, gpu_ext/cpu_matvec.py): norm + qkv, o_proj + residual, norm + gate|up,
-SiLU-gate + down + residual: 4 calls where torch took ~15 ops.
+SiLU-gate + down + residual, and the rotary embedding of q and k: 5 calls where torch took ~22 ops.
 """
 from __future__ import annotations
 
@@ -200,6 +200,9 @@ class LlamaModel:
                                       cfg.head_dim)
             return q, k, v.view(t, cfg.num_kv_heads, cfg.head_dim)
         cos, sin = rope  # type: ignore[misc]
+        if self._cpu_fast(hidden, lora):
+            qk = self.cpu_ops.rope_qk(qkv, cos, sin, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
+            return qk[:, : cfg.num_heads], qk[:, cfg.num_heads :], v.view(t, cfg.num_kv_heads, cfg.head_dim)
         # q and k side by side in qkv: one rotation for both (half the ops of a decode step's rope)
         qk = apply_rope_full(qkv[:, : cfg.q_size + cfg.kv_size].view(t, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim),
                         cos, sin)
