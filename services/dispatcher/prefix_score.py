@@ -5,14 +5,14 @@ The cost of sending a request of P prompt tokens to an instance that holds its f
 
     cost = weight x (P - m*b)  +  outstanding tokens of the instance
 
-— the prefill it still has to do there, plus the work queued before it (KV in use + prompt
-tokens not yet prefilled: `InstanceView.outstanding_tokens`, the least-load policy's key). It is
+— the prefill it still has to do there, plus the work queued before it (tokens in its KV + prompt
+tokens not yet prefilled, `outstanding`: the least-load policy's key, its KV in tokens). It is
 the cost of Dynamo's KV router (`kv_overlap_score_weight` x prefill blocks + active blocks; its
 default weight 1.0 is ours) and of llm-d's weighted prefix-cache + load scorers, in tokens. The
 cheapest wins; ties go to fewer running requests, then the smaller instance id.
 
 When no instance holds any block of the request, every instance's first term is the same, so the
-choice would be the least-load one; the router then hands the request to the configured
+choice is by load alone; the router then hands the request to the configured
 routing policy unchanged (least load by default, or rank-aware, mell, ...): prefix-aware routing
 only ever changes a decision where a prefix matches.
 """
@@ -30,10 +30,18 @@ from services.dispatcher.prefix_index import PrefixIndex
 HASH_CACHE = 4096  # requests whose block hashes are kept (a queued request is placed again and again)
 
 
+def outstanding(inst: InstanceView) -> float:
+    """Tokens of work the instance holds: tokens in its KV + prompt tokens not yet prefilled. A worker counts
+    KV blocks per layer (`kv_blocks_used`: one block is one layer's KV for block_size tokens), so the KV
+    term is divided by the layers it holds, to be in the prefill term's unit (unknown layers: as given)."""
+    layers = inst.layers[1] - inst.layers[0] if inst.layers is not None else 1
+    return inst.kv_blocks_used * inst.block_size / max(layers, 1) + inst.queued_prompt_tokens
+
+
 def prefix_cost(prompt_tokens: int, matched: int, inst: InstanceView, weight: float) -> float:
     """Uncached prefill there (weighted) + the instance's outstanding tokens."""
     uncached = max(prompt_tokens - matched * inst.block_size, 0)
-    return weight * uncached + inst.outstanding_tokens
+    return weight * uncached + outstanding(inst)
 
 
 def choose_by_cost(request: RequestView, instances: Sequence[InstanceView], matches: Mapping[str, int],
@@ -90,4 +98,4 @@ class PrefixRouter:
         return chosen
 
 
-__all__ = ["PrefixRouter", "choose_by_cost", "prefix_cost"]
+__all__ = ["PrefixRouter", "choose_by_cost", "outstanding", "prefix_cost"]

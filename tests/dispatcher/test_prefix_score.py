@@ -2,6 +2,7 @@
 and the router around the configured policy (no match anywhere: the policy's choice, unchanged)."""
 from __future__ import annotations
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,6 +42,19 @@ def test_with_no_match_the_choice_is_the_least_load_choice(instances, prompt, we
 
 
 @settings(max_examples=300, deadline=None)
+@given(st.lists(views, min_size=1, max_size=6, unique_by=lambda v: v.instance_id), st.integers(1, 2048),
+       st.integers(1, 40), st.data())
+def test_the_router_with_nothing_held_chooses_as_its_policy(instances, prompt, layers, data) -> None:
+    """Whatever the instances' layers (the cost's KV unit), no match anywhere: the configured policy's choice."""
+    instances = [msgspec.structs.replace(v, layers=(0, layers)) for v in instances]
+    tokens = data.draw(st.lists(st.integers(0, 1000), min_size=prompt, max_size=prompt))
+    router = PrefixRouter(LeastOutstandingWork(), PrefixIndex())
+    expected = LeastOutstandingWork().choose(req(prompt), instances, 0.0)
+    assert router.choose(submit("r", tokens), req(prompt), instances, 0.0) == expected
+    assert router.counts["load"] == 1 and not router.counts["prefix"]
+
+
+@settings(max_examples=300, deadline=None)
 @given(st.lists(views, min_size=2, max_size=6, unique_by=lambda v: v.instance_id), st.integers(16, 2048),
        st.data())
 def test_the_choice_is_never_costlier_than_another_eligible_instance(instances, prompt, data) -> None:
@@ -51,6 +65,12 @@ def test_the_choice_is_never_costlier_than_another_eligible_instance(instances, 
     if chosen is not None:
         cost = {v.instance_id: prefix_cost(prompt, matches[v.instance_id], v, 1.0) for v in eligible}
         assert cost[chosen] == min(cost.values())
+
+
+def test_the_kv_term_counts_tokens_not_per_layer_blocks() -> None:
+    a = msgspec.structs.replace(inst("a", used=30), layers=(0, 30))  # 30 per-layer blocks: one block of tokens
+    assert prefix_cost(100, 0, a, 1.0) == 100 + 16
+    assert prefix_cost(100, 2, a, 2.0) == 2 * (100 - 32) + 16
 
 
 def test_a_held_prefix_beats_a_little_less_load_but_not_a_lot() -> None:
