@@ -92,6 +92,19 @@ def test_allocation_and_the_pool_take_cached_free_blocks_before_refusing() -> No
     assert bm.num_used_blocks == 0
 
 
+def test_allocation_grows_into_unused_pool_bytes_before_evicting_a_cached_prefix() -> None:
+    bm = manager(blocks=64, pool_bytes=64 * BB)
+    run(bm, seq("a", list(range(32))))  # 8 token blocks x 2 layers, grown as needed
+    bm.free("a")
+    held = list(bm.prefix.held_hashes())
+    assert bm.give_back(10 * BB) == 10 * BB  # plain free blocks back to the pool: unused bytes
+    assert bm.num_cached_blocks == 16
+    while bm.num_free_blocks > bm.num_cached_blocks:  # spend the plain free blocks
+        assert bm.allocate(f"fill{bm.num_used_blocks}", BS)
+    assert bm.allocate("b", 12)  # the pool still has bytes: the cache is kept whole
+    assert bm.prefix.held_hashes() == held and bm.num_cached_blocks == 16
+
+
 def test_an_adapter_never_shares_with_the_base_and_stale_entries_are_not_hit() -> None:
     bm = manager()
     run(bm, seq("base", list(range(9))))

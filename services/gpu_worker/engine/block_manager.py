@@ -25,7 +25,7 @@ With prefix caching (`prefix_cache.py`, on unless `prefix_model` is None) a full
 shared by several sequences' tables, and kept after its last user as *cached-free*: such blocks
 count as free, and every path above that takes free blocks (allocation, the pool's reclaim,
 other instances' wants, `set_cap`) evicts them, least recently used first, when the plain free
-ones do not cover it.
+ones do not cover it (an allocation takes unused pool bytes before it evicts).
 
 Block ids are stable for the life of a block; retired ids are reused first, so the
 runner sizes its KV storage by `block_id_limit`. Which free ids a chain gets is the
@@ -219,8 +219,12 @@ class BlockManager(TableTransfer):
         what those lack from other instances' free blocks (just that: they may need theirs
         soon); what is still lacking is remembered for `settle`."""
         bb = self.block_bytes
-        if self.prefix is not None:  # this instance's cached-free prefix blocks first, LRU first
-            short -= self.prefix.evict_blocks(short)
+        if self.prefix is not None:
+            # Unused pool bytes before cached prefixes (a cache the arbiter chose to keep is not
+            # evicted while memory sits free), then this instance's cached-free blocks, LRU first.
+            short -= self._add_blocks(max(short, self.claim_batch)) if short > 0 else 0
+            if short > 0:
+                short -= self.prefix.evict_blocks(short)
             if short <= 0:
                 return True
         needed = short * bb + self.reserve_bytes
