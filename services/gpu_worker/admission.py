@@ -60,3 +60,14 @@ def refusal(a: Assignment, *, worker_id: str, draining: bool, instances: Mapping
     if snap.kv_blocks_total and blocks_needed > snap.kv_blocks_total:
         return "no_capacity", f"{total} tokens need {blocks_needed} KV blocks; {inst.instance_id} has {snap.kv_blocks_total}"
     return None
+
+
+def adapter_users(active: Mapping[str, Active]) -> dict[str, int]:
+    """Requests admitted here per adapter they name (what an `OffloadAdapter` is refused `busy` on); the
+    stats carry it so the planner offers only adapters nobody uses."""
+    out: dict[str, int] = {}
+    for entry in active.values():
+        name = entry.assignment.adapter
+        if name:
+            out[name] = out.get(name, 0) + 1
+    return out

@@ -7,7 +7,7 @@ latest distinct snapshots of an instance, divided by the time between them.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from services.gpu_worker.instance import ModelInstance
 from services.gpu_worker.instance_snapshot import InstanceSnapshot
@@ -74,15 +74,18 @@ def request_loads(snap: InstanceSnapshot, block_bytes: int) -> list[RequestLoad]
             for rid, prompt, tokens, computed, held, final in rows]
 
 
-def adapter_residency(snaps: list[InstanceSnapshot]) -> list[AdapterResidency]:
-    """One row per (adapter, level) on this worker: bytes summed over its instances, pinned if any pins it."""
+def adapter_residency(snaps: list[InstanceSnapshot],
+                      users: Mapping[str, int] | None = None) -> list[AdapterResidency]:
+    """One row per (adapter, level) on this worker: bytes summed over its instances, pinned if any pins it;
+    `users`: requests admitted here per adapter name (on the device rows)."""
     rows: dict[tuple[str, str], AdapterResidency] = {}
     for snap in snaps:
         for name, level, pinned, rank, nbytes in snap.adapter_residency:
             seen = rows.get((name, level))
             if seen is not None:
                 pinned, nbytes = pinned or seen.pinned, nbytes + seen.bytes
-            rows[(name, level)] = AdapterResidency(adapter=name, level=level, pinned=pinned, rank=rank, bytes=nbytes)  # type: ignore[arg-type]
+            rows[(name, level)] = AdapterResidency(adapter=name, level=level, pinned=pinned, rank=rank, bytes=nbytes,  # type: ignore[arg-type]
+                                                   users=(users or {}).get(name, 0) if level == "device" else 0)
     return [rows[key] for key in sorted(rows)][:MAX_LIST]
 
 
@@ -104,11 +107,13 @@ def _group(inst: ModelInstance) -> str | None:
 
 class StatsBuilder:
     def __init__(self, worker_id: str, device: str, instances: list[ModelInstance],
-                 pool_extra: Callable[[], list[tuple[str, InstanceSnapshot]]] | None = None) -> None:
+                 pool_extra: Callable[[], list[tuple[str, InstanceSnapshot]]] | None = None,
+                 adapter_users: Callable[[], Mapping[str, int]] | None = None) -> None:
         self.worker_id = worker_id
         self.device = device
         self.instances = instances  # replaced as instances come and go (LoadModel / EvictModel)
         self.pool_extra = pool_extra  # pool holdings no instance owns (prewarmed weights), as snapshots
+        self.adapter_users = adapter_users  # requests admitted here per adapter (the worker's active table)
         self.seq = 0
         self._previous: dict[str, InstanceSnapshot] = {}
         self.prefix = PrefixRates()  # the prefix cache's figures and recent hit rate (prefix_stats.py)
@@ -147,7 +152,8 @@ class StatsBuilder:
             worker_id=self.worker_id, seq=self.seq, ts=now,
             device=self.device, state=state, pool=pool_breakdown(pairs + (self.pool_extra() if self.pool_extra else [])),
             instances=stats,
-            resident_adapters=sorted(adapters), adapter_residency=adapter_residency([s for _, s in pairs]),
+            resident_adapters=sorted(adapters), adapter_residency=adapter_residency(
+                [s for _, s in pairs], self.adapter_users() if self.adapter_users else None),
         )
         self.seq += 1
         return msg

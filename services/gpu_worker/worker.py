@@ -40,7 +40,7 @@ from services.gpu_worker import metrics as worker_metrics
 from services.gpu_worker.adapter_metrics import export_residency
 from services.gpu_worker.adapter_ctl import AdapterControl
 from services.gpu_worker.prefix_ctl import PrefixControl
-from services.gpu_worker.admission import Active, refusal
+from services.gpu_worker.admission import Active, adapter_users, refusal
 from services.gpu_worker.bus_watch import BusWatch, fence_after
 from services.gpu_worker.chunk_publisher import ChunkPublisher
 from services.gpu_worker.group_ctl import GROUP_COMMANDS, GroupControl
@@ -145,7 +145,8 @@ class GpuWorker(Actor):
         for inst in instances:
             self.instances[inst.instance_id] = inst
             inst.start(self.chunks.emitted, self._crashed)
-        self._stats = StatsBuilder(self.worker_id, self.device, list(self.instances.values()), pool_extra=self._warm_snapshot)
+        self._stats = StatsBuilder(self.worker_id, self.device, list(self.instances.values()), pool_extra=self._warm_snapshot,
+                                   adapter_users=lambda: adapter_users(self.active))
         self.activated = True
         if self.catalog is not None:
             self.spawn("catalog", self.catalog.register_until_done)

@@ -184,6 +184,9 @@ class AdapterResidency(Value, kw_only=True):
     pinned: bool = False  # device level: never evicted by LRU (`pinned: true` on load)
     rank: LoraRank = 0
     bytes: ByteCount = 0
+    # requests admitted on this worker (running, queued in an engine or waiting to be) that name it; an
+    # adapter with users is not offered for offload (the worker would refuse it `busy`). 0 from old workers
+    users: Count = 0
 
 
 class WorkerStats(Message, kw_only=True):

@@ -193,14 +193,14 @@ def worker_view(stats: WorkerStats, *, alive: bool = True) -> WorkerView:
 
 
 def evictable_adapters(stats: WorkerStats) -> tuple[AdapterView, ...]:
-    """Device-resident, unpinned adapters (`adapter_residency`), and whether a host copy stays.
-
-    The stats do not say which adapters the running requests use (only their ranks), so a hot one
-    may be offered: the worker refuses its `OffloadAdapter` `busy`, the effect fails, and the
-    arbiter does not buy that target again for a horizon (it re-prices from the next view)."""
+    """Device-resident, unpinned adapters (`adapter_residency`) that no request admitted on the worker
+    names (`users == 0`: the worker refuses an `OffloadAdapter` `busy` while one does, and the simulator
+    offers only idle adapters too), and whether a host copy stays. Stats from a worker without `users`
+    decode as 0: its adapters are offered as before, and a `busy` refusal puts that target off for a
+    horizon (the arbiter re-prices from the next view)."""
     host = {r.adapter for r in stats.adapter_residency if r.level == "host"}
     return tuple(AdapterView(r.adapter, r.bytes, r.adapter in host) for r in stats.adapter_residency
-                 if r.level == "device" and not r.pinned and r.bytes > 0)
+                 if r.level == "device" and not r.pinned and r.bytes > 0 and r.users == 0)
 
 
 def prewarmed_models(stats: WorkerStats) -> dict[str, int]:
