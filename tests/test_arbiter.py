@@ -159,3 +159,15 @@ def test_growth_that_does_not_fit_prices_the_requests_it_would_preempt() -> None
     assert need.preempted == min(2, -(-(growth - max(0.0, room)) // (30 * MIB)))  # mean request KV: 30 MiB
     assert need.recompute_s == pytest.approx(p.prefill.reprefill_s(round((1280 + 640) / 2)))
     assert queue_price(need) > queue_price(plain)  # preempting is dearer than waiting alone
+
+
+def test_a_start_that_evicts_a_warm_replica_pays_that_evictions_full_price() -> None:
+    # issue 32: a start of m on w1 takes the GPU where p's 2 GiB are prewarmed; it pays p's prewarm eviction
+    # price (p's chance *and* its 2 req/s arriving during the extra cold start), not just chance x cold start
+    from shared.events.plan import ScaleUp
+    from shared.planner.arbiter_offers import load_s, scale_out
+    view, p = cluster(p_forecast=LIKELY), pricing()
+    nbytes, price = scale_out(view, p, ScaleUp(model="m", worker_id="w1", instance_id="w1-m2"), waiting=3)
+    eviction = prewarm_price(view, p, view.workers["w1"], "p")
+    assert eviction > 0
+    assert price == pytest.approx(3 * load_s(p, 512 * MIB) + eviction)

@@ -57,10 +57,18 @@ def test_migration_and_scale_out_prices() -> None:
     assert price_migration(0.3, 0.2) == pytest.approx(0.5)
     with pytest.raises(ValueError):
         price_migration(-0.1)
-    # 5 waiting requests wait the 2 s start; the GPU had a 50% chance of a 4 s cold start elsewhere
-    assert price_scale_out(2.0, 5, 0.5, 4.0) == pytest.approx(12.0)
-    with pytest.raises(ValueError, match="chance"):
-        price_scale_out(2.0, 5, 1.5, 4.0)
+    assert price_scale_out(2.0, 5) == pytest.approx(10.0)  # 5 waiting requests wait the 2 s start
+    with pytest.raises(ValueError, match="eviction"):
+        price_scale_out(2.0, 5, -1.0)
+
+
+def test_a_start_that_evicts_a_replica_pays_the_same_price_as_evicting_it_alone() -> None:
+    # issue 32: the start's GPU holds another model's replica (50% chance it is needed, 4 s cold vs 1 s hit,
+    # 2 req/s). Evicting it costs 0.5 x 3 x (1 + 2 x 3 / 2) = 6 request-s whoever evicts it; the start
+    # used to charge only 0.5 x 3 = 1.5 (the evicted model's arrivals left out)
+    eviction = price_prewarm_eviction(0.5, 2.0, 4.0, 1.0)
+    assert eviction == pytest.approx(6.0)
+    assert price_scale_out(2.0, 5, eviction) == pytest.approx(5 * 2.0 + 6.0)
 
 
 def test_buy_takes_the_cheapest_per_useful_byte_until_covered_and_never_dearer_than_waiting() -> None:

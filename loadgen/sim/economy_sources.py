@@ -14,7 +14,8 @@ action, used by every arm that may take it, each priced with shared.policy.memor
   with the most room (MovementCosts.kv_precopy: the destination reserves the blocks, the request
   stalls for the last stage); price: that stall;
 - scale_out: start an instance (the autoscaler's scale_up: prewarm hit, host or storage) and move the
-  instance's waiting requests to it; price: the start time x those requests.
+  instance's waiting requests to it; price: the start time x those requests, plus the eviction price of
+  every other model's replica on the GPUs it takes (the same price as releasing it).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from loadgen.sim.economy_result import PurchaseRecord
 from loadgen.sim.economy_state import EconomyWorker, scaled
-from loadgen.sim.fleet_scaling import scale_up
+from loadgen.sim.fleet_scaling import _cold_group, scale_up
 from loadgen.sim.fleet_state import Instance, Replica
 from loadgen.sim.pipeline import put_decoding, set_cost, settle, take_one
 from loadgen.sim.request import SimRequest
@@ -79,15 +80,14 @@ class SourcesMixin:
     def _prewarm_offers(self: EconomySim, inst: Instance, now: float) -> list[Offer]:
         if not inst.kv_lent_blocks:
             return []
-        hit = self.profile.hit_start_s(self.system.engine_pool)
-        out = []
-        for r in {r for g in inst.gpus for r in self.gpus[g].replicas}:
-            m = self.models[r.model]
-            price = price_prewarm_eviction(self._chance_needed(r.model), self._rate(r.model, now),
-                                           self.profile.cold_start_s(m, self.system.engine_pool), hit)
-            out.append(Offer("prewarm", f"i{inst.id}/{r.model}", r.bytes_per_gpu * len(inst.gpus), price,
-                             ("prewarm", inst, r)))
-        return out
+        return [Offer("prewarm", f"i{inst.id}/{r.model}", r.bytes_per_gpu * len(inst.gpus), self._eviction_price(r, now),
+                      ("prewarm", inst, r)) for r in {r for g in inst.gpus for r in self.gpus[g].replicas}]
+
+    def _eviction_price(self: EconomySim, r: Replica, now: float) -> float:
+        """Evicting a prewarmed replica, whichever source evicts it (a release, a start on its GPUs)."""
+        return price_prewarm_eviction(self._chance_needed(r.model), self._rate(r.model, now),
+                                      self.profile.cold_start_s(self.models[r.model], self.system.engine_pool),
+                                      self.profile.hit_start_s(self.system.engine_pool))
 
     def _adapter_offers(self: EconomySim, inst: Instance, now: float) -> list[Offer]:
         w: EconomyWorker = inst.engine  # type: ignore[assignment]
@@ -155,11 +155,15 @@ class SourcesMixin:
             return []
         m = self.models[inst.model]
         free = {g.index for g in self.gpus if g.instance is None}
-        hit = any(r.model == inst.model and set(r.gpus) <= free and r.loaded(now) for r in self.replicas)
+        hit = next((r for r in self.replicas if r.model == inst.model and set(r.gpus) <= free and r.loaded(now)), None)
         start = self.profile.hit_start_s(self.system.engine_pool) if hit else \
             self.profile.cold_start_s(m, self.system.engine_pool)
+        # the GPUs it takes whole (scale_up's choice): other models' replicas there are evicted, at their price
+        gpus = hit.gpus if hit is not None else (_cold_group(self, m.parallel, free) or ())
+        evicted = {r for g in gpus for r in self.gpus[g].replicas if r.model != inst.model}
+        eviction = sum(self._eviction_price(r, now) for r in evicted)
         nbytes = self.profile.kv_blocks(m) * self.eprofile.block_bytes(m)
-        return [Offer("scale_out", f"{inst.model}<-i{inst.id}", nbytes, price_scale_out(start, len(w.waiting)),
+        return [Offer("scale_out", f"{inst.model}<-i{inst.id}", nbytes, price_scale_out(start, len(w.waiting), eviction),
                       ("scale_out", inst, None))]
 
     # --- executing a bought offer (every arm's one path per action) -------------------------

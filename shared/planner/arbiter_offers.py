@@ -141,11 +141,6 @@ def chance_needed(view: ClusterView, model: str, s: ArbiterSettings) -> float:
     return chance_above(q.p50, q.p90, serving * s.batch_size)
 
 
-def cold_extra_s(view: ClusterView, p: Pricing, model: str, warm: int) -> float:
-    weights = view.models[model].weight_bytes if model in view.models else warm
-    return max(0.0, load_s(p, weights) - load_s(p, weights - warm))
-
-
 def prewarm_price(view: ClusterView, p: Pricing, worker: WorkerView, model: str) -> float:
     warm = worker.prewarmed.get(model, 0)
     weights = view.models[model].weight_bytes if model in view.models else warm
@@ -206,16 +201,15 @@ def layer_price(view: ClusterView, p: Pricing, action: FormGroup) -> float | Non
 
 def scale_out(view: ClusterView, p: Pricing, action: ScaleUp, waiting: int) -> tuple[int, float] | None:
     """(KV bytes the new instance gets, price): its start (less what is warm there) for every waiting
-    request, and the chance another model needed the warm replicas the start evicts."""
+    request, and the price of evicting the warm replica of another model it takes (as `prewarm_price`)."""
     worker = view.workers.get(action.worker_id)
     if worker is None or action.model not in view.models:
         return None
     warm = worker.prewarmed.get(action.model, 0)
     missing = max(0, view.models[action.model].weight_bytes - warm)
-    others = [(chance_needed(view, m, p.settings), cold_extra_s(view, p, m, b))
-              for m, b in worker.prewarmed.items() if m != action.model]
-    chance, other_cold = max(others, default=(0.0, 0.0))
-    price = market.price_scale_out(load_s(p, missing), waiting, chance, other_cold)
+    # the dearest warm replica of another model the start may evict, priced as any prewarm eviction
+    eviction = max((prewarm_price(view, p, worker, m) for m in worker.prewarmed if m != action.model), default=0.0)
+    price = market.price_scale_out(load_s(p, missing), waiting, eviction)
     return max(0, room_bytes(worker) - missing), price
 
 

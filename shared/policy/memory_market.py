@@ -142,13 +142,14 @@ def price_migration(stall_s: float, interference_s: float = 0.0) -> float:
     return stall_s + interference_s
 
 
-def price_scale_out(start_s: float, waiting: int, chance_gpu_needed: float = 0.0, other_cold_s: float = 0.0) -> float:
+def price_scale_out(start_s: float, waiting: int, eviction: float = 0.0) -> float:
     """A new instance: the waiting requests wait for its start (a prewarm hit, host memory or storage);
-    taking a free GPU costs another model the chance it needed that GPU for a start of its own."""
-    _prob(chance_gpu_needed)
-    if start_s < 0 or waiting < 0 or other_cold_s < 0:
-        raise ValueError("scale out: start, waiting and the other's cold start must be >= 0")
-    return waiting * start_s + chance_gpu_needed * other_cold_s
+    a start that takes a GPU holding another model's prewarmed replica evicts it, and pays that eviction's
+    own price (`eviction`: `price_prewarm_eviction`, the evicted model's chance and arrivals included, so
+    an eviction costs the same whichever source causes it)."""
+    if start_s < 0 or waiting < 0 or not (math.isfinite(eviction) and eviction >= 0):
+        raise ValueError("scale out: start, waiting and the eviction's price must be >= 0")
+    return waiting * start_s + eviction
 
 
 def _prob(p: float) -> None:
