@@ -14,7 +14,10 @@ from shared.policy.memory_market import (
 
 def test_waiting_costs_each_waiting_request_until_the_scope_drains_or_the_horizon_ends() -> None:
     assert queue_price(Need("worker:w1", 1000, 10.0, 3, 200.0)) == pytest.approx(15.0)  # 1000 B / 200 B/s = 5 s
-    assert queue_price(Need("worker:w1", 1000, 10.0, 3, 50.0)) == pytest.approx(30.0)  # 20 s, capped at 10
+    # 20 s to drain: past the horizon, re-planned there (nothing on the market: 0 more)
+    assert queue_price(Need("worker:w1", 1000, 10.0, 3, 50.0)) == pytest.approx(30.0)
+    assert queue_price(Need("worker:w1", 1000, 10.0, 3, 50.0), later=12.0) == pytest.approx(42.0)
+    assert queue_price(Need("worker:w1", 1000, 10.0, 3, 50.0), later=90.0) == pytest.approx(60.0)  # the full wait
     assert queue_price(Need("worker:w1", 1000, 10.0, 3, 0.0)) == pytest.approx(30.0)  # frees nothing by itself
     assert queue_price(Need("worker:w1", 0, 10.0, 3, 0.0)) == 0.0
 
@@ -72,7 +75,7 @@ def test_a_start_that_evicts_a_replica_pays_the_same_price_as_evicting_it_alone(
 
 
 def test_buy_takes_the_cheapest_per_useful_byte_until_covered_and_never_dearer_than_waiting() -> None:
-    need = Need("worker:w1", 1000, 10.0, 2, 0.0)  # waiting: 2 x 10 s = 20 request-s, 0.02 a byte
+    need = Need("worker:w1", 1000, 10.0, 2, 0.0)  # frees nothing: 2 x 10 s, then re-planned
     prewarm = Offer("prewarm", "w1/p", 600, 1.0)  # 0.0017 a byte
     layers = Offer("layers", "w1+w2", 600, 6.0)  # 0.01 a byte
     migrate = Offer("migrate", "r1", 400, 2.0)  # 0.005 a byte
@@ -81,7 +84,25 @@ def test_buy_takes_the_cheapest_per_useful_byte_until_covered_and_never_dearer_t
     assert p.offers == (prewarm, migrate, layers, scale)  # the price list, cheapest per byte first
     assert p.bought == (prewarm, migrate)  # 600 B, then the 400 B still missing at 2/400 < 6/400
     assert p.covered and p.bought_bytes == 1000 and p.price == pytest.approx(3.0)
-    assert p.reserve_unit_price == pytest.approx(0.02)
+    # waiting: the horizon's 20 request-s, then the same 3 request-s purchase at the re-plan
+    assert p.reserve_unit_price == pytest.approx(0.023)
+
+
+def test_waiting_and_a_start_are_on_one_horizon_rule() -> None:
+    # issue 32: waiting was capped at the 10 s horizon and a start was not, so with 3 requests waiting on a
+    # scope that frees nothing a 9.9 s start was bought and a 10.1 s one never. Now waiting past the
+    # horizon costs the horizon plus the purchase at the re-plan: the start that lands is bought either way
+    def start(s: float) -> Offer:
+        return Offer("scale_out", "w3/m", 1000, price_scale_out(s, 3))
+
+    for s in (9.9, 10.1, 25.0):
+        assert buy(Need("model:m", 1000, 10.0, 3, 0.0), [start(s)]).bought == (start(s),)
+    # a scope that drains its bytes in 5 s waits rather than start for 10.1 s (or 9.9 s) ...
+    assert buy(Need("model:m", 1000, 10.0, 3, 200.0), [start(10.1)]).bought == ()
+    assert buy(Need("model:m", 1000, 10.0, 3, 200.0), [start(9.9)]).bought == ()
+    # ... and one that would drain in 20 s starts one for 10.1 s (was: the 20 s wait counted as 10)
+    assert buy(Need("model:m", 1000, 10.0, 3, 50.0), [start(10.1)]).bought == (start(10.1),)
+    assert buy(Need("model:m", 1000, 10.0, 3, 50.0), [start(25.0)]).bought == ()
 
 
 def test_buy_prices_an_offer_by_the_bytes_it_is_used_for() -> None:

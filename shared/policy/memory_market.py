@@ -95,15 +95,23 @@ class Purchase:
 
 
 # --- the prices (request-seconds) ------------------------------------------------------------
-def queue_price(need: Need) -> float:
-    """Waiting (queue or preempt): each waiting request waits until the scope frees the bytes itself
-    (never beyond the horizon's end being re-planned: a scope that frees nothing waits the whole
-    horizon); each request the engine preempts for want of the bytes waits as long and then recomputes
-    its context (vLLM's recompute preemption)."""
+def queue_price(need: Need, later: float = 0.0) -> float:
+    """Waiting (queue or preempt): each waiting request waits until the scope frees the bytes itself;
+    each request the engine preempts for want of the bytes waits as long and then recomputes its context
+    (vLLM's recompute preemption). A wait is counted in full, as a start's is, with one horizon rule for
+    both: at the horizon's end the need is re-planned, so waiting costs at most the horizon's waiting
+    plus `later`, what the purchase then costs (`buy` passes the cheapest cover on the market now; 0
+    when nothing is on it: a scope that frees nothing waits the horizon and is priced again)."""
     if need.bytes == 0:
         return 0.0
-    wait = min(need.bytes / need.drain_bytes_per_s if need.drain_bytes_per_s > 0 else math.inf, need.horizon_s)
-    return need.waiting * wait + need.preempted * (wait + need.recompute_s)
+    if later < 0:
+        raise ValueError(f"need {need.scope}: later must be >= 0 (got {later})")
+
+    def cost(wait: float) -> float:
+        return need.waiting * wait + need.preempted * (wait + need.recompute_s)
+
+    drained = cost(need.bytes / need.drain_bytes_per_s) if need.drain_bytes_per_s > 0 else math.inf
+    return min(drained, cost(need.horizon_s) + later)
 
 
 def price_prewarm_eviction(chance_needed: float, arrival_rps: float, cold_start_s: float, hit_start_s: float) -> float:
@@ -161,12 +169,19 @@ def _prob(p: float) -> None:
 def buy(need: Need, offers: Sequence[Offer]) -> Purchase:
     """Greedy by price per *useful* byte (an offer bigger than what is still missing pays its whole
     price for the part used, unless it is divisible: then only the part used is bought, at its price per
-    byte), while that beats waiting for the same bytes, until the need is covered. Ties go to the order
-    of SOURCES, then the target (deterministic). A divisible offer cut to what was missing is in `bought`
-    as a copy with those bytes and their price (the same payload); `offers` keeps it whole."""
-    reserve = queue_price(need) / need.bytes if need.bytes else 0.0
+    byte), while that beats waiting for the same bytes, until the need is covered. Waiting's price is
+    `queue_price(need, later)`, `later` the same greedy cover bought with no reserve (what deferring the
+    purchase to the re-plan costs on top of the horizon's wait). Ties go to the order of SOURCES, then
+    the target (deterministic). A divisible offer cut to what was missing is in `bought` as a copy with
+    those bytes and their price (the same payload); `offers` keeps it whole."""
     ranked = tuple(sorted((o for o in offers if o.bytes > 0),
                           key=lambda o: (o.unit_price, SOURCES.index(o.source), o.target)))
+    later = sum(o.price for o in _greedy(need, ranked, math.inf))
+    reserve = queue_price(need, later) / need.bytes if need.bytes else 0.0
+    return Purchase(need, ranked, _greedy(need, ranked, reserve), reserve)
+
+
+def _greedy(need: Need, ranked: tuple[Offer, ...], reserve: float) -> tuple[Offer, ...]:
     left, bought, missing = list(ranked), [], need.bytes
     while missing > 0 and left:
         best = min(left, key=lambda o: (_used_price(o, missing) / min(o.bytes, missing), SOURCES.index(o.source),
@@ -178,7 +193,7 @@ def buy(need: Need, offers: Sequence[Offer]) -> Purchase:
             best = replace(best, bytes=missing, price=best.unit_price * missing)
         bought.append(best)
         missing -= best.bytes
-    return Purchase(need, ranked, tuple(bought), reserve)
+    return tuple(bought)
 
 
 def _used_price(o: Offer, missing: int) -> float:
