@@ -290,6 +290,7 @@ class Planner(Actor):
 
     async def _publish_outcomes(self, outcomes: list[PlanOutcome]) -> None:
         for outcome in outcomes:
+            self.purchases.ended(outcome)  # a bought effect: applied, refused or failed
             label = _OUTCOME_KIND[type(outcome)]
             metrics.EFFECTS.labels(self.kinds.pop(outcome.plan_id, "unknown"), label).inc()
             await self._publish(label, outcome)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from shared.bus import Bus
 from shared.events.common import GroupMember
-from shared.events.ctl import CtlCommand, CtlDone, CtlRefused, CtlReply, LeaveGroup, MigrateOut
+from shared.events.ctl import CtlCommand, CtlDone, CtlRefused, CtlRefusedCode, CtlReply, LeaveGroup, MigrateOut
 from shared.events.plan import DissolveGroup, FormGroup, PlanApplied, PlanCancelled, PlanFailed
 from shared.logging import get_logger
 from shared.planner.effects import Effect, action_of, ctl_commands
@@ -112,7 +112,7 @@ async def apply_effect(bus: Bus, effect: Effect, *, timeout_s: float,
                 log.info("effect stale on arrival", plan_id=effect.plan_id, error=message)
                 _count_migration(effect, commands, "stale")
                 return PlanCancelled(plan_id=effect.plan_id, ts=time.time(), message=f"stale: {message}"[:2000])
-            return _failed(effect, command, message)
+            return _failed(effect, command, message, refused=reply.code)
         assert isinstance(reply, CtlDone)
     if isinstance(action, (FormGroup, DissolveGroup)):
         await _mark(bus, action.group_id, "active" if isinstance(action, FormGroup) else "dissolved", timeout_s)
@@ -132,10 +132,10 @@ async def _mark(bus: Bus, group_id: str, state: str, timeout_s: float) -> None:
         log.warning("group record not updated", group=group_id, state=state, error=repr(exc))
 
 
-def _failed(effect: Effect, command: object, message: str) -> PlanFailed:
+def _failed(effect: Effect, command: object, message: str, refused: CtlRefusedCode | None = None) -> PlanFailed:
     log.info("effect failed", plan_id=effect.plan_id, error=message)
     _count_migration(effect, [("", command)], "failed")
-    return PlanFailed(plan_id=effect.plan_id, ts=time.time(), action_index=0, message=message[:2000])
+    return PlanFailed(plan_id=effect.plan_id, ts=time.time(), action_index=0, message=message[:2000], refused=refused)
 
 
 def _count_migration(effect: Effect, commands: list, outcome: str) -> None:

@@ -28,6 +28,12 @@ PURCHASES = Counter(
     "scale_out; queue: a need, or its part, left waiting because nothing was cheaper)",
     ["source"], registry=REGISTRY,
 )
+PURCHASE_OUTCOMES = Counter(
+    "tidal_planner_purchase_outcomes_total",
+    "How the effects of bought offers ended, by source, outcome (applied, refused, failed) and reason (the "
+    "worker's refusal code, stale, cancelled, expired)",
+    ["source", "outcome", "reason"], registry=REGISTRY,
+)
 PURCHASE_PRICE = Histogram(
     "tidal_planner_purchase_price_request_s",
     "What each need cost, in request-seconds: the offers bought plus waiting for the part not covered",

@@ -20,7 +20,7 @@ from shared.events.base import (
     ServiceId, Timestamp, Value, WorkerId,
 )
 from shared.events.common import GroupMember, LayerRange
-from shared.events.ctl import MigrationMode
+from shared.events.ctl import CtlRefusedCode, MigrationMode
 
 
 # --- actions (tagged: a plan's actions are a union) ---
@@ -161,6 +161,7 @@ class PlanFailed(Message, kw_only=True):
     ts: Timestamp
     action_index: Count
     message: Reason
+    refused: CtlRefusedCode | None = None  # a worker refused the command (its code); None: no answer, an error
 
 
 class PlanCancelled(Message, kw_only=True):
@@ -173,6 +174,9 @@ class PlanCancelled(Message, kw_only=True):
 
 
 MemorySource = Literal["prefix", "prewarm", "adapter", "layers", "migrate", "scale_out", "queue"]
+# how a bought offer's effect ended: applied; refused (a worker refused it, or it was cancelled stale: nothing
+# done); failed (no answer, a deadline, an error)
+PurchaseOutcome = Literal["applied", "refused", "failed"]
 
 
 class SourcePrice(Value, kw_only=True):
@@ -186,6 +190,10 @@ class SourcePrice(Value, kw_only=True):
     price_request_s: Annotated[float, Meta(ge=0)]
     bought: bool = False
     plan_ids: Annotated[list[PlanId], Meta(max_length=1024)] = []  # the effects that carry it out (when bought)
+    # how its effect ended (None: not bought, or not yet ended); filled in the planner's purchase log, never
+    # on the PlanPurchased event (published before the effect is applied)
+    outcome: PurchaseOutcome | None = None
+    outcome_reason: Annotated[str, Meta(max_length=64)] = ""  # the refusal code, "stale", "expired", ...
 
 
 class PlanPurchased(Message, kw_only=True):
@@ -243,12 +251,24 @@ class PurchaseLogRequest(Message, kw_only=True):
     limit: Annotated[int, Meta(ge=1, le=256)] = 10
 
 
+class PurchaseOutcomeCount(Value, kw_only=True):
+    """How many bought offers of one source ended one way, since the planner started."""
+
+    source: MemorySource
+    outcome: PurchaseOutcome
+    reason: Annotated[str, Meta(max_length=64)] = ""
+    count: Count = 0
+
+
 class PurchaseLogReply(Message, kw_only=True):
-    """The lease holder's latest purchases, newest first (empty under `economy = "fixed-order"`)."""
+    """The lease holder's latest purchases, newest first (empty under `economy = "fixed-order"`), and the
+    outcomes of everything it bought since it started (`in_flight`: bought effects not ended yet)."""
 
     planner_id: ServiceId
     economy: Literal["fixed-order", "arbiter"]
     purchases: Annotated[list[PlanPurchased], Meta(max_length=256)] = []
+    outcomes: Annotated[list[PurchaseOutcomeCount], Meta(max_length=1024)] = []
+    in_flight: Count = 0
 
 
 # --- tidal.v1.evt.planner.placement ---
@@ -295,6 +315,8 @@ __all__ = [
     "Plan",
     "PlanAction",
     "PlanPurchased",
+    "PurchaseOutcome",
+    "PurchaseOutcomeCount",
     "PurchaseLogReply",
     "PurchaseLogRequest",
     "SourcePrice",

@@ -2,8 +2,10 @@
 
 Two parts: each worker's device pool by kind on one line (bytes and % of its pool), and the
 latest purchases of the planner holding the lease (`PurchaseLogReply`): per purchase its age,
-scope and need, what it bought (source, target, bytes, price in request-seconds) and the
-cheapest offer it did not buy, which is what the next byte would have cost.
+scope and need, what it bought (source, target, bytes, price in request-seconds, and how its effect
+ended once it has: applied, refused with the worker's code, failed) and the cheapest offer it did not
+buy, which is what the next byte would have cost; above them, the outcomes of everything bought since
+the planner started (`outcomes: applied=NN% (...)`, refusals by reason).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from rich.text import Text
 
 from shared.events.plan import PlanPurchased, PurchaseLogReply, SourcePrice
 from shared.events.worker import PoolBreakdown
+from shared.planner.purchase_outcomes import summary
 from tidal.commands.status_text import age, dash_wrap
 
 if TYPE_CHECKING:
@@ -120,6 +123,17 @@ def purchase_summary(purchase: PlanPurchased, age_s: float | None) -> Text:
     return line
 
 
+OUTCOME_WIDTH = 16
+
+
+def outcome_cell(p: SourcePrice) -> Text:
+    """How a bought offer's effect ended: applied, refused:<code>, failed; blank while in flight."""
+    if p.outcome is None:
+        return Text("")
+    label = p.outcome + (f":{p.outcome_reason}" if p.outcome_reason else "")
+    return Text(label[:OUTCOME_WIDTH], style={"applied": "green", "refused": "yellow"}.get(p.outcome, "red"))
+
+
 class PurchaseOffers:
     """A purchase's bought offers and the cheapest one not bought, as an indented table."""
 
@@ -130,7 +144,8 @@ class PurchaseOffers:
         bought = [p for p in self.purchase.prices if p.bought]
         passed = cheapest_not_bought(self.purchase)
         rows = [("bought", p) for p in bought[:BOUGHT_SHOWN]] + ([("not bought", passed)] if passed else [])
-        target_w = max(MIN_WORKER_WIDTH, options.max_width - 4 - 10 - 9 - 5 - 8 - 4)
+        ended = any(p.outcome is not None for _, p in rows)
+        target_w = max(MIN_WORKER_WIDTH, options.max_width - 4 - 10 - 9 - 5 - 8 - 4 - (OUTCOME_WIDTH + 1 if ended else 0))
         table = Table(box=None, pad_edge=False, show_edge=False, show_header=False, padding=(0, 1),
                       collapse_padding=True)
         table.add_column(width=3)  # the indent
@@ -139,9 +154,14 @@ class PurchaseOffers:
         table.add_column(width=target_w)
         table.add_column(justify="right", width=5, no_wrap=True)
         table.add_column(justify="right", width=8, no_wrap=True)
+        if ended:
+            table.add_column(width=OUTCOME_WIDTH, no_wrap=True)
         for tag, p in rows:
-            table.add_row("", Text(tag, style="green" if tag == "bought" else "yellow"), p.source,
-                          dash_wrap(p.target, target_w), short_bytes(p.bytes), request_s(p.price_request_s))
+            cells = ["", Text(tag, style="green" if tag == "bought" else "yellow"), p.source,
+                     dash_wrap(p.target, target_w), short_bytes(p.bytes), request_s(p.price_request_s)]
+            if ended:
+                cells.append(outcome_cell(p))
+            table.add_row(*cells)
         yield table
         if len(bought) > BOUGHT_SHOWN:
             more = bought[BOUGHT_SHOWN:]
@@ -161,6 +181,9 @@ def purchases_view(report: "StatusReport") -> list[Text | PurchaseOffers]:
         return [Text(f"purchases: {none} (planner economy = {log.economy})", style="italic")]
     out: list[Text | PurchaseOffers] = [Text(
         f"purchases by {log.planner_id} (newest first; prices in request-seconds)", style="italic")]
+    ended = summary(log.outcomes)
+    if ended or log.in_flight:
+        out.append(Text(f"outcomes: {ended or 'none ended yet'}, {log.in_flight} in flight"))
     for purchase in log.purchases:
         age_s = max(0.0, report.ts - purchase.ts) if report.ts else None
         out += [purchase_summary(purchase, age_s), PurchaseOffers(purchase)]
