@@ -171,3 +171,12 @@ def test_a_start_that_evicts_a_warm_replica_pays_that_evictions_full_price() -> 
     eviction = prewarm_price(view, p, view.workers["w1"], "p")
     assert eviction > 0
     assert price == pytest.approx(3 * load_s(p, 512 * MIB) + eviction)
+
+
+def test_a_layer_drop_is_priced_from_the_groups_slowdown_live_as_in_the_simulator() -> None:
+    # issue 32: 1/eff - 1 per running request (w1-m's one; w2 has no m) over the horizon and the restore, not 1 - eff
+    from shared.planner.arbiter_offers import group_freed, layer_price
+    view, p = cluster(p_forecast=LIKELY), pricing()
+    eff = p.pipeline.efficiency(2)
+    restore = max(p.costs.layer_restore_s(b) for b in group_freed(view, group_w1_w2().action).values())
+    assert layer_price(view, p, group_w1_w2().action) == pytest.approx((1 / eff - 1) * 1 * (10.0 + restore))

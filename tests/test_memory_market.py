@@ -7,7 +7,7 @@ import math
 import pytest
 
 from shared.policy.memory_market import (
-    Need, Offer, buy, price_adapter_eviction, price_layer_drop, price_migration, price_prewarm_eviction,
+    Need, Offer, buy, drop_slowdown, price_adapter_eviction, price_layer_drop, price_migration, price_prewarm_eviction,
     price_scale_out, queue_price,
 )
 
@@ -52,8 +52,18 @@ def test_adapter_eviction_costs_its_next_cold_use_by_the_chance_it_comes_within_
 def test_layer_drop_costs_the_pipeline_overhead_of_every_running_request_until_restored() -> None:
     assert price_layer_drop(0.2, 10, 5.0, 1.0) == pytest.approx(0.2 * 10 * 6.0)
     assert price_layer_drop(0.0, 10, 5.0, 1.0) == 0.0
-    with pytest.raises(ValueError, match="overhead"):
-        price_layer_drop(1.0, 1, 1.0, 0.0)
+    with pytest.raises(ValueError, match="slowdown"):
+        price_layer_drop(-0.1, 1, 1.0, 0.0)
+
+
+def test_a_drop_is_priced_from_the_slowdown_the_group_runs_at() -> None:
+    # issue 32: a member runs at step time / efficiency; at efficiency 0.8 a step takes 1.25x, so 10 running
+    # requests over 5 s + a 1 s restore lose 0.25 x 10 x 6 = 15 request-s (1 - eff charged 0.2: 12)
+    assert drop_slowdown(0.8) == pytest.approx(0.25)
+    assert drop_slowdown(1.0) == 0.0
+    assert price_layer_drop(drop_slowdown(0.8), 10, 5.0, 1.0) == pytest.approx(15.0)
+    with pytest.raises(ValueError, match="efficiency"):
+        drop_slowdown(0.0)
 
 
 def test_migration_and_scale_out_prices() -> None:

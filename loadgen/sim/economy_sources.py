@@ -33,7 +33,7 @@ from loadgen.sim.request import SimRequest
 from shared.policy.forecast_outlook import chance_above
 from shared.policy.movement import Precopy
 from shared.policy.memory_market import (
-    Offer, price_adapter_eviction, price_layer_drop, price_migration, price_prewarm_eviction, price_scale_out,
+    Offer, drop_slowdown, price_adapter_eviction, price_layer_drop, price_migration, price_prewarm_eviction, price_scale_out,
 )
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ class SourcesMixin:
             if b is inst or b.id in self.group_of or b.grace or not b.ready(now):
                 continue
             running = w.running() + b.engine.running()  # type: ignore[attr-defined]
-            price = price_layer_drop(1.0 - eff, running, self.horizon_s, restore)
+            price = price_layer_drop(drop_slowdown(eff), running, self.horizon_s, restore)
             out.append(Offer("layers", f"i{inst.id}+i{b.id}", nbytes, price, ("layers", inst, b)))
         return out
 
@@ -197,7 +197,7 @@ class SourcesMixin:
         if a.id in self.group_of or b.id in self.group_of or a not in self.instances[a.model] or \
                 b not in self.instances[b.model]:
             return False
-        factor = 1.0 / self.eprofile.pipeline.efficiency(2)
+        factor = 1.0 + drop_slowdown(self.eprofile.pipeline.efficiency(2))  # what the price charges
         for x, y in ((a, b), (b, a)):
             w: EconomyWorker = x.engine  # type: ignore[assignment]
             settle(w, now)

@@ -196,7 +196,7 @@ def layer_price(view: ClusterView, p: Pricing, action: FormGroup) -> float | Non
         inst = next((i for i in worker.instances if i.instance_id == m.instance_id), None) if worker else None
         running += inst.running if inst is not None else 0
     restore = max((p.costs.layer_restore_s(b) for b in group_freed(view, action).values()), default=0.0)
-    return market.price_layer_drop(1.0 - p.pipeline.efficiency(stages), running, p.settings.horizon_s, restore)
+    return market.price_layer_drop(market.drop_slowdown(p.pipeline.efficiency(stages)), running, p.settings.horizon_s, restore)
 
 
 def scale_out(view: ClusterView, p: Pricing, action: ScaleUp, waiting: int) -> tuple[int, float] | None:

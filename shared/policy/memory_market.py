@@ -132,13 +132,21 @@ def price_adapter_eviction(arrival_rps: float, horizon_s: float, cold_use_s: flo
     return (1.0 - math.exp(-arrival_rps * horizon_s)) * cold_use_s * stalled
 
 
-def price_layer_drop(overhead: float, running: int, duration_s: float, restore_s: float) -> float:
+def drop_slowdown(efficiency: float) -> float:
+    """How much slower each request of a pipelined group runs: a member serves its batch at step time /
+    efficiency (the simulator's model of a group), so a step takes `1/efficiency - 1` longer; at the
+    default profile's 0.828 that is 0.208 (not `1 - efficiency`, 0.172, which under-charges the drop)."""
+    if not 0.0 < efficiency <= 1.0:
+        raise ValueError(f"layer drop: efficiency must be in (0, 1], got {efficiency}")
+    return 1.0 / efficiency - 1.0
+
+
+def price_layer_drop(slowdown: float, running: int, duration_s: float, restore_s: float) -> float:
     """Dropping replicated layers into a buddy group: every running request of the members runs
-    `overhead` slower (1 - the pipeline's efficiency) for the expected duration of the need and the
-    restore after it."""
-    if not 0.0 <= overhead < 1.0 or running < 0 or duration_s < 0 or restore_s < 0:
-        raise ValueError(f"layer drop: overhead in [0, 1), running, duration and restore >= 0 (got {overhead})")
-    return overhead * running * (duration_s + restore_s)
+    `slowdown` slower (`drop_slowdown`) for the expected duration of the need and the restore after it."""
+    if not (math.isfinite(slowdown) and slowdown >= 0.0) or running < 0 or duration_s < 0 or restore_s < 0:
+        raise ValueError(f"layer drop: slowdown finite >= 0, running, duration and restore >= 0 (got {slowdown})")
+    return slowdown * running * (duration_s + restore_s)
 
 
 def price_migration(stall_s: float, interference_s: float = 0.0) -> float:
@@ -201,6 +209,6 @@ def _used_price(o: Offer, missing: int) -> float:
 
 
 __all__ = [
-    "Need", "Offer", "Purchase", "SOURCES", "Source", "UNIT", "buy", "price_adapter_eviction", "price_layer_drop",
+    "Need", "Offer", "Purchase", "SOURCES", "Source", "UNIT", "buy", "drop_slowdown", "price_adapter_eviction", "price_layer_drop",
     "price_migration", "price_prewarm_eviction", "price_scale_out", "queue_price",
 ]

@@ -164,7 +164,7 @@ def test_arbiter_releases_an_unwanted_prewarm_before_dropping_layers():
     assert [o.source for o in purchase.bought] == ["prewarm"]
     layers = next(o for o in purchase.offers if o.source == "layers")
     assert layers.price > 0 and layers.price == pytest.approx(price_layer_drop(
-        1 - profile().pipeline.efficiency(2), 40, 10.0, sim.moves.layer_restore_s(a.engine.pool.weights // 2)))
+        1 / profile().pipeline.efficiency(2) - 1, 40, 10.0, sim.moves.layer_restore_s(a.engine.pool.weights // 2)))
     assert sim._execute(purchase.bought[0], 0.0)
     assert r not in sim.replicas and a.engine.pool.lent_blocks == 0
 
