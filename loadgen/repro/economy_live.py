@@ -10,7 +10,9 @@
    `[planner] economy` ("fixed-order", then "arbiter"); every mechanism is on in both (buddy groups,
    migration, prewarm with the autoscaler, CPU-assisted cold adapters).
 4. Per run: P50/P99 TTFT, requests lost, the plans decided by kind, the purchases (PlanPurchased) by
-   source, and each worker's pool by kind over time (from its stats) — plotted side by side.
+   source and how each bought offer's effect ended (applied / refused with the worker's code / failed,
+   matched by plan id as the planner's purchase log does: shared/planner/purchase_outcomes.py), and each
+   worker's pool by kind over time (from its stats) — plotted side by side.
 """
 from __future__ import annotations
 
@@ -85,8 +87,19 @@ class LiveArm:
     lost: int
     plans: dict[str, int]
     purchases: dict[str, int]  # by source bought
+    outcomes: dict[str, dict[str, int]] = field(default_factory=dict)  # source -> applied / refused / failed
+    refusals: dict[str, int] = field(default_factory=dict)  # refused, by reason (busy, stale, ...)
+    in_flight: int = 0  # bought effects with no outcome by the end of the run
     pool: list[tuple[float, str, dict[str, int]]] = field(default_factory=list)  # (t, worker, bytes by kind)
     wall_s: float = 0.0
+
+    def ended(self) -> dict[str, int]:
+        """Bought effects by outcome, over every source."""
+        out = {"applied": 0, "refused": 0, "failed": 0}
+        for by in self.outcomes.values():
+            for k, v in by.items():
+                out[k] += v
+        return out
 
 
 @dataclass
@@ -98,8 +111,12 @@ class EconomyLiveRun:
     def line(self) -> str:
         fixed, arb = self.arms["fixed-order"], self.arms["arbiter"]
         ratio = fixed.ttft_p99_s / arb.ttft_p99_s if arb.ttft_p99_s > 0 else math.inf
+        n = arb.ended()
+        ended = sum(n.values())
+        applied = f"{100 * n['applied'] / ended:.0f}%" if ended else "-"
         return (f"repro economy (live): live_p99_ttft_vs_fixed_order={ratio:.1f}x "
-                f"purchases={sum(arb.purchases.values())} lost={fixed.lost + arb.lost}")
+                f"purchases={sum(arb.purchases.values())} applied={applied} refused={n['refused']} "
+                f"failed={n['failed']} lost={fixed.lost + arb.lost}")
 
 
 def live_trace(cfg: EconomyLiveConfig) -> list[TraceRecord]:
@@ -184,7 +201,8 @@ def run_live(cfg: EconomyLiveConfig, *, root: Path | None = None,
             run.arms[economy] = arm
             progress(f"live [{economy}]: TTFT p50 {arm.ttft_p50_s * 1e3:.0f} ms p99 {arm.ttft_p99_s * 1e3:.0f} ms; "
                      f"{arm.requests - arm.lost}/{arm.requests} complete; plans {arm.plans}; "
-                     f"purchases {arm.purchases} ({arm.wall_s:.0f} s)")
+                     f"purchases {arm.purchases}; outcomes {arm.outcomes}, refused by reason {arm.refusals}, "
+                     f"{arm.in_flight} in flight ({arm.wall_s:.0f} s)")
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -198,10 +216,12 @@ async def _drive(nats_url: str, url: str, trace: list[TraceRecord], economy: str
     from shared.events import WorkerStats
     from shared.events.plan import PlanDecided, PlanEvent, PlanPurchased
     from shared.planner.effects import effect_kind
+    from shared.planner.purchase_outcomes import PurchaseOutcomes
     from shared.subjects import CATALOG, worker_stats
 
     plans: dict[str, int] = {}
     bought: dict[str, int] = {}
+    tally = PurchaseOutcomes()  # each bought offer's effect, by plan id, to how it ended
     pool: list[tuple[float, str, dict[str, int]]] = []
     t0 = time.perf_counter()
 
@@ -216,9 +236,12 @@ async def _drive(nats_url: str, url: str, trace: list[TraceRecord], economy: str
             k = effect_kind(msg.plan)
             plans[k] = plans.get(k, 0) + 1
         elif isinstance(msg, PlanPurchased):
+            tally.bought([msg])
             for price in msg.prices:
                 if price.bought:
                     bought[price.source] = bought.get(price.source, 0) + 1
+        else:  # an effect's outcome: a purchase's, when it bought it
+            tally.ended(msg)
 
     bus = await Bus.connect(BusSettings(url=nats_url), service="cli")
     try:
@@ -234,7 +257,12 @@ async def _drive(nats_url: str, url: str, trace: list[TraceRecord], economy: str
     ok = [r for r in outcome.records if r.status == "ok" and r.output_tokens == want.get(r.request_id)]
     ttft = np.array(sorted(r.ttft_s for r in ok if r.ttft_s is not None))
     q = (lambda x: float(np.quantile(ttft, x))) if ttft.size else (lambda x: math.nan)
-    return LiveArm(economy, q(0.5), q(0.99), len(trace), len(trace) - len(ok), plans, bought, pool,
+    refusals: dict[str, int] = {}
+    for (_source, how, reason), n in tally.counts.items():
+        if how == "refused":
+            refusals[reason] = refusals.get(reason, 0) + n
+    return LiveArm(economy, q(0.5), q(0.99), len(trace), len(trace) - len(ok), plans, bought,
+                   {src: tally.by_outcome(src) for src in sorted(bought)}, refusals, len(tally.open), pool,
                    time.perf_counter() - t0)
 
 
@@ -270,10 +298,12 @@ def write_live(out: Path, run: EconomyLiveRun, command: str) -> Path:
     (out / "summary-live.json").write_text(json.dumps(data, indent=2, default=str))
     lines = ["# The memory economy, live (arbiter vs fixed order)", "", f"Command: `{command}` — "
              f"{run.wall_s:.0f} s wall.", "", "| economy | requests | lost | P50 TTFT ms | P99 TTFT ms | plans | "
-             "purchases |", "|---|---|---|---|---|---|---|"]
+             "purchases | outcomes (applied / refused / failed) | refused by reason | in flight |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for k, a in run.arms.items():
+        outcomes = {src: f"{o['applied']}/{o['refused']}/{o['failed']}" for src, o in a.outcomes.items()}
         lines.append(f"| {k} | {a.requests} | {a.lost} | {a.ttft_p50_s * 1e3:.0f} | {a.ttft_p99_s * 1e3:.0f} | "
-                     f"{a.plans} | {a.purchases} |")
+                     f"{a.plans} | {a.purchases} | {outcomes} | {a.refusals} | {a.in_flight} |")
     lines += ["", f"`{run.line()}`", "", "![pool](live_pool_by_kind.png)", ""]
     (out / "report-live.md").write_text("\n".join(lines))
     return out / "report-live.md"
