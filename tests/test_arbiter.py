@@ -180,3 +180,12 @@ def test_a_layer_drop_is_priced_from_the_groups_slowdown_live_as_in_the_simulato
     eff = p.pipeline.efficiency(2)
     restore = max(p.costs.layer_restore_s(b) for b in group_freed(view, group_w1_w2().action).values())
     assert layer_price(view, p, group_w1_w2().action) == pytest.approx((1 / eff - 1) * 1 * (10.0 + restore))
+
+
+def test_a_model_with_nothing_running_needs_an_instances_weights_all_or_nothing() -> None:
+    # issue 32: p's 2 GiB of weights are indivisible: half of them starts nothing
+    from dataclasses import replace as dreplace
+    from shared.planner.arbiter_offers import model_need
+    view = dreplace(cluster(), workers={})
+    need = model_need(view, "p", 3, set(), SETTINGS)
+    assert need is not None and need.bytes == need.min_bytes == 2 * GIB

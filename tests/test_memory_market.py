@@ -3,6 +3,7 @@ order — cheapest per useful byte, never dearer than waiting, stopping once the
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -113,6 +114,21 @@ def test_waiting_and_a_start_are_on_one_horizon_rule() -> None:
     # ... and one that would drain in 20 s starts one for 10.1 s (was: the 20 s wait counted as 10)
     assert buy(Need("model:m", 1000, 10.0, 3, 50.0), [start(10.1)]).bought == (start(10.1),)
     assert buy(Need("model:m", 1000, 10.0, 3, 50.0), [start(25.0)]).bought == ()
+
+
+def test_an_indivisible_need_is_bought_all_or_nothing() -> None:
+    # issue 32: a 1 GiB prompt cannot start in 0.9 GiB; the cheap 0.9 GiB offer alone is not bought
+    gib = 1 << 30
+    need = Need("worker:w1", gib, 10.0, 1, 0.0, min_bytes=gib)
+    cheap = Offer("adapter", "w1/a", int(0.9 * gib), 0.1)
+    assert buy(need, [cheap]).bought == ()
+    assert buy(replace(need, min_bytes=0), [cheap]).bought == (cheap,)  # growth: every byte helps
+    rest = Offer("prefix", "w1/i1", gib, 0.2, divisible=True)  # a cache: cut to the 0.1 GiB still missing
+    p = buy(need, [cheap, rest])
+    assert p.covered and [o.source for o in p.bought] == ["adapter", "prefix"]
+    assert p.bought[1].bytes == gib - int(0.9 * gib)
+    with pytest.raises(ValueError, match="min_bytes"):
+        Need("worker:w1", 10, 10.0, 1, 0.0, min_bytes=11)
 
 
 def test_buy_prices_an_offer_by_the_bytes_it_is_used_for() -> None:

@@ -104,13 +104,14 @@ def model_need(view: ClusterView, model: str, queued: int, needy: set[str], s: A
     sizes = [r.projected_kv_bytes or r.kv_bytes for _, i in instances for r in i.requests]
     record = view.models.get(model)
     if sizes:
-        short = queued * sum(sizes) // len(sizes)
+        short = max(1, queued * sum(sizes) // len(sizes))
+        least = min(short, max(sizes))  # one request's KV, whole (the largest running: a safe size)
     elif record is not None and record.weight_bytes > 0:
-        short = record.weight_bytes  # nothing of it runs: what it needs is an instance's worth
+        short = least = record.weight_bytes  # nothing of it runs: an instance's worth, all or nothing
     else:
         return None
     drain = sum(i.kv_used_bytes for _, i in instances) / s.request_time_s
-    return Need(f"model:{model}", max(1, short), s.horizon_s, queued, drain)
+    return Need(f"model:{model}", short, s.horizon_s, queued, drain, min_bytes=least)
 
 
 def find_needs(view: ClusterView, s: ArbiterSettings, prefill: PrefillCost | None = None) -> list[Need]:

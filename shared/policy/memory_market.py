@@ -41,13 +41,17 @@ class Need:
     # what recomputing one costs (re-prefilling its context): waiting is dearer when it means preempting
     preempted: int = 0
     recompute_s: float = 0.0
+    # the least a purchase must free to help at all: the first waiting prompt (with the growth that must fit
+    # beside it), an instance's weights; a purchase short of it buys nothing (0: every byte helps, KV growth)
+    min_bytes: int = 0
 
     def __post_init__(self) -> None:
         if (self.bytes < 0 or self.horizon_s <= 0 or self.waiting < 0 or self.drain_bytes_per_s < 0
-                or self.preempted < 0 or self.recompute_s < 0):
-            raise ValueError(f"need {self.scope}: bytes, waiting, drain, preempted and recompute_s must be >= 0 "
-                             f"and horizon_s > 0 (got {self.bytes}, {self.waiting}, {self.drain_bytes_per_s}, "
-                             f"{self.preempted}, {self.recompute_s}, {self.horizon_s})")
+                or self.preempted < 0 or self.recompute_s < 0 or not 0 <= self.min_bytes <= self.bytes):
+            raise ValueError(f"need {self.scope}: bytes, waiting, drain, preempted and recompute_s must be >= 0, "
+                             f"horizon_s > 0 and min_bytes in [0, bytes] (got {self.bytes}, {self.waiting}, "
+                             f"{self.drain_bytes_per_s}, {self.preempted}, {self.recompute_s}, {self.horizon_s}, "
+                             f"{self.min_bytes})")
 
 
 @dataclass(frozen=True)
@@ -180,7 +184,8 @@ def buy(need: Need, offers: Sequence[Offer]) -> Purchase:
     byte), while that beats waiting for the same bytes, until the need is covered. Waiting's price is
     `queue_price(need, later)`, `later` the same greedy cover bought with no reserve (what deferring the
     purchase to the re-plan costs on top of the horizon's wait). Ties go to the order of SOURCES, then
-    the target (deterministic). A divisible offer cut to what was missing is in `bought` as a copy with
+    the target (deterministic). A need with `min_bytes` is bought all or nothing: a purchase short of it
+    is not made (a 0.9 GiB offer does not admit a 1 GiB prompt). A divisible offer cut to what was missing is in `bought` as a copy with
     those bytes and their price (the same payload); `offers` keeps it whole."""
     ranked = tuple(sorted((o for o in offers if o.bytes > 0),
                           key=lambda o: (o.unit_price, SOURCES.index(o.source), o.target)))
@@ -201,6 +206,8 @@ def _greedy(need: Need, ranked: tuple[Offer, ...], reserve: float) -> tuple[Offe
             best = replace(best, bytes=missing, price=best.unit_price * missing)
         bought.append(best)
         missing -= best.bytes
+    if need.bytes - missing < need.min_bytes:
+        return ()  # all or nothing: short of the indivisible part, nothing bought helps
     return tuple(bought)
 
 
