@@ -33,7 +33,7 @@ from loadgen.sim.request import SimRequest
 from shared.policy.forecast_outlook import chance_above
 from shared.policy.movement import Precopy
 from shared.policy.memory_market import (
-    Offer, drop_slowdown, price_adapter_eviction, price_layer_drop, price_migration, price_prewarm_eviction, price_scale_out,
+    NO_FORECAST_CHANCE, Offer, drop_slowdown, price_adapter_eviction, price_layer_drop, price_migration, price_prewarm_eviction, price_scale_out,
 )
 
 if TYPE_CHECKING:
@@ -67,10 +67,11 @@ class SourcesMixin:
 
     def _chance_needed(self: EconomySim, model: str) -> float:
         """The forecast's chance the model needs more instances than it has (WarmServe's load: requests
-        in the system; the 0.9 quantile read from the window's peak forecast, an assumption)."""
+        in the system; the 0.9 quantile read from the window's peak forecast, an assumption);
+        NO_FORECAST_CHANCE without a forecast, as live."""
         series = self.forecasts.get(model)
         if not series:
-            return 0.0
+            return NO_FORECAST_CHANCE
         f = series[min(self.window, len(series) - 1)]
         p = self.system.scaler
         level = p.scale_up_at * p.batch_size * sum(1 for i in self.instances[model] if not i.grace)

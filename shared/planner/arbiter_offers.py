@@ -132,11 +132,11 @@ def load_s(p: Pricing, nbytes: int) -> float:
 
 
 def chance_needed(view: ClusterView, model: str, s: ArbiterSettings) -> float:
-    """P(the model needs more instances than it has) over the forecast's concurrency quantiles; 1 without
-    them (a replica nobody can price is kept as if needed)."""
+    """P(the model needs more instances than it has) over the forecast's concurrency quantiles;
+    `NO_FORECAST_CHANCE` without them (the simulator's default too)."""
     fc = view.forecasts.get(model)
     if fc is None or fc.concurrency_quantiles is None:
-        return 1.0
+        return market.NO_FORECAST_CHANCE
     serving = sum(1 for w in view.usable_workers() for i in w.instances if i.model == model and i.accepting)
     q = fc.concurrency_quantiles
     return chance_above(q.p50, q.p90, serving * s.batch_size)

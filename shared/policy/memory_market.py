@@ -28,6 +28,12 @@ from typing import Literal
 Source = Literal["prefix", "prewarm", "adapter", "layers", "migrate", "scale_out", "queue"]
 SOURCES: tuple[Source, ...] = ("prefix", "prewarm", "adapter", "layers", "migrate", "scale_out", "queue")
 UNIT = "request_s"
+# The chance a model needs a new instance when no forecast says (a predictor down, a model it never saw),
+# live and simulated alike: 1, a replica nobody can price is priced as needed. Its loss is asymmetric: an
+# eviction wrongly priced free costs a cold start to every arrival meanwhile and cannot be undone within the
+# horizon, while a replica wrongly kept costs only what the market then buys instead (priced). Priced 0, the
+# market would sell every unforecast replica first, so a predictor outage would strip the prewarms.
+NO_FORECAST_CHANCE = 1.0
 
 
 @dataclass(frozen=True)
@@ -216,6 +222,6 @@ def _used_price(o: Offer, missing: int) -> float:
 
 
 __all__ = [
-    "Need", "Offer", "Purchase", "SOURCES", "Source", "UNIT", "buy", "drop_slowdown", "price_adapter_eviction", "price_layer_drop",
+    "NO_FORECAST_CHANCE", "Need", "Offer", "Purchase", "SOURCES", "Source", "UNIT", "buy", "drop_slowdown", "price_adapter_eviction", "price_layer_drop",
     "price_migration", "price_prewarm_eviction", "price_scale_out", "queue_price",
 ]

@@ -148,6 +148,13 @@ def test_migration_pays_the_precopy_stall():
     assert sim.purchases[-1].price_request_s == plan.stall_s
 
 
+def test_a_model_without_a_forecast_is_priced_needed_as_live():
+    # issue 32: no forecast meant chance 0 here and 1 live; one default now (memory_market.NO_FORECAST_CHANCE)
+    from shared.policy.memory_market import NO_FORECAST_CHANCE
+    sim = _hand_sim("arbiter")
+    assert NO_FORECAST_CHANCE == 1.0 and sim._chance_needed("llama2-13b") == NO_FORECAST_CHANCE
+
+
 def test_arbiter_releases_an_unwanted_prewarm_before_dropping_layers():
     zero = {m.name: [LoadForecast(0.0, 0.0)] for m in profile().fleet.models}
     sim = _hand_sim("arbiter", forecasts=zero)
