@@ -24,9 +24,9 @@ chosen on synthetic traces (the Azure-like weeks, the mixed hour), never on the 
 (docs/benchmarks.md#predictor).
 
 Quantiles come from the ensemble's own recent residuals, relative to its point forecast:
-r = (a - f) / max(f, floor) over the last `residual_windows` observed windows, floor =
-`floor_fraction` x the mean recent load (so an idle model's residuals do not divide by 0), and
-quantile q of window w = max(0, f + max(f, floor) x Q_q(r)) (linear interpolation between order
+r = (a - f) / max(f, floor), clamped to +-`residual_cap`, over the last `residual_windows` observed
+windows, floor = `floor_fraction` x the mean recent load (so an idle model's residuals do not divide
+by 0), and quantile q of window w = max(0, f + max(f, floor) x Q_q(r)) (linear interpolation between order
 statistics). With no residual yet, every quantile is the point forecast.
 
 Every forecast of window w depends only on the windows [w - lookback_windows(p), w) and on what
@@ -51,6 +51,9 @@ class EnsembleParams:
     residual_windows: int = 96  # recent residuals the quantiles are read from
     floor_fraction: float = 0.1
     error_cap: float = 1.0  # |relative error| counted at most this (a burst's 700% error would rule the weights)
+    # |residual| kept at most this: a window that bursts out of an idle stretch divides by the
+    # floor (1e-12 when the recent mean is 0) and would read as a 1e12x residual in every quantile
+    residual_cap: float = 10.0
     shrinkage: float = 0.25  # of the error covariance towards its diagonal: 1 is inverse MSE
     quantiles: tuple[float, ...] = (0.5, 0.9)
 
@@ -62,6 +65,8 @@ class EnsembleParams:
             raise ValueError(f"error_discount must be in (0, 1], got {self.error_discount}")
         if not self.error_cap > 0:
             raise ValueError(f"error_cap must be > 0, got {self.error_cap}")
+        if not self.residual_cap > 0:
+            raise ValueError(f"residual_cap must be > 0, got {self.residual_cap}")
         if not 0 <= self.shrinkage <= 1:
             raise ValueError(f"shrinkage must be in [0, 1], got {self.shrinkage}")
         if not self.floor_fraction > 0:
@@ -162,7 +167,7 @@ def _run(series: Series, fcs: dict[str, list[float]], origin: int, first: int, e
             out.append(EnsembleForecast(point=point, quantiles=qs, members=members))
         a = _observed(series, v)
         if a is not None:
-            residuals[v] = (a - point) / scale
+            residuals[v] = max(-p.residual_cap, min(p.residual_cap, (a - point) / scale))
     return out
 
 

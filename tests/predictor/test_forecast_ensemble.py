@@ -138,3 +138,12 @@ def test_a_burst_does_not_rule_the_weights_once_errors_are_capped():
         return next(m.weight for m in fc.members if m.name == "last_value")
 
     assert last_value_weight(1.0) > 2 * last_value_weight(1e3)
+
+
+def test_a_burst_out_of_idle_keeps_every_quantile_a_load_the_wire_accepts():
+    # idle windows make the residual floor 1e-12: unclamped, the burst's residual was ~5e12 and the
+    # predictor's forecasts (p90 1.4e12) were refused by every reader (Load <= 1e12)
+    series = [0.0] * 20 + [5.0] + [0.0] * 3 + [0.5] * 3
+    qs = [v for fc in ensemble_series(series, params()) for _, v in fc.quantiles]
+    assert all(math.isfinite(v) and 0 <= v <= 100 for v in qs)
+    assert max(qs) > 0.5  # the burst still widens the quantiles
