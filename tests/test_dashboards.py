@@ -103,7 +103,8 @@ def test_metric_name_extraction_ignores_functions_labels_and_ranges():
 def test_every_metric_a_panel_or_variable_reads_is_declared_in_the_code():
     declared = declared_series()
     assert {"tidal_worker_pool_bytes", "tidal_gateway_ttft_seconds_bucket", "tidal_plan_effects_total",
-            "tidal_planner_purchases_total", "tidal_planner_purchase_price_request_s_bucket"} <= declared.keys()
+            "tidal_planner_purchases_total", "tidal_planner_purchase_price_request_s_bucket",
+            "tidal_planner_purchase_outcomes_total"} <= declared.keys()
     queries = dashboard_queries(dashboard())
     missing = sorted({(where, name) for where, expr in queries for name in metric_names(expr)
                       if name not in declared and name not in PROMETHEUS_MADE})
@@ -137,4 +138,9 @@ def test_the_memory_economy_panels_read_the_pool_per_worker_and_the_purchases():
     assert all(n.startswith("tidal_planner_purchase_price_request_s") for n in names[1])
     rows = [p for p in dashboard()["panels"] if p["type"] == "row"]
     economy = next(r for r in rows if r["title"] == "Memory economy")
+    outcomes = panels["Purchase outcomes"]  # applied / refused / failed, beside the purchases
+    assert [metric_names(t["expr"]) for t in outcomes["targets"]] == [{"tidal_planner_purchase_outcomes_total"}] * 2
+    assert "by (source, outcome)" in outcomes["targets"][0]["expr"]
+    assert outcomes["gridPos"]["y"] == purchases["gridPos"]["y"]
+    assert outcomes["gridPos"]["x"] >= purchases["gridPos"]["x"] + purchases["gridPos"]["w"]  # no overlap
     assert all(p["gridPos"]["y"] > economy["gridPos"]["y"] for p in (device, purchases))
