@@ -178,14 +178,19 @@ class InstanceTable:
         total = max(len(load.own), estimate, 0)
         running = min(inst.running, total)
         running_ranks, waiting_ranks = _ranks(inst, load)
+        # A worker's block is one layer's KV; the router's is a block of tokens over every layer
+        # held, so that KV tokens and queued prompt tokens add up in one unit (counting per-layer
+        # blocks made a worker with 30 layers of KV look 30x busier than one with a queue).
+        layers = max(1, inst.layers.end - inst.layers.start)
         return InstanceView(
             instance_id=inst.instance_id, worker_id=w.worker_id, model=inst.model, live=True,
-            kv_blocks_used=inst.kv_blocks_used, kv_blocks_total=inst.kv_blocks_total, block_size=self.block_size,
+            kv_blocks_used=-(-inst.kv_blocks_used // layers), kv_blocks_total=inst.kv_blocks_total // layers,
+            block_size=self.block_size,
             queued_prompt_tokens=inst.queued_prompt_tokens + sum(load.since.values()), running_requests=running,
             waiting_requests=total - running, resident_adapters=w.resident_adapters,
             adapters=w.adapters.get(inst.instance_id, frozenset()), max_batch=self.max_batch,
             running_ranks=running_ranks, waiting_ranks=waiting_ranks,
-            adapter_room_bytes=inst.adapter_room_bytes, kv_block_bytes=inst.kv_block_bytes,
+            adapter_room_bytes=inst.adapter_room_bytes, kv_block_bytes=inst.kv_block_bytes * layers,
             group_id=inst.group_id, layers=(inst.layers.start, inst.layers.end),
         )
 
