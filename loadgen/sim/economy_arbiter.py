@@ -53,9 +53,10 @@ class ArbiterMixin:
             mean_ctx = sum(ctxs) / len(ctxs)
             preempted = min(len(ctxs), -(-(grow_bytes - free) // max(1, int(mean_ctx * m.kv_bytes_per_token))))
             recompute = mean_ctx * w.cost.prefill_per_token_s
-        # the first waiting prompt is indivisible: a purchase helps it only if it fits whole beside the growth
+        # the first waiting prompt is indivisible: once the growth fits, a purchase helps only if that prompt
+        # fits whole beside it; while the growth does not fit, every byte spares a preemption
         head = w._blocks(w.waiting[0].to_prefill) * w.bs * m.kv_bytes_per_token if w.waiting else 0
-        least = min(nbytes, max(0, int(grow_bytes + head - free)))
+        least = 0 if grow_bytes > free else min(nbytes, max(0, int(grow_bytes + head - free)))
         return Need(f"worker:i{inst.id}", nbytes, self.horizon_s, max(1, len(w.waiting)), drain,
                     preempted=preempted, recompute_s=recompute, min_bytes=least)
 

@@ -199,3 +199,20 @@ def test_scaled_cost_is_step_time_over_efficiency():
 def test_run_economy_smoke():
     res = run_economy(trace(), profile(), "arbiter", gpus=GPUS)
     assert res.arm == "arbiter" and res.gpus == GPUS and len(res.unloaded_ttft) == len(res.ttft)
+
+
+def test_a_waiting_prompt_that_fits_only_whole_makes_the_need_all_or_nothing():
+    # issue 32: no running request grows, the KV is nearly full and one long prompt waits: a purchase
+    # helps only if that prompt fits whole (min_bytes = its bytes - the free KV)
+    sim = _hand_sim("arbiter")
+    a, _ = sim.instances["llama2-7b-0"]
+    w, m = a.engine, sim.models["llama2-7b-0"]
+    w.used = w.total - 2  # two blocks free
+    r = SimRequest(19_999, "long", a.model, None, 0.0, 40 * w.bs, 10)
+    r.worker = w.worker_id
+    w.waiting.append(r)
+    w.queued_tokens += r.to_prefill
+    w.blocked_on = "memory"
+    need = sim._need(a, 0.0)
+    free = 2 * w.pool.block_bytes
+    assert need is not None and need.min_bytes == need.bytes == 40 * w.bs * m.kv_bytes_per_token - free
