@@ -55,6 +55,8 @@ CASES: dict[str, tuple[list[str], bool]] = {
     "repro economy": (["repro", "economy", "--scale", "tiny", "--no-plots"], True),
     "repro economy --live": (["repro", "economy", "--live", "--duration", "10"], True),
     "repro prefix": (["repro", "prefix", "--minutes", "1"], False),
+    "bench prefix": (["bench", "prefix", "--arms", "on", "--duration", "4", "--chat-rate", "0.25",
+                      "--system-rate", "0.5", "--system-tokens", "64"], True),
 }
 # `tidal bench serve` needs a running gateway: tests/e2e/test_e2e_trace_serve.py runs it from another folder
 ELSEWHERE = {"bench serve"}
