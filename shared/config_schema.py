@@ -140,7 +140,7 @@ class PlannerSection(Section, kw_only=True):
     kv_low_watermark: Fraction = 0.5  # below: give it back (restore layers, scale down)
     max_migrations_per_op: Annotated[int, Meta(ge=0, le=1000)] = 10  # MELL's bound
     # the KV packer the planner places requests with (docs/planner.md): repackfit (ours, shared/policy/packer.py:
-    # no more GPUs than MELL or any baseline at equal service in `tidal repro mell`) or mell (MELL's classes)
+    # never more GPUs than MELL at equal service in `tidal repro mell`) or mell (MELL's classes)
     packer: Literal["repackfit", "mell"] = "repackfit"
     # MELL §V boundaries, per planning interval: KV bytes one link may carry for migrations, and
     # prompt tokens a destination may re-prefill for token-mode migrations
