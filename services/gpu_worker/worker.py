@@ -8,7 +8,8 @@
   thread applies it before its next step, so the KV blocks are free within one step.
 * chunks — each engine step's encoded chunks arrive from the engine thread in one call;
   one publisher task sends them in order (`chunk_publisher.py`: no per-token work on the event loop).
-* stats — `WorkerStats` every `stats_interval` (250 ms); heartbeats are the announcer's.
+* stats — `WorkerStats` every `stats_interval` (250 ms) and after a change (`stats_reporter.py`);
+  heartbeats are the announcer's.
 * prefixes — each instance's cached prefixes (`PrefixSummary`, prefix_publisher.py) on change.
 * drain (SIGTERM) — assignments are refused with `draining`; admitted requests run to
   the end or to the drain deadline; what is left then is re-dispatched by the dispatcher
@@ -35,9 +36,8 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from services.gpu_worker import migration
 from services.gpu_worker import metrics as worker_metrics
-from services.gpu_worker.adapter_metrics import export_residency
+from services.gpu_worker import migration
 from services.gpu_worker.adapter_ctl import AdapterControl
 from services.gpu_worker.prefix_ctl import PrefixControl
 from services.gpu_worker.admission import Active, adapter_users, refusal
@@ -51,7 +51,7 @@ from services.gpu_worker.worker_context import WorkerContext
 from services.gpu_worker.instance import ModelInstance
 from services.gpu_worker.instance_snapshot import InstanceSnapshot
 from services.gpu_worker.prefix_publisher import PrefixPublisher
-from services.gpu_worker.stats import StatsBuilder, pool_breakdown
+from services.gpu_worker.stats_reporter import StatsReporter
 from shared.actors import Actor
 from shared.bus import Delivery
 from shared.events import AbortRequest, AssignAccepted, AssignRejected, Assignment, CtlRefused, WorkerState
@@ -65,8 +65,7 @@ from shared.logging import get_logger
 from shared.metrics import REGISTRY
 from shared.registry_client import RegistryClient
 from shared.service import Service
-from shared.subjects import (CATALOG, worker_adapters, worker_assign, worker_ctl, worker_migrate, worker_prefixes,
-                             worker_stats)
+from shared.subjects import CATALOG, worker_adapters, worker_assign, worker_ctl, worker_migrate, worker_prefixes
 from shared.wire import TidalError
 
 log = get_logger("tidal.gpu_worker")
@@ -92,7 +91,9 @@ class GpuWorker(Actor):
         self.early_aborts: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.draining = False
         self.catalog: CatalogWriter | None = None
-        self._stats: StatsBuilder = StatsBuilder(worker_id, device, [])
+        self.stats = StatsReporter(worker_id, device, interval=stats_interval, state=lambda: self.state,
+                                   publish=lambda subject, msg: self.bus.publish(subject, msg),
+                                   warm=self._warm_snapshot, tick=self._tick)
         self.chunks = ChunkPublisher(finished=lambda request_id: self.active.pop(request_id, None))
         self._loop: asyncio.AbstractEventLoop | None = None
         self.announcer: Announcer | None = None  # publishes the data-plane address (set by __main__)
@@ -128,7 +129,7 @@ class GpuWorker(Actor):
         await self.bind(worker_adapters(self.worker_id), CATALOG["worker.adapters"].payload_type, self.on_ctl)
         await self.bind(worker_migrate(self.worker_id), MigrateRequest, self.on_migrate)
         self.spawn("publisher", lambda: self.chunks.run(self.bus.nc))
-        self.spawn("stats", self._stats_loop)
+        self.spawn("stats", self.stats.run)
         prefixes = PrefixPublisher(self.worker_id, self.instances, lambda m: self.bus.publish(worker_prefixes(), m))
         self.spawn("prefixes", prefixes.run)  # each instance's cached prefixes, for prefix-aware routing
         self.bus_watch = BusWatch(lambda timeout: self.bus.nc.flush(timeout=timeout), self._fence_self,
@@ -145,8 +146,7 @@ class GpuWorker(Actor):
         for inst in instances:
             self.instances[inst.instance_id] = inst
             inst.start(self.chunks.emitted, self._crashed)
-        self._stats = StatsBuilder(self.worker_id, self.device, list(self.instances.values()), pool_extra=self._warm_snapshot,
-                                   adapter_users=lambda: adapter_users(self.active))
+        self.stats.serve(list(self.instances.values()), adapter_users=lambda: adapter_users(self.active))
         self.activated = True
         if self.catalog is not None:
             self.spawn("catalog", self.catalog.register_until_done)
@@ -196,7 +196,7 @@ class GpuWorker(Actor):
         """Serve a loaded instance from now on: its engine thread, stats at once, the catalog."""
         inst.start(self.chunks.emitted, self._crashed)
         self.instances[inst.instance_id] = inst
-        self._stats.instances = list(self.instances.values())
+        self.stats.set_instances(list(self.instances.values()))
         await self.publish_stats()
         if self.catalog is not None:
             self.spawn_task(self.catalog.add(inst))
@@ -204,7 +204,7 @@ class GpuWorker(Actor):
     def remove_instance(self, inst: ModelInstance) -> None:
         """Stop routing to and reporting an instance whose engine thread has stopped."""
         self.instances.pop(inst.instance_id, None)
-        self._stats.instances = list(self.instances.values())
+        self.stats.set_instances(list(self.instances.values()))
 
     def catalog_state(self, inst: ModelInstance, state: str) -> None:
         if self.catalog is not None:
@@ -215,14 +215,10 @@ class GpuWorker(Actor):
         return self.model_ctl.warm_snapshot() if self.model_ctl is not None else []
 
     def pool_breakdown(self) -> PoolBreakdown:
-        return pool_breakdown([(i.instance_id, i.snapshot) for i in self.instances.values()] + self._warm_snapshot())
+        return self.stats.pool_breakdown(list(self.instances.values()))
 
     async def publish_stats(self) -> None:
-        """WorkerStats now (a change dispatchers should see before the next interval)."""
-        try:
-            await self.bus.publish(worker_stats(), self._stats.build(self.state, time.time()))
-        except Exception as exc:  # the regular stats loop carries it within one interval anyway
-            log.warning("stats not published after a change", error=repr(exc))
+        await self.stats.publish_now()
 
     # --- assignments ----------------------------------------------------------------------------
     async def on_assign(self, a: Assignment, _ctx: Delivery) -> AssignAccepted | AssignRejected:
@@ -387,18 +383,11 @@ class GpuWorker(Actor):
         except RuntimeError:  # the loop is closed: the process is exiting anyway
             pass
 
-    # --- stats ----------------------------------------------------------------------------------
-    async def _stats_loop(self) -> None:
-        subject = worker_stats()
-        while True:
-            now = time.time()
-            for request_id, entry in list(self.active.items()):
-                if entry.deadline_ts is not None and now > entry.deadline_ts:
-                    self._abort(request_id)
-            if self.model_ctl is not None:
-                self.model_ctl.tick(time.monotonic())  # warm weights past their grace period are freed
-            stats = self._stats.build(self.state, now)
-            worker_metrics.export_stats(stats)
-            export_residency(stats)
-            await self.bus.publish(subject, stats)
-            await asyncio.sleep(self.stats_interval)
+    # --- each stats round (stats_reporter.py) ---------------------------------------------------
+    def _tick(self, now: float) -> None:
+        """Before the stats are built: requests past their deadline go, warm weights past their grace period too."""
+        for request_id, entry in list(self.active.items()):
+            if entry.deadline_ts is not None and now > entry.deadline_ts:
+                self._abort(request_id)
+        if self.model_ctl is not None:
+            self.model_ctl.tick(time.monotonic())
