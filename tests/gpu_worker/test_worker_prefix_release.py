@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from service_procs import eventually, local_cluster
+from service_procs import eventually
 from shared.bus import Bus, BusSettings
 from shared.events import AssignAccepted, AssignReply, InstanceStats, TokenChunk, WorkerStats
 from shared.events.ctl import CtlDone, CtlRefused, CtlReply, EvictPrefixBlocks
 from shared.events.plan import Plan, ReleasePrefixBlocks
 from shared.planner.effects import ctl_commands
 from shared.subjects import worker_assign, worker_ctl, worker_stats
-from worker_harness import INSTANCE, assignment, make_assets, watch
+from worker_harness import INSTANCE, assignment, one_worker, watch
 
 pytestmark = pytest.mark.timeout(120)
 PROMPT = [(7 * i + 3) % 500 + 1 for i in range(41)]  # 5 full blocks of 8 tokens (and one token over)
@@ -26,13 +25,8 @@ PROMPT = [(7 * i + 3) % 500 + 1 for i in range(41)]  # 5 full blocks of 8 tokens
 
 @pytest.fixture(scope="module")
 def worker_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    directory: Path = tmp_path_factory.mktemp("prefix-release")
-    config = make_assets(directory)
-    with local_cluster(directory) as services:
-        services.start("registry", config, "registry-t")
-        services.start("gpu_worker", config, "worker-w0", "--worker-id", "w0", "--threads", "1")
-        services.wait_ready(timeout=60)
-        yield services.url
+    with one_worker(tmp_path_factory.mktemp("prefix-release")) as url:
+        yield url
 
 
 async def _generate(bus: Bus, request_id: str) -> list[int]:

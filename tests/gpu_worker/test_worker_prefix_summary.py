@@ -5,16 +5,15 @@ up as hit blocks in the next summary."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from service_procs import eventually, local_cluster
+from service_procs import eventually
 from shared.bus import Bus, BusSettings
 from shared.events import AssignAccepted, AssignReply, PrefixSummary, TokenChunk
 from shared.prefix_hash import block_hashes, prefix_salt
 from shared.subjects import worker_assign, worker_prefixes
-from worker_harness import INSTANCE, MODEL, assignment, make_assets, watch
+from worker_harness import INSTANCE, MODEL, assignment, one_worker, watch
 
 pytestmark = pytest.mark.timeout(120)
 BS = 8  # the harness's kv_block_tokens
@@ -23,13 +22,8 @@ PROMPT = [(11 * i + 5) % 500 + 1 for i in range(43)]  # 5 full blocks and 3 toke
 
 @pytest.fixture(scope="module")
 def worker_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    directory: Path = tmp_path_factory.mktemp("prefix-summary")
-    config = make_assets(directory)
-    with local_cluster(directory) as services:
-        services.start("registry", config, "registry-t")
-        services.start("gpu_worker", config, "worker-w0", "--worker-id", "w0", "--threads", "1")
-        services.wait_ready(timeout=60)
-        yield services.url
+    with one_worker(tmp_path_factory.mktemp("prefix-summary")) as url:
+        yield url
 
 
 async def _generate(bus: Bus, request_id: str) -> None:

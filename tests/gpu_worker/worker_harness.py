@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service_procs import FAST_LIVENESS
+from service_procs import FAST_LIVENESS, local_cluster
 from services.gpu_worker.engine.checkpoint_gen import make_lora, make_model
 from shared.bus import Bus, Delivery, Subscription
 from shared.events import Assignment, SamplingParams, StreamError, TokenChunk
@@ -51,6 +53,17 @@ def make_assets(directory: Path) -> Path:
     path = directory / "cluster.toml"
     path.write_text(CONFIG.format(model=model, adapter=adapter))
     return path
+
+
+@contextmanager
+def one_worker(directory: Path) -> Iterator[str]:
+    """A registry and one real worker `w0` on the harness's assets; yields the NATS url."""
+    config = make_assets(directory)
+    with local_cluster(directory) as services:
+        services.start("registry", config, "registry-t")
+        services.start("gpu_worker", config, "worker-w0", "--worker-id", "w0", "--threads", "1")
+        services.wait_ready(timeout=60)
+        yield services.url
 
 
 def assignment(request_id: str, prompt: list[int], *, attempt: int = 0, adapter: str | None = None,
