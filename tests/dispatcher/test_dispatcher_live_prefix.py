@@ -65,8 +65,9 @@ async def test_a_request_goes_to_the_instance_holding_its_prefix(nats_url, tmp_p
                 request_id=rid, model="m", prompt_token_ids=prompt, sampling=SamplingParams(max_tokens=8),
                 arrival_ts=time.time()), SubmitReply, timeout=3.0)
 
-        async def routable() -> bool:
-            return isinstance(await submit(f"warm-{time.monotonic_ns()}", [1, 2, 3]), SubmitAccepted)
+        async def routable() -> bool:  # assigned, not queued (the stats may reach the dispatcher after a submit)
+            reply = await submit(f"warm-{time.monotonic_ns()}", [1, 2, 3])
+            return isinstance(reply, SubmitAccepted) and reply.worker_id is not None
 
         await eventually(routable, timeout=10.0, interval=0.1)
         assert got and set(got) == {"w0"}  # short prompts, nothing held: least load
