@@ -17,7 +17,8 @@ their sources; everything the simulator uses is derived here, so the arithmetic 
     load (T_c)          = MovementCosts.load_s(weights per GPU): over the host link from host
                           memory, plus the disk link first where checkpoints are not in host
                           memory (the one movement cost model; the tp GPUs load in parallel)
-    cold start          = hit_start_s + T_c; a prewarm hit starts in hit_start_s
+    cold start          = hit_start_s + T_c; a prewarm hit starts in hit_start_s (the model's own
+                          where its profile gives one, else the profile's)
                           (+ engine_init_s each, for a system without a pool of ready engines)
 
 Memory- and compute-bound terms are summed (no overlap): a conservative roofline. A compute
@@ -82,6 +83,7 @@ class FleetModel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     decode_step_s: float = 0.0  # measured decode iteration of one request at `parallel` GPUs (0: roofline)
     prefill_s: float = 0.0  # measured prefill of `prefill_tokens` tokens
     prefill_tokens: int = 1024
+    hit_start_s: float = 0.0  # this model's start on prewarmed weights (0: the profile's startup.hit_start_s)
 
 
 class FleetProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -166,11 +168,13 @@ class FleetProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         return self.movement_costs().load_s(self.weights_per_gpu(m) if nbytes is None else nbytes,
                                             in_host_memory=where)
 
-    def hit_start_s(self, engine_pool: bool = True) -> float:
-        return self.startup.hit_start_s + (0.0 if engine_pool else self.startup.engine_init_s)
+    def hit_start_s(self, engine_pool: bool = True, m: FleetModel | None = None) -> float:
+        """A start on prewarmed weights: model m's own figure where its profile gives one, else the profile's."""
+        own = m.hit_start_s if m is not None and m.hit_start_s > 0 else self.startup.hit_start_s
+        return own + (0.0 if engine_pool else self.startup.engine_init_s)
 
     def cold_start_s(self, m: FleetModel, engine_pool: bool = True) -> float:
-        return self.hit_start_s(engine_pool) + self.load_s(m)
+        return self.hit_start_s(engine_pool, m) + self.load_s(m)
 
 
 def load_fleet_profile(source: str | Path) -> FleetProfile:
@@ -201,6 +205,8 @@ def load_fleet_profile(source: str | Path) -> FleetProfile:
         if m.decode_step_s < 0 or (m.decode_step_s > 0 and (m.prefill_s < m.decode_step_s or m.prefill_tokens < 1)):
             raise ValueError(f"fleet profile {path}: model {m.name!r} needs prefill_s >= decode_step_s > 0 "
                              f"and prefill_tokens >= 1 (or no measured times)")
+        if not m.hit_start_s >= 0:
+            raise ValueError(f"fleet profile {path}: model {m.name!r} needs hit_start_s >= 0 (0: the profile's)")
         profile.kv_blocks(m)  # raises when the weights do not fit
     measured = active_measured()  # `--profile FILE` of a repro: the device's numbers (loadgen/sim/measured_overlay.py)
     return overlay_fleet(profile, measured) if measured is not None else profile

@@ -2,7 +2,7 @@
 
 1. gpu (a prewarm hit): free GPUs holding a complete replica of it; `scale_up_target` (WarmServe
    §5.2) picks the one whose dedication evicts the least prewarming score; it serves after
-   hit_start_s (plus engine_init_s for a system without an engine pool);
+   the model's hit_start_s (plus engine_init_s for a system without an engine pool);
 2. partial: free GPUs still loading a replica of it: it serves when both the load and the start-up
    are done (a miss);
 3. host / storage (cold): D free GPUs on one server, evicting the least score (then the fewest
@@ -33,7 +33,7 @@ def _score(r: Replica) -> float:
 
 def scale_up(sim: FleetControl, model: str, now: float, initial: bool = False) -> Instance | None:
     m = sim.models[model]
-    hit_s = sim.profile.hit_start_s(sim.system.engine_pool)
+    hit_s = sim.profile.hit_start_s(sim.system.engine_pool, m)
     free = {g.index for g in sim.gpus if g.instance is None}
     mine = [r for r in sim.replicas if r.model == model and set(r.gpus) <= free]
     loaded = [r for r in mine if r.loaded(now)]
