@@ -1,0 +1,67 @@
+"""The spike guard (shared/policy/forecast_guard.py): worked numbers, a level shift, causality, bad input."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.policy.forecast_ensemble import EnsembleParams, ensemble_series
+from shared.policy.forecast_guard import GuardParams, guard_series, guarded_ensemble_series, spike_weight
+from shared.policy.forecast_members import MemberParams
+from shared.policy.warmserve_predictor import last_value
+
+
+def test_worked_numbers() -> None:
+    p = GuardParams(baseline_windows=3, jump=2.0, min_error=0.2)
+    series = [10.0, 10.0, 10.0, 20.0, 20.0]
+    # forecasts of windows 0..4: 10% off on 0-2 (usual error 0.1), then 10 for window 3 (error 0.5)
+    fc = [11.0, 9.0, 11.0, 8.0, 12.0]  # window 3's forecast missed by 0.6
+    assert spike_weight(series, fc, 4, p) == 1.0  # 0.6 / 0.1 = 6x its usual error, past jump 2x
+    assert guard_series(series, fc, p)[4] == 20.0  # all the way to the last value
+    assert guard_series(series, fc, p)[:4] == fc[:4]  # errors at their usual level: untouched
+    half = GuardParams(baseline_windows=3, jump=11.0, min_error=0.2)  # 6x of 11x: lam = (6 - 1) / 10
+    assert spike_weight(series, fc, 4, half) == pytest.approx(0.5)
+    assert guard_series(series, fc, half)[4] == pytest.approx(0.5 * 20.0 + 0.5 * 12.0)
+    # an error below min_error is never a spike, however it compares with the usual one
+    assert spike_weight([10.0, 10.0, 10.0], [10.0, 10.0, 11.5], 3, p) == 0.0
+    # a usual error of 0: any miss above min_error goes all the way
+    assert spike_weight([10.0, 20.0], [10.0, 10.0], 2, p) == 1.0
+
+
+def test_a_level_shift_is_followed_sooner_than_by_the_ensemble() -> None:
+    # an hour of a noisy flat load (the slow members weigh most), then the load triples
+    series = [20.0 + 2.5 * math.sin(1.7 * k) for k in range(60)] + [60.0 + 2.5 * math.sin(1.7 * k) for k in range(8)]
+    params = EnsembleParams(MemberParams(windows_per_season=1000))
+    raw = [e.point for e in ensemble_series(series, params, len(series))]
+    guarded = guarded_ensemble_series(series, params, GuardParams(), len(series))
+    assert guarded[:61] == raw[:61]  # until the shift shows in an error, the guard does nothing
+    after = range(61, 64)  # the windows right after the shift
+    err = (lambda fc: sum(abs(fc[w] - series[w]) / series[w] for w in after))
+    assert err(guarded) < 0.5 * err(raw)
+    assert guarded[61] == pytest.approx(series[60])
+    assert guarded[64:] == raw[64:]  # once the ensemble caught up, the guard lets go  # the ensemble's miss on 60 was its usual one many times over
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(min_value=0.0, max_value=100.0), min_size=2, max_size=30), st.data())
+def test_guarded_lies_between_the_forecast_and_the_last_value_and_is_causal(series, data) -> None:
+    fc = data.draw(st.lists(st.floats(min_value=0.0, max_value=100.0), min_size=len(series), max_size=len(series)))
+    p = GuardParams(baseline_windows=4)
+    out = guard_series(series, fc, p)
+    for w, g in enumerate(out):
+        lo, hi = sorted((fc[w], last_value(series, w)))
+        assert lo - 1e-9 <= g <= hi + 1e-9
+    w = len(series) // 2  # what happens from window w on does not change the guarded forecast of w
+    changed = series[:w] + [x + 50.0 for x in series[w:]]
+    assert guard_series(changed, fc, p)[w] == pytest.approx(out[w])
+
+
+def test_bad_parameters_are_refused() -> None:
+    with pytest.raises(ValueError, match="jump must be > 1"):
+        GuardParams(jump=1.0)
+    with pytest.raises(ValueError, match="baseline_windows"):
+        GuardParams(baseline_windows=0)
+    with pytest.raises(ValueError, match="min_error"):
+        GuardParams(min_error=-0.1)
