@@ -1,10 +1,12 @@
 """`tidal repro warmserve`: WarmServe's end-to-end evaluation (§7.3, Figs. 9, 11, 13-15) simulated.
 
 For every workload (the real AzureConv hour at alpha 0.5 and 2.0, the real AzureCode hour at alpha
-0.5; loadgen/repro/warmserve_setup.py) and rising RPS, one trace is replayed uncompressed in the fleet
+0.5, every model its own 20-minute window of it; loadgen/repro/warmserve_setup.py) and rising RPS, one
+trace is replayed uncompressed in the fleet
 simulator (loadgen/sim/fleet.py) on five systems over the same 16 GPUs. The four autoscaling ones
 run the public code's autoscaler (shared/policy/autoscaler.py), pay the same start and load costs
-and keep a stopped instance's weights on its GPUs: WarmServe (CSP forecasts -> Eqs. 5-8 -> Alg. 1,
+and keep a stopped instance's weights on its GPUs: WarmServe (forecasts: the product's spike-guarded ensemble, or CSP
+alone; loadgen/repro/warmserve_forecast.py -> Eqs. 5-8 -> Alg. 1,
 proactive prewarming into grace-period KV up to Eq. 1's target), WarmServe without proactive
 prewarming, SLLM-GPU with WarmServe's engine pool (the paper-comparable baseline) and, as an ablation,
 SLLM-GPU without an engine pool (every start creates its engine); MuxServe is a static co-location.
@@ -18,18 +20,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import msgspec
 import numpy as np
 
-from loadgen.repro.warmserve_setup import (
-    AZURE_DIR, MUXSERVE_MESHES, WORKLOADS, Workload, build_trace, forecasts, systems,
-)
+from loadgen.repro.warmserve_forecast import FORECASTERS, forecasts
+from loadgen.repro.warmserve_setup import AZURE_DIR, MUXSERVE_MESHES, WORKLOADS, Workload, build_trace, systems
 from loadgen.sim.fleet import FleetResult, FleetSim
 from loadgen.sim.fleet_muxserve import muxserve_instances
 from loadgen.sim.fleet_profile import FleetProfile, load_fleet_profile
 from loadgen.sim.fleet_state import START_SOURCES, FleetSystem
 from loadgen.traces.azure import power_law_shares
-from loadgen.traces.schema import Trace
 
 AUTOSCALED = ("WarmServe", "WarmServe-noproactive", "SLLM-GPU", "SLLM-GPU+pool")
 SYSTEMS = (*AUTOSCALED, "MuxServe")
@@ -46,7 +45,8 @@ class ReproConfig:
     cold_start: bool = True
     preload_s: float = 60.0
     window_s: float = 300.0  # the paper's 5-minute prediction window
-    history_days: int = 3  # earlier "days" the CSP's seasonal term averages (resamples of the hour)
+    history_s: float = 900.0  # real trace before the first model's replay window (the forecast's history)
+    forecaster: str = "ensemble"  # the product's (spike-guarded), or "csp" (the paper's planner alone)
     rps: tuple[float, ...] = (5.0, 10.0, 15.0, 20.0, 25.0)
     workloads: tuple[str, ...] = tuple(WORKLOADS)
     slo_p99_ttft_s: float = 5.0  # "can serve": P99 TTFT within this (for the MuxServe capacity ratio)
@@ -54,11 +54,16 @@ class ReproConfig:
     seeds: int = 5  # seeds seed, seed+1, ...: every point is a distribution over them
     azure_dir: str = str(AZURE_DIR)
 
+    def __post_init__(self) -> None:
+        if self.forecaster not in FORECASTERS:
+            raise ValueError(f"unknown forecaster {self.forecaster!r} (known: {', '.join(FORECASTERS)})")
+        if self.seeds < 1:
+            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
+
 
 SCALES: dict[str, ReproConfig] = {
     "paper": ReproConfig(),
-    "tiny": ReproConfig(duration_s=600.0, window_s=60.0, history_days=2, rps=(4.0, 12.0), workloads=("conv-a0.5",),
-                         seeds=2),
+    "tiny": ReproConfig(duration_s=600.0, window_s=60.0, rps=(4.0, 12.0), workloads=("conv-a0.5",), seeds=2),
 }
 
 
@@ -137,7 +142,7 @@ class Point:
     workload: Workload
     rps: float
     results: dict[str, Metrics] = field(default_factory=dict)
-    forecast_error: tuple[float, float] = (0.0, 0.0)  # CSP's mean relative error (avg, peak) on this run
+    forecast_error: tuple[float, float] = (0.0, 0.0)  # the forecaster's mean relative error (avg, peak) on this run
     seed: int = 0
 
 
@@ -148,19 +153,11 @@ def muxserve_system(profile: FleetProfile, w: Workload) -> FleetSystem:
     return FleetSystem("MuxServe", autoscale=False, keep_weights=False, static=static)
 
 
-def _cut(trace: Trace, duration_s: float) -> Trace:
-    if duration_s >= trace.header.duration_s:
-        return trace
-    return Trace(header=msgspec.structs.replace(trace.header, duration_s=duration_s),
-                 records=[r for r in trace.records if r.arrival_s < duration_s])
-
-
 def run_point(profile: FleetProfile, cfg: ReproConfig, w: Workload, rps: float,
               only: tuple[str, ...] = SYSTEMS, seed: int | None = None) -> Point:
     seed = cfg.seed if seed is None else seed
-    full = build_trace(profile, w, rps, seed, cfg.azure_dir)
-    fc = forecasts(profile, w, full, rps, cfg.window_s, cfg.history_days, seed, cfg.azure_dir)
-    trace = _cut(full, cfg.duration_s)
+    trace = build_trace(profile, w, rps, seed, cfg.azure_dir, cfg.duration_s, cfg.history_s)
+    fc = forecasts(profile, w, trace, rps, cfg.window_s, seed, cfg.azure_dir, cfg.history_s, cfg.forecaster)
     scaler = systems()["WarmServe"].scaler
     initial = {} if cfg.cold_start else {
         m.name: max(1, math.ceil(fc.per_model[m.name][0].avg / (scaler.scale_up_at * m.batch_size)))

@@ -1,26 +1,20 @@
-"""WarmServe §7.1's setting for `tidal repro warmserve`: workloads, systems, forecasts.
+"""WarmServe §7.1's setting for `tidal repro warmserve`: workloads, systems, each model's window of the trace.
 
 Traces. The real Azure LLM inference traces of 2023 (Azure/AzurePublicDataset, CC-BY 4.0:
 Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting", ISCA 2024),
-read unchanged from `../shared/data/azure-llm-2023/`: one uncompressed hour each of the
-conversation service (19,366 requests) and the coding service (8,819). The paper samples each
-model's requests from one hour of a different day of the week-long 2024 release (Table 1; the
-public code, trace-generator/trace_generator.py, takes hour 0 of days 3-6); that release is not
-here, so every model replays the same real hour, cyclically shifted by model index x hour / models
-(our choice: the models' bursts then do not coincide, as different days' would not). As the public
-code does: model i gets int(RPS x 3600 x share_i) requests, shares by the power law i^-alpha (alpha
-2 gives Llama2-7B-0 70.2%, §7.3); each trace row is repeated ceil(n / rows) times and n of them
-are drawn without replacement (seeded), keeping each drawn row's arrival time and lengths; inputs
-are capped at 1,024 tokens, outputs at least 3 and at most 1,023 tokens.
-
-The daily pattern. CSP's seasonal term (Eq. 2) averages the same window of earlier days; the
-public code builds it from the days before the replayed one in the week-long trace. With one hour
-per service, the earlier "days" here are `history_days` independent resamples of the same hour
-at the same rate (other seeds): the hour's own shape with other sampling noise, i.e. a day that
-repeats exactly. That is optimistic for the predictor; the report prints CSP's measured error
-beside the paper's (5.25% average, 7.34% peak on AzureConv, §7.4). The correction (Eq. 3) then
-uses the run's own windows as they close. Loads are concurrent requests, each request taking
-prefill_time + output x decode_time (the public code's characterisation, with its measured times).
+read unchanged from `../shared/data/azure-llm-2023/`: about an hour each of the conversation service
+(19,366 requests) and the coding service (8,819). The paper samples each model's requests from one hour
+of a different day of the week-long 2024 release (Table 1: Thursday to Sunday) and replays the first 20
+minutes; that release is not here, so every model gets its own window of the one real hour (issue 30):
+model k replays [start_k, start_k + duration) with start_k spread evenly from `history_s` (model 0) to
+the trace's last arrival minus the duration (the last model), so the windows are different stretches of
+the real service (they overlap: four 20-minute windows in one hour), and each model's forecast history
+is the real trace before its window, never its future. As the public code does: model i gets
+int(RPS x duration x share_i) requests, shares by the power law i^-alpha (alpha 2 gives Llama2-7B-0
+70.2%, §7.3); each row of the window is repeated ceil(n / rows) times and n of them are drawn without
+replacement (seeded), keeping each drawn row's arrival time (from the window's start) and lengths;
+inputs are capped at 1,024 tokens, outputs at least 3 and at most 1,023 tokens. The history before a
+window is drawn the same way at the same rate. Forecasts: loadgen/repro/warmserve_forecast.py.
 """
 from __future__ import annotations
 
@@ -36,7 +30,6 @@ from loadgen.traces.azure import power_law_shares
 from loadgen.traces.build import make_trace
 from loadgen.traces.loaders import load_azure_csv
 from loadgen.traces.schema import CsvImportParams, Trace
-from shared.policy.warmserve_predictor import CspParams, LoadForecast, forecast
 
 AZURE_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "azure-llm-2023"
 AZURE_FILES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
@@ -85,6 +78,9 @@ def systems() -> dict[str, FleetSystem]:
     }
 
 
+Requests = tuple[np.ndarray, np.ndarray, np.ndarray]  # arrival times, prompt and output tokens
+
+
 @dataclass(frozen=True)
 class SourceHour:
     path: str
@@ -107,42 +103,55 @@ def load_hour(kind: str, azure_dir: str = str(AZURE_DIR), span_s: float = 3600.0
                       np.array([r.output_tokens for r in trace.records])[keep], span_s)
 
 
-def sample_requests(hour: SourceHour, n: int, offset_s: float, rng: np.random.Generator
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """n requests drawn as the public code draws them: every row ceil(n / rows) times, n of those
-    without replacement; arrival times shifted cyclically by `offset_s` within the hour."""
-    rows = len(hour.times)
-    if n <= 0 or rows == 0:
+def model_starts(hour: SourceHour, models: int, duration_s: float, history_s: float) -> list[float]:
+    """Where each model's window begins in the real trace: evenly from history_s to the last arrival - duration."""
+    last = float(hour.times.max()) if len(hour.times) else 0.0
+    room = last - duration_s - history_s
+    if duration_s <= 0 or history_s < 0 or room < 0:
+        raise ValueError(f"{hour.path}: the trace spans {last:.0f} s; {history_s:g} s of history before a "
+                         f"{duration_s:g} s replay do not fit (need duration > 0 and history >= 0)")
+    return [history_s + (room * k / (models - 1) if models > 1 else 0.0) for k in range(models)]
+
+
+def sample_span(hour: SourceHour, lo: float, hi: float, n: int, rng: np.random.Generator) -> Requests:
+    """n requests from the rows arriving in [lo, hi), drawn as the public code draws them (every row
+    ceil(n / rows) times, n of those without replacement), arrival times from lo, sorted."""
+    span = np.flatnonzero((hour.times >= lo) & (hour.times < hi))
+    if n <= 0 or len(span) == 0:
         return np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    copies = (n - 1) // rows + 1
-    idx = rng.choice(rows * copies, size=n, replace=False) % rows
-    times = (hour.times[idx] + offset_s) % hour.span_s
+    copies = (n - 1) // len(span) + 1
+    idx = span[rng.choice(len(span) * copies, size=n, replace=False) % len(span)]
+    times = hour.times[idx] - lo
     prompts = np.minimum(hour.prompts[idx], INPUT_CAP)
     outputs = np.clip(hour.outputs[idx], OUTPUT_MIN, OUTPUT_CAP)
     order = np.argsort(times, kind="stable")
     return times[order], prompts[order], outputs[order]
 
 
-def _model_requests(profile: FleetProfile, w: Workload, rps: float, seed: int, draw: int, azure_dir: str
-                    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def model_requests(profile: FleetProfile, w: Workload, rps: float, seed: int, duration_s: float, history_s: float,
+                   azure_dir: str = str(AZURE_DIR), window_s: float = 0.0) -> list[Requests]:
+    """Per model, its replay window's requests (window_s 0), or (window_s > 0) the history before its window:
+    the whole windows of window_s that fit between the trace's start and the replay's, times from the first."""
     hour = load_hour(w.kind, azure_dir)
-    names = [m.name for m in profile.models]
-    shares = power_law_shares(len(names), w.alpha)
+    shares = power_law_shares(len(profile.models), w.alpha)
     out = []
-    for k, share in enumerate(shares):
-        rng = np.random.default_rng([seed, draw, k, int(round(rps * 1000))])
-        out.append(sample_requests(hour, int(rps * hour.span_s * float(share)), k * hour.span_s / len(names), rng))
+    for k, (share, start) in enumerate(zip(shares, model_starts(hour, len(shares), duration_s, history_s))):
+        rng = np.random.default_rng([seed, 1 if window_s else 0, k, int(round(rps * 1000))])
+        lo, hi = (start - (start // window_s) * window_s, start) if window_s else (start, start + duration_s)
+        out.append(sample_span(hour, lo, hi, int(rps * (hi - lo) * float(share)), rng))
     return out
 
 
-def build_trace(profile: FleetProfile, w: Workload, rps: float, seed: int, azure_dir: str = str(AZURE_DIR)) -> Trace:
+def build_trace(profile: FleetProfile, w: Workload, rps: float, seed: int, azure_dir: str = str(AZURE_DIR),
+                duration_s: float = 1200.0, history_s: float = 900.0) -> Trace:
+    """The replay: every model's own window of the real trace, each from t = 0."""
     names = [m.name for m in profile.models]
-    parts = _model_requests(profile, w, rps, seed, 0, azure_dir)
+    parts = model_requests(profile, w, rps, seed, duration_s, history_s, azure_dir)
     hour = load_hour(w.kind, azure_dir)
     idx = np.concatenate([np.full(len(t), k, np.int64) for k, (t, _, _) in enumerate(parts)])
     params = CsvImportParams(source=hour.path, format="azure", rows_read=len(hour.times), rows_kept=int(len(idx)),
-                             duration_s=hour.span_s)
-    return make_trace(params, hour.span_s, np.concatenate([p[0] for p in parts]), names, idx,
+                             duration_s=duration_s)
+    return make_trace(params, duration_s, np.concatenate([p[0] for p in parts]), names, idx,
                       np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))
 
 
@@ -166,55 +175,3 @@ def window_loads(times: np.ndarray, elapse: np.ndarray, span_s: float, window_s:
     entering = np.searchsorted(ev_t, edges[:-1], side="right") - 1  # the count carried into each window
     carried = np.where(entering >= 0, count[np.maximum(entering, 0)], 0.0)
     return avg.tolist(), np.maximum(np.maximum(peak, carried), avg).tolist()
-
-
-def _loads(profile: FleetProfile, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], span_s: float,
-           window_s: float) -> dict[str, tuple[list[float], list[float]]]:
-    out = {}
-    for m, (t, _prompts, outputs) in zip(profile.models, parts):
-        elapse = np.array([profile.request_s(m, 0, int(o)) for o in outputs]) if len(t) else np.zeros(0)
-        out[m.name] = window_loads(t, elapse, span_s, window_s)
-    return out
-
-
-@dataclass(frozen=True)
-class Forecasts:
-    per_model: dict[str, list[LoadForecast]]  # the forecast of each window of the run
-    actual: dict[str, tuple[list[float], list[float]]]  # the run's own (avg, peak) per window
-
-    def error(self) -> tuple[float, float]:
-        """CSP's mean relative error (avg, peak) over the windows and models with load, as §7.4 scores it."""
-        errs: tuple[list[float], list[float]] = ([], [])
-        for model, series in self.per_model.items():
-            for k, f in enumerate(series):
-                for j, (got, want) in enumerate(((f.avg, self.actual[model][0][k]), (f.peak, self.actual[model][1][k]))):
-                    if want > 0:
-                        errs[j].append(abs(got - want) / want)
-        return (float(np.mean(errs[0])) if errs[0] else 0.0, float(np.mean(errs[1])) if errs[1] else 0.0)
-
-
-def forecasts(profile: FleetProfile, w: Workload, trace: Trace, rps: float, window_s: float, history_days: int,
-              seed: int, azure_dir: str = str(AZURE_DIR)) -> Forecasts:
-    """Per model, the CSP forecast of each window of the run, from the earlier days and the run so far."""
-    hour = load_hour(w.kind, azure_dir)
-    names = [m.name for m in profile.models]
-    history: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in names}
-    for day in range(history_days):
-        for name, (avg, peak) in _loads(profile, _model_requests(profile, w, rps, seed, 1 + day, azure_dir),
-                                        hour.span_s, window_s).items():
-            history[name][0].extend(avg)
-            history[name][1].extend(peak)
-    run = []
-    for name in names:
-        recs = [r for r in trace.records if r.model == name]
-        run.append((np.array([r.arrival_s for r in recs]), np.array([r.prompt_tokens for r in recs]),
-                    np.array([r.output_tokens for r in recs])))
-    actual = _loads(profile, run, hour.span_s, window_s)
-    per_window = int(round(hour.span_s / window_s))
-    params = CspParams(windows_per_season=per_window)
-    out: dict[str, list[LoadForecast]] = {}
-    for name in names:
-        avg, peak = actual[name]
-        h_avg, h_peak = history[name]
-        out[name] = [forecast(h_avg + avg[:k], h_peak + peak[:k], len(h_avg) + k, params) for k in range(per_window)]
-    return Forecasts(out, actual)

@@ -16,7 +16,7 @@ from shared.policy.warmserve_predictor import last_value
 def test_worked_numbers() -> None:
     p = GuardParams(baseline_windows=3, jump=2.0, min_error=0.2)
     series = [10.0, 10.0, 10.0, 20.0, 20.0]
-    # forecasts of windows 0..4: 10% off on 0-2 (usual error 0.1), then 10 for window 3 (error 0.5)
+    # forecasts of windows 0..4: 10% off on 0-2 (usual error 0.1)
     fc = [11.0, 9.0, 11.0, 8.0, 12.0]  # window 3's forecast missed by 0.6
     assert spike_weight(series, fc, 4, p) == 1.0  # 0.6 / 0.1 = 6x its usual error, past jump 2x
     assert guard_series(series, fc, p)[4] == 20.0  # all the way to the last value

@@ -82,6 +82,11 @@ def test_bad_options_are_refused(capsys, tmp_path) -> None:
     assert repro_warmserve.run(p.parse_args(["--scale", "tiny", "--azure-dir", str(tmp_path),
                                              "--out", str(tmp_path / "out")])) == 2
     assert "AzureLLMInferenceTrace_conv.csv" in capsys.readouterr().err
+    assert repro_warmserve.run(p.parse_args(["--scale", "tiny", "--seeds", "0"])) == 2
+    assert "--seeds must be >= 1" in capsys.readouterr().err
+    changes = repro_warmserve._changes(p.parse_args(["--seeds", "3", "--forecaster", "csp"]))
+    cfg = dataclasses.replace(SCALES["paper"], **changes)
+    assert (cfg.seeds, cfg.forecaster) == (3, "csp") and SCALES["paper"].seeds == 5
 
 
 def test_the_paper_protocol_starts_cold_and_warmserve_from_its_preload_round() -> None:

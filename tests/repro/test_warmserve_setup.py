@@ -1,6 +1,7 @@
 """WarmServe §7.1's setting from the real Azure LLM 2023 hours (loadgen/repro/warmserve_setup.py): the public
-code's sampling (power-law counts, repeated rows drawn without replacement, the 1,024-token input cap), the
-per-model shift, the window loads CSP is fed, and the forecasts. Fixture: tests/repro/data/azure-llm-2023-sample/
+code's sampling (power-law counts, repeated rows drawn without replacement, the 1,024-token input cap), every
+model's own window of the trace with its real history, the window loads the forecasters are fed, and the
+forecasts (loadgen/repro/warmserve_forecast.py). Fixture: tests/repro/data/azure-llm-2023-sample/
 (every tenth request of the real hours; CC-BY 4.0, Patel et al., Splitwise, ISCA 2024)."""
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from loadgen.repro.warmserve_forecast import forecasts
 from loadgen.repro.warmserve_setup import (
-    INPUT_CAP, WORKLOADS, build_trace, forecasts, load_hour, sample_requests, systems, window_loads,
+    INPUT_CAP, WORKLOADS, build_trace, load_hour, model_requests, model_starts, sample_span, systems, window_loads,
 )
 from loadgen.sim.fleet_profile import load_fleet_profile
 from loadgen.traces.azure import power_law_shares
@@ -23,28 +25,45 @@ def profile():
     return load_fleet_profile("warmserve-h800-llama2")
 
 
-def test_each_model_gets_its_power_law_share_of_rps_x_the_hour(profile) -> None:
-    trace = build_trace(profile, WORKLOADS["conv-a2.0"], 10.0, seed=0, azure_dir=SAMPLE)
+def test_each_model_gets_its_power_law_share_of_rps_x_the_replay(profile) -> None:
+    trace = build_trace(profile, WORKLOADS["conv-a2.0"], 10.0, seed=0, azure_dir=SAMPLE, duration_s=1200.0)
     counts = {m.name: sum(1 for r in trace.records if r.model == m.name) for m in profile.models}
     shares = power_law_shares(4, 2.0)
     assert round(float(shares[0]), 3) == 0.702  # §7.3: 7B-0 gets 70.2% at alpha 2
-    assert counts == {m.name: int(10.0 * 3600 * float(s)) for m, s in zip(profile.models, shares)}
-    assert trace.header.duration_s == 3600.0
-    assert all(0 <= r.arrival_s < 3600 for r in trace.records)
+    assert counts == {m.name: int(10.0 * 1200 * float(s)) for m, s in zip(profile.models, shares)}
+    assert trace.header.duration_s == 1200.0
+    assert all(0 <= r.arrival_s < 1200 for r in trace.records)
     assert all(r.prompt_tokens <= INPUT_CAP and 3 <= r.output_tokens <= 1023 for r in trace.records)
 
 
-def test_rows_are_repeated_then_drawn_without_replacement_and_shifted_per_model() -> None:
+def test_every_model_replays_its_own_window_of_the_real_trace(profile) -> None:
+    hour = load_hour("conv", SAMPLE)
+    starts = model_starts(hour, 4, 1200.0, 900.0)
+    assert starts[0] == 900.0 and starts[-1] == pytest.approx(float(hour.times.max()) - 1200.0)
+    assert len(set(starts)) == 4 and starts == sorted(starts)  # four different stretches of the service
+    parts = model_requests(profile, WORKLOADS["conv-a0.5"], 5.0, 0, 1200.0, 900.0, SAMPLE)
+    for (times, _, _), start in zip(parts, starts):  # each model's arrivals are its own window's real instants
+        real = hour.times[(hour.times >= start) & (hour.times < start + 1200.0)] - start
+        assert set(np.round(times, 6)) <= set(np.round(real, 6))
+    history = model_requests(profile, WORKLOADS["conv-a0.5"], 5.0, 0, 1200.0, 900.0, SAMPLE, window_s=300.0)
+    for (times, _, _), start in zip(history, starts):  # the history: the whole windows before it, never after
+        lo = start - (start // 300.0) * 300.0
+        real = hour.times[(hour.times >= lo) & (hour.times < start)] - lo
+        assert len(times) and set(np.round(times, 6)) <= set(np.round(real, 6))
+        assert times.max() < start - lo
+    with pytest.raises(ValueError, match="do not fit"):
+        model_starts(hour, 4, 3000.0, 900.0)
+
+
+def test_rows_are_repeated_then_drawn_without_replacement() -> None:
     hour = load_hour("code", SAMPLE)
-    rng = np.random.default_rng(1)
-    n = 3 * len(hour.times) + 5  # more requests than rows: every row 4 times, n of them drawn
-    times, prompts, outputs = sample_requests(hour, n, 0.0, rng)
-    assert len(times) == n and (np.diff(times) >= 0).all()
+    rows = int(((hour.times >= 600.0) & (hour.times < 1200.0)).sum())
+    n = 3 * rows + 5  # more requests than rows: every row 4 times, n of them drawn
+    times, prompts, outputs = sample_span(hour, 600.0, 1200.0, n, np.random.default_rng(1))
+    assert len(times) == n and (np.diff(times) >= 0).all() and 0 <= times.min() and times.max() < 600.0
     drawn = np.unique(times, return_counts=True)[1]
     assert drawn.max() <= 4 * np.unique(hour.times, return_counts=True)[1].max()
-    assert set(np.round(times, 6)) <= set(np.round(hour.times, 6))  # real arrival instants, uncompressed
-    shifted, _, _ = sample_requests(hour, 100, 900.0, np.random.default_rng(2))
-    assert set(np.round(shifted, 4)) <= set(np.round((hour.times + 900.0) % 3600.0, 4))
+    assert set(np.round(times + 600.0, 6)) <= set(np.round(hour.times, 6))  # real arrival instants, uncompressed
 
 
 def test_window_loads_on_worked_numbers() -> None:
@@ -54,15 +73,19 @@ def test_window_loads_on_worked_numbers() -> None:
     assert peak == pytest.approx([2, 1, 0, 1])
 
 
-def test_csp_forecasts_every_window_of_the_run_from_earlier_days(profile) -> None:
+@pytest.mark.parametrize("forecaster", ["ensemble", "csp"])
+def test_forecasts_read_each_models_real_history_then_the_run(profile, forecaster) -> None:
     w = WORKLOADS["conv-a0.5"]
-    trace = build_trace(profile, w, 5.0, seed=0, azure_dir=SAMPLE)
-    fc = forecasts(profile, w, trace, 5.0, 300.0, 2, 0, SAMPLE)
-    assert set(fc.per_model) == {m.name for m in profile.models}
-    assert all(len(series) == 12 for series in fc.per_model.values())
+    trace = build_trace(profile, w, 5.0, seed=0, azure_dir=SAMPLE, duration_s=1200.0)
+    fc = forecasts(profile, w, trace, 5.0, 300.0, 0, SAMPLE, 900.0, forecaster)
+    assert set(fc.per_model) == {m.name for m in profile.models} and fc.forecaster == forecaster
+    assert all(len(series) == 4 for series in fc.per_model.values())  # 20 minutes of 5-minute windows
     assert all(f.peak >= f.avg >= 0 for series in fc.per_model.values() for f in series)
+    assert fc.history_windows["llama2-7b-0"] == 3 and fc.history_windows["llama2-70b"] > 3  # later windows, more history
     avg_err, peak_err = fc.error()
-    assert 0 <= avg_err < 0.5 and 0 <= peak_err < 0.5
+    assert 0 <= avg_err < 0.6 and 0 <= peak_err < 0.6
+    with pytest.raises(ValueError, match="unknown forecaster"):
+        forecasts(profile, w, trace, 5.0, 300.0, 0, SAMPLE, 900.0, "oracle")
 
 
 def test_the_systems_differ_only_in_prewarming_and_the_engine_pool() -> None:

@@ -1,7 +1,8 @@
 """`tidal repro warmserve [--scale paper|tiny] [--out DIR]`: WarmServe §7.3 (Figs. 9, 11, 13-15) simulated.
 
 Replays the real Azure LLM 2023 conversation and code hours (../shared/data/azure-llm-2023/,
-CC-BY 4.0, Patel et al., ISCA 2024) split over four models at rising RPS, uncompressed, on WarmServe
+CC-BY 4.0, Patel et al., ISCA 2024), every model its own 20-minute window, at rising RPS, uncompressed,
+on every seed of `--seeds`, on WarmServe
 (forecast -> replica counts -> prewarm scores -> evict-aware placement, proactive prewarming),
 WarmServe without proactive prewarming, SLLM-GPU without and with an engine pool (all four run the
 public code's autoscaler and pay the same start costs) and a MuxServe-like static co-location over
@@ -29,7 +30,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", choices=sorted(SCALES), default="paper",
                    help="paper: 3 workloads x RPS 5-25, the real hour each; tiny: one workload, 2 RPS, 10 minutes")
     p.add_argument("--out", default=None, help="report directory (default runs/repro-warmserve-<timestamp>/)")
-    p.add_argument("--seed", type=int, default=None, help="workload seed (default 0)")
+    p.add_argument("--seed", type=int, default=None, help="the first workload seed (default 0)")
+    p.add_argument("--seeds", type=int, default=None, metavar="N",
+                   help="seeds per point: seed, seed+1, ... (default: the scale's, 5 at paper scale)")
+    p.add_argument("--forecaster", choices=("ensemble", "csp"), default=None,
+                   help="WarmServe's forecasts: the product's spike-guarded ensemble (default) or CSP alone")
     p.add_argument("--workloads", default=None, help=f"comma-separated subset of {','.join(WORKLOADS)}")
     p.add_argument("--rps", default=None, help="comma-separated request rates (default: the scale's)")
     p.add_argument("--no-plots", action="store_true", help="do not draw the PNG figures")
@@ -49,6 +54,12 @@ def _changes(args: argparse.Namespace) -> dict[str, object]:
     out: dict[str, object] = {}
     if args.seed is not None:
         out["seed"] = args.seed
+    if getattr(args, "seeds", None) is not None:
+        if args.seeds < 1:
+            raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+        out["seeds"] = args.seeds
+    if getattr(args, "forecaster", None) is not None:
+        out["forecaster"] = args.forecaster
     if args.workloads is not None:
         names = tuple(n.strip() for n in args.workloads.split(",") if n.strip())
         unknown = [n for n in names if n not in WORKLOADS]
@@ -84,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out("warmserve")
     try:
         points = run_repro(cfg, progress=lambda line: print(line, flush=True))
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:  # no trace, or a replay longer than the trace
         print(f"error: {exc}", file=sys.stderr)
         return 2
     head = headline(points, cfg)
