@@ -66,8 +66,12 @@ def test_bench_scores_members_and_ensemble_on_every_trace(tmp_path):
     for name in ("azureconv-like", "azurecode-like", "mixed", "azure-2023-conv", "azure-2023-code", "user.csv"):
         assert any(line.startswith(f"bench predictor ({name}): ensemble_avg_err=") for line in lines), name
         assert any(line.startswith(f"bench predictor ({name}) concurrency: ") for line in lines), name
+    for name in ("azure-2023-conv", "user.csv"):  # the guarded ensemble is scored on every trace
+        line = next(x for x in lines if x.startswith(f"bench predictor ({name}): "))
+        assert re.search(r" guarded_avg_err=\d+\.\d% ", line), line
     report = (out / "report.md").read_text()
-    assert "## azure-2023-conv" in report and "| ewma_slow |" in report
+    assert "## azure-2023-conv" in report and "| ewma_slow |" in report and "| ensemble+guard |" in report
+    assert "| azure-2023-code | conc |" in report  # the per-trace table, not only the pooled line
     results = json.loads((out / "results.json").read_text())
     conv = results["traces"]["azure-2023-conv"]
     assert conv["window_s"] == 15 and not conv["seasonal"] and conv["scored_windows"] == 19 - 5

@@ -11,7 +11,8 @@ JSONL, an Azure or BurstGPT CSV, or a CSV of timestamps with an optional model c
 spanning two seasons or more is scored in `--window` windows from its second season on; a shorter
 one in `--short-window` windows from window `--warmup` on, with no seasonal term.
 
-Per trace: `bench predictor (NAME): ensemble_avg_err=N.N% ... best_member=NAME` (rate) and
+Per trace: `bench predictor (NAME): ensemble_avg_err=N.N% ... guarded_avg_err=N.N% ... best_member=NAME`
+(rate; guarded: the ensemble with the spike guard, shared/policy/forecast_guard.py) and
 `bench predictor (NAME) concurrency: ...`; the last line averages the traces' rate figures (each
 trace weighs the same; best_member_avg_err is the member best on that average):
 `bench predictor: ensemble_avg_err=NN% ensemble_peak_err=NN% best_member_avg_err=NN% naive_avg_err=NN% p90_coverage=NN%`
@@ -29,7 +30,7 @@ import numpy as np
 from shared.policy.forecast_ensemble import EnsembleParams
 from shared.policy.forecast_members import MemberParams
 from tidal.bench.output import add_out_argument, out_dir
-from tidal.bench.predictor_score import ENSEMBLE, ScoreSetup, figures, score_trace, summary
+from tidal.bench.predictor_score import ENSEMBLE, GUARDED, ScoreSetup, figures, score_trace, summary
 from tidal.bench.predictor_series import ModelRequests, ServiceModel, azure_like, mixed_hour
 from tidal.bench.predictor_traces import read_requests
 
@@ -93,7 +94,7 @@ def _traces(args: argparse.Namespace) -> tuple[dict[str, tuple[dict[str, ModelRe
 
 
 def report(name: str, result: dict) -> list[str]:
-    methods = (*result["members"], ENSEMBLE)
+    methods = (*result["members"], ENSEMBLE, GUARDED)
     lines = [f"## {name}", "",
              f"{result['scored_windows']} windows of {result['window_s']:g} s scored per model (of "
              f"{result['windows']}; {'seasonal' if result['seasonal'] else 'no season in the trace'}). "
@@ -112,8 +113,22 @@ def report(name: str, result: dict) -> list[str]:
     return lines + [""]
 
 
+def per_trace_table(results: dict[str, dict]) -> list[str]:
+    """One row per trace: mean relative error of the ensemble, the guarded ensemble, last value, best member."""
+    lines = ["## Per trace (mean relative error of the window's average)", "",
+             "| trace | load | ensemble | ensemble+guard | last value | best member |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for name, result in results.items():
+        for load in ("rate", "conc"):
+            f = figures(result, load)
+            lines.append(f"| {name} | {load} | {f['ensemble_avg_err']:.1f}% | {f['guarded_avg_err']:.1f}% | "
+                         f"{f['naive_avg_err']:.1f}% | {f['best_member']} {f['best_member_avg_err']:.1f}% |")
+    return lines + [""]
+
+
 def _trace_line(fig: dict) -> str:
-    keys = ("ensemble_avg_err", "ensemble_peak_err", "best_member_avg_err", "naive_avg_err", "p90_coverage")
+    keys = ("ensemble_avg_err", "ensemble_peak_err", "guarded_avg_err", "guarded_peak_err", "best_member_avg_err",
+            "naive_avg_err", "p90_coverage")
     return " ".join(f"{k}={fig[k]:.1f}%" for k in keys) + f" best_member={fig['best_member']}"
 
 
@@ -127,6 +142,7 @@ def pooled(results: dict[str, dict]) -> dict[str, float | str]:
     best = min(per_member, key=per_member.__getitem__)
     return {"ensemble_avg_err": avg(lambda r: r["overall"]["rate"][ENSEMBLE]["avg"]),
             "ensemble_peak_err": avg(lambda r: r["overall"]["rate"][ENSEMBLE]["peak"]),
+            "guarded_avg_err": avg(lambda r: r["overall"]["rate"][GUARDED]["avg"]),
             "best_member_avg_err": per_member[best], "naive_avg_err": per_member["last_value"],
             "p90_coverage": avg(lambda r: r["p90_coverage"]["rate"]), "best_member": best}
 
@@ -151,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
     (out / "results.json").write_text(json.dumps({"setup": setup, "notes": notes, "traces": clean,
                                                   "summary": total}, indent=2))
     text = ["# bench predictor", "", f"setup: {json.dumps(setup)}", "", *(f"note: {n}" for n in notes), ""]
+    text += per_trace_table(results)
     for name, result in results.items():
         text += report(name, result)
     (out / "report.md").write_text("\n".join(text))

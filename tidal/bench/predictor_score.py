@@ -4,6 +4,8 @@ Each model's four series (tidal/bench/predictor_series.py: rate and concurrency,
 are forecast window by window from all earlier windows by each member
 (shared/policy/forecast_members.py) and by the ensemble (shared/policy/forecast_ensemble.py);
 a peak forecast is never below the same method's avg forecast (as the live service publishes).
+"ensemble+guard" is the ensemble with the spike guard (shared/policy/forecast_guard.py: toward the
+last value when its last error jumps), as `tidal repro warmserve`'s planner reads it.
 Scored: the mean relative error |forecast - actual| / actual over every model's windows from
 `first` on (windows with no load left out), and the P90 coverage: the share of those windows
 whose actual load is at most the ensemble's P90.
@@ -15,11 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from shared.policy.forecast_ensemble import EnsembleParams, ensemble_series
+from shared.policy.forecast_guard import GuardParams, guard_series
 from shared.policy.forecast_members import MemberParams, member_series
 from shared.policy.warmserve_predictor import relative_errors
 from tidal.bench.predictor_series import SERIES, ModelRequests, ServiceModel, load_series
 
 ENSEMBLE = "ensemble"
+GUARDED = "ensemble+guard"
 KINDS = ("avg", "peak")
 
 
@@ -49,6 +53,7 @@ def _forecasts(series: dict[str, list[float]], setup: ScoreSetup, load: str, win
             out.setdefault(name, {})[kind] = values
         ens = ensemble_series(s, setup.ensemble, windows)
         out.setdefault(ENSEMBLE, {})[kind] = [e.point for e in ens]
+        out.setdefault(GUARDED, {})[kind] = guard_series(s, [e.point for e in ens], GuardParams())
         if kind == "avg":
             p90 = [e.quantile(0.9) for e in ens]
     for method in out.values():  # a peak is never below the average
@@ -62,7 +67,7 @@ def score_trace(per_model: dict[str, ModelRequests], duration_s: float, setup: S
         raise SystemExit(f"error: the trace covers {windows} windows of {setup.window_s:g} s; "
                          f"scoring starts at window {setup.first}")
     first = setup.first
-    methods = (*setup.members.members, ENSEMBLE)
+    methods = (*setup.members.members, ENSEMBLE, GUARDED)
     errors = {load: {m: {k: [] for k in KINDS} for m in methods} for load in ("rate", "conc")}
     covered = {"rate": [], "conc": []}
     models: dict[str, dict] = {}
@@ -92,6 +97,7 @@ def figures(result: dict, load: str = "rate") -> dict[str, float | str]:
     o = result["overall"][load]
     best = min(result["members"], key=lambda m: o[m]["avg"])
     return {"ensemble_avg_err": o[ENSEMBLE]["avg"], "ensemble_peak_err": o[ENSEMBLE]["peak"],
+            "guarded_avg_err": o[GUARDED]["avg"], "guarded_peak_err": o[GUARDED]["peak"],
             "best_member_avg_err": o[best]["avg"], "naive_avg_err": o["last_value"]["avg"],
             "p90_coverage": result["p90_coverage"][load], "best_member": best}
 
@@ -101,4 +107,4 @@ def summary(fig: dict[str, float | str]) -> str:
     return " ".join(f"{k}={fig[k]:.0f}%" for k in keys)
 
 
-__all__ = ["ENSEMBLE", "KINDS", "SERIES", "ScoreSetup", "figures", "score_trace", "summary"]
+__all__ = ["ENSEMBLE", "GUARDED", "KINDS", "SERIES", "ScoreSetup", "figures", "score_trace", "summary"]
