@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -210,7 +209,7 @@ def make_policy(name: str, capacity: int, cfg: ReproConfig, final_size: dict[str
 def run_arm(name: str, schedule: Schedule, moves: MoveModel, budgets: Budgets, cfg: ReproConfig,
             final_size: dict[str, int] | None = None, pool: int | None = None) -> PackingResult:
     """One arm; `pool`: on a fixed pool of that many GPUs (arrivals that fit nowhere wait), stopped early once
-    more requests missed the SLO's TTFT than its percentile allows."""
+    so many requests missed the SLO's TTFT or TPOT target that its percentile misses it for certain."""
     policy = make_policy(name, schedule.capacity, cfg, final_size, schedule.bytes_per_token, pool)
     if name in RESERVING or name == FREE:
         return run_policy(schedule, policy, name)
@@ -218,7 +217,8 @@ def run_arm(name: str, schedule: Schedule, moves: MoveModel, budgets: Budgets, c
     mode = "auto" if adaptive else ("tokens" if name in ("BF-restart", "WF-restart") else "kv")
     if name == OURS:
         mode = OURS_MODE
-    abort = (cfg.slo.ttft_s, cfg.slo.late_allowed(schedule.requests)) if pool is not None else None
+    abort = (cfg.slo.ttft_s, cfg.slo.tpot_s(schedule.decode_step_s), cfg.slo.misses_to_fail(schedule.requests)) \
+        if pool is not None else None
     return run_fleet(schedule, policy, name, moves=moves, mode=mode, budgets=budgets if adaptive else None,
                      per_op=name in ("MELL-uncapped", "MELL-nobatch"), pool=pool, abort_late=abort)
 
@@ -230,83 +230,79 @@ def executed_cut(batched: FleetResult, unbatched: FleetResult | None) -> float:
     return 1.0 - batched.moves / unbatched.moves
 
 
-def run_scenario(scenario: Scenario, cfg: ReproConfig, policies: tuple[str, ...] = POLICIES) -> Scenario:
+def prepare(scenario: Scenario) -> Scenario:
+    """What every arm of a scenario shares: the final sizes (reserving arms) and the lower bounds."""
     s = scenario.schedule
     if not scenario.final_size:
         scenario.final_size = final_sizes(s)
         scenario.reserved_bytes = reserved_bytes(s, scenario.final_size)
         scenario.lower_bound_l1, scenario.lower_bound = peak_lower_bound(s)
-    for name in policies:
-        started = time.perf_counter()
-        scenario.results[name] = run_arm(name, s, scenario.moves, scenario.budgets, cfg, scenario.final_size)
-        if name in SERVICE:
-            scenario.needed[name] = gpus_needed_at_slo(
-                lambda n, name=name: run_arm(name, s, scenario.moves, scenario.budgets, cfg, pool=n),
-                scenario.results[name], scenario.lower_bound, cfg.slo, s.decode_step_s)  # type: ignore[arg-type]
-        scenario.wall_s[name] = time.perf_counter() - started
-    if cfg.core:
-        from loadgen.sim.kv_packing_core import run_core
-
-        b = scenario.budgets
-        scenario.results["MELL-core"] = run_core(
-            s, "MELL-core", max_migrations_per_op=cfg.max_migrations_per_op, moves=scenario.moves, migration="auto",
-            link_budget_bytes=b.link_bytes_per_s * s.epoch_s, prefill_budget_tokens=b.prefill_tokens_per_s * s.epoch_s)
-    if scenario.workload.key in cfg.sweep_workloads:
-        started = time.perf_counter()
-        for epoch in cfg.sweep_epochs:
-            if epoch == cfg.epoch_s:
-                continue
-            sched = make_schedule(scenario.testbed, scenario.workload, cfg, epoch)
-            b = budgets_for(scenario.testbed, sched, cfg.occupancy)
-            result = run_arm("MELL", sched, scenario.moves, b, cfg)
-            unbatched = run_arm(UNBATCHED, sched, scenario.moves, b, cfg)
-            scenario.sweep.append(Sweep(epoch, result, peak_lower_bound(sched)[1], unbatched))  # type: ignore[arg-type]
-        main = scenario.results["MELL"]
-        scenario.sweep.append(Sweep(cfg.epoch_s, main, scenario.lower_bound,  # type: ignore[arg-type]
-                                    scenario.results.get(UNBATCHED)))  # type: ignore[arg-type]
-        scenario.sweep.sort(key=lambda sw: sw.epoch_s)
-        scenario.wall_s["interval sweep"] = time.perf_counter() - started
     return scenario
 
 
-def _one(args: tuple[str, str, ReproConfig]) -> tuple[Scenario, float]:
-    tb, wl, cfg = args
-    started = time.perf_counter()
-    return run_scenario(build_scenario(TESTBEDS[tb], WORKLOADS[wl], cfg), cfg), time.perf_counter() - started
+def arm_outcome(scenario: Scenario, name: str, cfg: ReproConfig) -> tuple[PackingResult, Needed | None]:
+    """One arm on demand, and for the arms at equal service its GPUs at the SLO (the pool search)."""
+    s = prepare(scenario).schedule
+    result = run_arm(name, s, scenario.moves, scenario.budgets, cfg, scenario.final_size)
+    needed = None
+    if name in SERVICE:
+        needed = gpus_needed_at_slo(lambda n: run_arm(name, s, scenario.moves, scenario.budgets, cfg, pool=n),
+                                    result, scenario.lower_bound, cfg.slo, s.decode_step_s)  # type: ignore[arg-type]
+    return result, needed
 
 
-def run_repro(cfg: ReproConfig, progress=None, jobs: int = 1) -> list[Scenario]:
-    """Every testbed x workload; `jobs` > 1 runs scenarios in that many processes (same results)."""
-    todo = [(tb, wl, cfg) for tb in cfg.testbeds for wl in cfg.workloads]
-    for _, wl, _ in todo:  # a missing trace fails before anything runs
-        if WORKLOADS[wl].kind == "azure":
-            from loadgen.repro.mell_setup import AZURE_DIR, AZURE_FILES, azure_trace
+def sweep_at(scenario: Scenario, epoch: float, cfg: ReproConfig) -> Sweep:
+    """MELL batched and op by op at another planning interval (the interval sweep)."""
+    sched = make_schedule(scenario.testbed, scenario.workload, cfg, epoch)
+    b = budgets_for(scenario.testbed, sched, cfg.occupancy)
+    result = run_arm("MELL", sched, scenario.moves, b, cfg)
+    unbatched = run_arm(UNBATCHED, sched, scenario.moves, b, cfg)
+    return Sweep(epoch, result, peak_lower_bound(sched)[1], unbatched)  # type: ignore[arg-type]
 
-            folder = cfg.azure_dir or AZURE_DIR
-            if not (Path(folder) / AZURE_FILES[WORKLOADS[wl].service]).is_file():
-                azure_trace(WORKLOADS[wl].service, 1.0, cfg.azure_dir)  # raises AzureTraceMissing
-    done: dict[tuple[str, str], Scenario] = {}
 
-    def report(sc: Scenario, wall: float) -> None:
-        done[(sc.testbed.key, sc.workload.key)] = sc
-        if progress:
-            progress(f"{sc.key}: {sc.requests} requests, L2 bound {sc.lower_bound} GPUs; at the SLO "
-                     + ", ".join(f"{p} {n.gpus if n.gpus is not None else 'none'}" for p, n in sc.needed.items())
-                     + "; peak on demand " + ", ".join(f"{p} {r.peak_devices()}" for p, r in sc.results.items())
-                     + f" ({wall:.1f} s: " + ", ".join(
-                         f"{p} {w:.0f} s" + (f"/{sc.needed[p].runs} pools" if p in sc.needed else "")
-                         for p, w in sc.wall_s.items()) + ")")
+def sweep_epochs(scenario: Scenario, cfg: ReproConfig) -> tuple[float, ...]:
+    """The other planning intervals the scenario is swept at (none unless it is a sweep workload)."""
+    if scenario.workload.key not in cfg.sweep_workloads:
+        return ()
+    return tuple(e for e in cfg.sweep_epochs if e != cfg.epoch_s)
 
-    if jobs > 1 and len(todo) > 1:
-        from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        with ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
-            for fut in as_completed([pool.submit(_one, t) for t in todo]):
-                report(*fut.result())
-    else:
-        for t in todo:
-            report(*_one(t))
-    return [done[(tb, wl)] for tb, wl, _ in todo]
+def finish_sweep(scenario: Scenario, cfg: ReproConfig) -> None:
+    """The sweep's entry at the main interval (the scenario's own MELL runs), in interval order."""
+    if scenario.workload.key not in cfg.sweep_workloads:
+        return
+    scenario.sweep.append(Sweep(cfg.epoch_s, scenario.results["MELL"], scenario.lower_bound,  # type: ignore[arg-type]
+                                scenario.results.get(UNBATCHED)))  # type: ignore[arg-type]
+    scenario.sweep.sort(key=lambda sw: sw.epoch_s)
+
+
+def run_core_arm(scenario: Scenario, cfg: ReproConfig) -> PackingResult:
+    """MELL through the planner core as live, on the undelayed op stream (`--core`)."""
+    from loadgen.sim.kv_packing_core import run_core
+
+    s, b = scenario.schedule, scenario.budgets
+    return run_core(s, "MELL-core", max_migrations_per_op=cfg.max_migrations_per_op, moves=scenario.moves,
+                    migration="auto", link_budget_bytes=b.link_bytes_per_s * s.epoch_s,
+                    prefill_budget_tokens=b.prefill_tokens_per_s * s.epoch_s)
+
+
+def run_scenario(scenario: Scenario, cfg: ReproConfig, policies: tuple[str, ...] = POLICIES) -> Scenario:
+    """Every arm of one scenario in this process (mell_runner.py spreads them over processes)."""
+    prepare(scenario)
+    for name in policies:
+        started = time.perf_counter()
+        scenario.results[name], needed = arm_outcome(scenario, name, cfg)
+        if needed is not None:
+            scenario.needed[name] = needed
+        scenario.wall_s[name] = time.perf_counter() - started
+    if cfg.core:
+        scenario.results["MELL-core"] = run_core_arm(scenario, cfg)
+    if sweep_epochs(scenario, cfg):
+        started = time.perf_counter()
+        scenario.sweep.extend(sweep_at(scenario, epoch, cfg) for epoch in sweep_epochs(scenario, cfg))
+        scenario.wall_s["interval sweep"] = time.perf_counter() - started
+    finish_sweep(scenario, cfg)
+    return scenario
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,10 @@ opened on demand (unbounded) misses it at every pool (more GPUs change nothing f
 them on demand) and needs "none": its row is "latency for GPUs" (what it pays for the GPUs it uses).
 Otherwise a bisection, bracketed from the L2 bound: the bound is tried first (the answers sit within a
 few GPUs of it), then steps of 1, 2, 4, ... GPUs away from it (down while the SLO is met, up while it is
-not) until the answer is bracketed, then the bracket is halved. Runs stop early once more than 1% of
-requests missed the TTFT target (`abort_late`), so a failing pool costs little.
+not) until the answer is bracketed, then the bracket is halved. A run on a pool stops as soon as its
+outcome is certain (`Slo.misses_to_fail`): once so many requests are past the TTFT target, or past the
+TPOT target, that the P99 cannot meet it whatever happens next (delays only grow), so a failing pool
+costs little and the answer is the one the whole run would give.
 
 Monotone? Only up to the noise of one run: a larger pool gives the placement other GPUs (worst fit and
 ours spread arrivals over the pool), so the SLO is not strictly monotone in N. The bisection therefore
@@ -24,8 +26,10 @@ below N - 1 that would meet it again is not looked for. `Needed.runs` is the poo
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -42,8 +46,18 @@ class Slo:
         return self.tpot_step_share * decode_step_s
 
     def late_allowed(self, requests: int) -> int:
-        """Requests that may miss the TTFT target with the P99 still met."""
+        """Requests that may miss a target with the P99 still met (a nearest-rank reading, for reports)."""
         return int((100.0 - self.percentile) / 100.0 * requests)
+
+    def misses_to_fail(self, requests: int) -> int:
+        """The fewest requests past a target (TTFT or TPOT added) that make its percentile miss it for certain:
+        numpy's linear percentile of n values lies between the sorted values at floor(h) and floor(h) + 1,
+        h = q (n - 1); it is past the target once the value at floor(h) is, i.e. once n - floor(h) values are
+        (`meets` gives the same answer on the whole run)."""
+        if requests <= 0:
+            return 1
+        h = Fraction(str(self.percentile)) / 100 * (requests - 1)
+        return requests - math.floor(h)
 
     def describe(self, decode_step_s: float) -> str:
         return (f"P{self.percentile:g} TTFT added <= {self.ttft_s:g} s and P{self.percentile:g} TPOT added <= "

@@ -67,10 +67,11 @@ def pool_devices(n: int) -> list[str]:
 
 def run_fleet(schedule: Schedule, policy, name: str, *, moves: MoveModel | None = None, mode: str = "kv",
               budgets: Budgets | None = None, per_op: bool = False, check: bool = True,
-              pool: int | None = None, abort_late: tuple[float, int] | None = None) -> FleetResult:
+              pool: int | None = None, abort_late: tuple[float, float, int] | None = None) -> FleetResult:
     """Play `schedule`'s requests on `policy`'s books and simulated devices (module docstring). `mode`: how
     the policy's moves travel ("kv", "tokens", or "auto" = adaptive under `budgets`); `per_op`: ops one by one
-    (measures the most moves one operation decides)."""
+    (measures the most moves one operation decides); `abort_late` = (TTFT s, TPOT s per token, k): stop once
+    k requests are past either target (their delays only grow: the run's percentile is decided)."""
     if schedule.prompt is None or schedule.first_token_s is None:
         raise ValueError(f"{name}: the fleet needs a schedule with its requests (kv_packing.build_schedule)")
     if mode not in ("kv", "tokens", "auto"):
@@ -138,8 +139,9 @@ class _Fleet(FleetEngine, FleetMoves):
         self.pool_wait: list[int] = []  # arrivals refused by a full pool, first come first served
         self.offered: dict[int, tuple[float, int, int]] = {}  # refused arrival -> (first offered, size, frozen)
         self.refused = 0  # arrival-intervals refused by a full pool
-        self.abort_late: tuple[float, int] | None = None  # (TTFT s, requests): stop once more are that late
+        self.abort_late: tuple[float, float, int] | None = None  # (TTFT s, TPOT s, k): stop once k are past either
         self.n_late = 0  # requests whose TTFT added passed abort_late's
+        self.n_slow = 0  # requests whose TPOT added (seconds after the first token / later tokens) passed it
 
     # --- a request's clock ------------------------------------------------------------------
     def _generated(self, i: int, now: float) -> int:
@@ -185,7 +187,12 @@ class _Fleet(FleetEngine, FleetMoves):
         delay = new_tf - self.TF[i]
         if delay > 0:
             if started:
+                before = self.d_after[i]
                 self.d_after[i] += delay
+                if self.abort_late is not None:
+                    limit = self.abort_late[1] * max(1, self.O[i] - 1)
+                    if before <= limit < self.d_after[i]:
+                        self.n_slow += 1
             else:
                 before = self.d_first[i]
                 self.d_first[i] += delay
@@ -299,7 +306,7 @@ class _Fleet(FleetEngine, FleetMoves):
                     overcommitted += 1
             if done == self.n and e >= last_arrival and not self.pool_wait:
                 break
-            if self.abort_late is not None and self._late(now) > self.abort_late[1]:
+            if self.abort_late is not None and max(self._late(now), self.n_slow) >= self.abort_late[2]:
                 aborted = True  # the SLO is already missed: the rest would not change that
                 break
             e += 1

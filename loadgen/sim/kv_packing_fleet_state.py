@@ -43,7 +43,7 @@ class FleetResult(PackingResult):
     active_physical: np.ndarray | None = None  # per epoch: active GPUs counting those a copy or a wait holds
     max_items_per_op: int = -1  # per_op: the most items one operation moved (a multi-item counts once)
     refused: int = 0  # arrival-intervals a full pool refused (`pool`)
-    aborted: bool = False  # stopped early: more requests were late than `abort_late` allows
+    aborted: bool = False  # stopped early: so many requests were past a target of `abort_late` that the SLO is missed
 
     def peak_physical(self) -> int:
         return int(self.active_physical.max(initial=0)) if self.active_physical is not None else self.peak_devices()

@@ -98,3 +98,36 @@ def test_an_arm_that_misses_the_slo_on_demand_needs_none() -> None:
     assert not meets(late, Slo(), 0.03)
     got = gpus_needed_at_slo(run_at, late, 3, Slo(), 0.03)
     assert got.gpus is None and calls == []
+
+
+@given(st.lists(st.floats(0, 10), min_size=1, max_size=400), st.floats(0.1, 9.9))
+def test_the_early_stop_count_makes_the_p99_miss_and_one_fewer_may_not(values: list[float], limit: float) -> None:
+    """`misses_to_fail(n)` values past a target put numpy's P99 past it whatever the others are; with one fewer
+    past it, the P99 can still meet it (so a run stopped at that count answers as the whole run would)."""
+    slo, n = Slo(), len(values)
+    k = slo.misses_to_fail(n)
+    over = np.asarray(values)
+    over[:k - 1 if k <= n else n] = limit + 1.0
+    if k <= n:
+        over[k - 1] = limit + 1e-3
+        assert np.percentile(over, slo.percentile) > limit
+    low = np.zeros(n)
+    low[:k - 1] = limit * (1 + 1e-6)  # k - 1 past it, the rest met
+    assert np.percentile(low, slo.percentile) <= limit
+
+
+def test_a_run_on_a_pool_stops_once_enough_requests_are_past_the_tpot_target() -> None:
+    """Many long requests growing on a one-GPU pool: preemptions push their TPOT past the target; the run with
+    the stop ends early and misses, as the whole run does."""
+    rng = np.random.default_rng(5)
+    n = 60
+    s = build_schedule(np.sort(rng.uniform(0, 20, n)), rng.integers(5, 20, n), rng.integers(30, 60, n), capacity=300,
+                       bytes_per_token=1, granule_tokens=10, epoch_s=1.0, prefill_s_per_token=0.05,
+                       decode_step_s=0.1)
+    slo = Slo(ttft_s=1e9, tpot_step_share=0.25)
+    full = run_fleet(s, RepackFit(300, pool_devices(1)), "full", mode="tokens", pool=1)
+    assert not meets(full, slo, 0.1) and not full.aborted
+    stopped = run_fleet(s, RepackFit(300, pool_devices(1)), "stop", mode="tokens", pool=1,
+                        abort_late=(slo.ttft_s, slo.tpot_s(0.1), slo.misses_to_fail(n)))
+    assert stopped.aborted and not meets(stopped, slo, 0.1)
+    assert len(stopped.active) < len(full.active)

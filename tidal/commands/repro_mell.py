@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "or trace (its own)")
     p.add_argument("--core", action="store_true", help="also run MELL through the planner core (the live path)")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
-                   help="scenarios run in N processes at once (default: the CPUs, at most 4; same results)")
+                   help="arms run in N processes at once (default: the CPUs, at most 4; same results)")
     p.add_argument("--no-plots", action="store_true", help="do not draw the PNG figures")
     live = p.add_argument_group("--live: a small version on local clusters (4 CPU workers each; MELL and the planner "
                                 "off at the same time), the simulator beside")
@@ -77,7 +77,8 @@ def _intervals(text: str | None) -> tuple[float, ...] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadgen.repro.mell import SCALES, headline, run_repro
+    from loadgen.repro.mell import SCALES, headline
+    from loadgen.repro.mell_runner import run_repro
     from loadgen.repro.mell_report import write_mell_report
     from loadgen.repro.mell_setup import TESTBEDS, WORKLOADS, AzureTraceMissing
     from loadgen.repro.report import default_out
