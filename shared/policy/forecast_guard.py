@@ -8,16 +8,18 @@ observed window u = w - 1, with a = the load of u and f the forecaster's forecas
 
     e  = |f_u - a| / a                      (the forecaster's error on u; u without load: no guard)
     e0 = median of its errors on the `baseline_windows` windows before u with load (none: 0)
-    lam = 0                                 if e < min_error
+    lam = 0                                 if e < min_error, or e <= the last value's error on u
         = clamp((e / e0 - 1) / (jump - 1), 0, 1) otherwise (e0 = 0: 1)
     guarded_w = lam x last_value_w + (1 - lam) x f_w
 
-So an error `jump` times its usual one (and above `min_error`) moves the forecast all the way to the last
-value; an error at its usual level leaves it alone. The last value missed the first window of a shift as
-badly, but it carries the new level from then on; after a one-window spike it carries the spike for one
-window (the price of following a shift at once). The errors read are
-the unguarded forecaster's (it lags a shift for several windows, so the guard holds while it does), and
-only windows before w: the guarded forecast of w is as causal as the forecaster's.
+So an error `jump` times its usual one, above `min_error` and worse than the last value did on the same
+window, moves the forecast all the way to the last value; an error at its usual level leaves it alone.
+At the first window of a shift (or of a one-window spike) the last value missed about as badly, so
+little moves: a spike is not carried. From the next window the last value carries a new level, and the
+ensemble, still lagging, is pulled to it; after a spike the ensemble, still inflated by it, is pulled
+back. The errors read are the unguarded forecaster's (it lags a shift for several windows, so the guard
+holds while it does), and only windows before w: the guarded forecast of w is as causal as the
+forecaster's.
 """
 from __future__ import annotations
 
@@ -62,6 +64,10 @@ def spike_weight(series: Series, forecasts: Sequence[float], w: int, p: GuardPar
     e = _error(series, forecasts, u)
     if e is None or e < p.min_error:
         return 0.0
+    a = series[u]
+    assert a is not None
+    if e <= abs(last_value(series, u) - a) / a:
+        return 0.0  # the last value missed u as badly: a new level it carries is not shown yet
     earlier = [x for v in range(max(0, u - p.baseline_windows), u) if (x := _error(series, forecasts, v)) is not None]
     usual = _median(earlier) if earlier else 0.0
     if usual <= 0:

@@ -26,22 +26,35 @@ def test_worked_numbers() -> None:
     assert guard_series(series, fc, half)[4] == pytest.approx(0.5 * 20.0 + 0.5 * 12.0)
     # an error below min_error is never a spike, however it compares with the usual one
     assert spike_weight([10.0, 10.0, 10.0], [10.0, 10.0, 11.5], 3, p) == 0.0
-    # a usual error of 0: any miss above min_error goes all the way
-    assert spike_weight([10.0, 20.0], [10.0, 10.0], 2, p) == 1.0
+    # a usual error of 0: any miss above min_error that the last value did better on goes all the way
+    assert spike_weight([10.0, 20.0], [10.0, 5.0], 2, p) == 1.0
+    assert spike_weight([10.0, 20.0], [10.0, 10.0], 2, p) == 0.0  # the last value missed it as badly
 
 
-def test_a_level_shift_is_followed_sooner_than_by_the_ensemble() -> None:
-    # an hour of a noisy flat load (the slow members weigh most), then the load triples
-    series = [20.0 + 2.5 * math.sin(1.7 * k) for k in range(60)] + [60.0 + 2.5 * math.sin(1.7 * k) for k in range(8)]
+FLAT = [20.0 + 2.5 * math.sin(1.7 * k) for k in range(60)]  # an hour of a noisy flat load: slow members weigh most
+
+
+def test_a_level_shift_is_followed_once_the_last_value_shows_it() -> None:
+    series = FLAT + [60.0 + 2.5 * math.sin(1.7 * k) for k in range(8)]  # the load triples at window 60
     params = EnsembleParams(MemberParams(windows_per_season=1000))
     raw = [e.point for e in ensemble_series(series, params, len(series))]
     guarded = guarded_ensemble_series(series, params, GuardParams(), len(series))
-    assert guarded[:61] == raw[:61]  # until the shift shows in an error, the guard does nothing
-    after = range(61, 64)  # the windows right after the shift
-    err = (lambda fc: sum(abs(fc[w] - series[w]) / series[w] for w in after))
-    assert err(guarded) < 0.5 * err(raw)
-    assert guarded[61] == pytest.approx(series[60])
-    assert guarded[64:] == raw[64:]  # once the ensemble caught up, the guard lets go  # the ensemble's miss on 60 was its usual one many times over
+    # window 61: both the ensemble and the last value missed window 60, so nothing says which follows
+    assert guarded[:62] == raw[:62]
+    # window 62: the ensemble missed 61 by far more than usual and than the last value did: last value
+    assert guarded[62] == pytest.approx(series[61])
+    assert abs(guarded[62] - series[62]) < 0.5 * abs(raw[62] - series[62])
+    assert guarded[64:] == raw[64:]  # once the ensemble caught up, the guard lets go
+
+
+def test_a_one_window_spike_is_not_carried() -> None:
+    series = FLAT + [60.0] + FLAT[:8]  # one window at three times the load, then back
+    params = EnsembleParams(MemberParams(windows_per_season=1000))
+    raw = [e.point for e in ensemble_series(series, params, len(series))]
+    guarded = guarded_ensemble_series(series, params, GuardParams(), len(series))
+    assert guarded[:62] == raw[:62]  # the spike's 60 is not carried into window 61 (the last value missed it too)
+    err = (lambda fc: sum(abs(fc[w] - series[w]) / series[w] for w in range(61, len(series))))
+    assert err(guarded) < err(raw)  # and where the ensemble hangs on to the spike, the guard pulls it back
 
 
 @settings(max_examples=60, deadline=None)
