@@ -64,6 +64,7 @@ def engine_config(cfg: ClusterConfig, worker: WorkerSpec, model: ModelSpec, pool
         scheduling_policy=pol.scheduling,
         num_threads=threads, cpu_lora_assist=pol.cpu_lora_assist, cpu_lora_processes=worker.cpu_lora_processes,
         lora_load_bandwidth=worker.lora_load_bandwidth,
+        lora_load_mode="auto",  # per cold request: CPU assist, async or inline load by T_cpu < X + P (cold_start.py)
         prefix_caching=pol.prefix_caching, model_name=model.name,
     )
 

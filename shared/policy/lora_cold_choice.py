@@ -16,7 +16,8 @@ Pure: no I/O, no clock. The engine (services/gpu_worker/engine/cold_start.py) me
 The rule (`choose`):
 
 1. CPU assist when the helpers are ready, the request has produced no token yet (decoding never runs
-   on the helpers), and T_cpu < X + P. Under assist the helpers' x·A·B overlaps the device's base
+   on the helpers), and T_cpu < X + P — or when T_cpu is not measured yet, or was last measured
+   `PROBE_EVERY` decisions ago (assisting one request is how it is measured again). Under assist the helpers' x·A·B overlaps the device's base
    projections, so the prefill takes about max(P, T_cpu); without it the request waits X, then
    prefills in P. max(P, T_cpu) < X + P exactly when T_cpu < X + P (X > 0).
 2. Otherwise an inline load (the step copies the adapter first, every sequence of the step waits X)
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 
 CPU_ASSIST, ASYNC, INLINE = "cpu_assist", "async", "inline"
 CHOICES = (CPU_ASSIST, ASYNC, INLINE)
+PROBE_EVERY = 32  # cold decisions without a T_cpu measurement before one request is assisted to re-measure it
 DECAY = 0.9  # weight of the older measurements at each new one (LinearFit, LinkRates)
 
 
@@ -53,6 +55,7 @@ class ColdSituation:
     in_flight: bool  # the adapter's copy has already started
     others: int  # sequences of the step an inline load would stall
     step_s: float  # the measured step time (0: none measured)
+    since_cpu: int = 0  # cold decisions since T_cpu was last measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,15 +66,16 @@ class Choice:
 
 
 def choose(costs: ColdCosts, at: ColdSituation) -> Choice:
-    """The rule above. Unmeasured T_cpu rules CPU assist out; unmeasured P counts as 0 (assist must
-    then beat the load alone)."""
+    """The rule above. Unmeasured P counts as 0 (assist must then beat the load alone)."""
     if costs.load_s < 0 or at.others < 0 or at.step_s < 0:
         raise ValueError(f"choose: load_s, others and step_s must be >= 0, got {costs.load_s}, {at.others}, {at.step_s}")
     p = costs.prefill_s or 0.0
     if at.helpers_ready and at.prefilling and at.load_beside:
         if costs.cpu_s is None:
-            why = "T_cpu not measured yet"
-        elif costs.cpu_s < costs.load_s + p:
+            return Choice(CPU_ASSIST, "T_cpu not measured yet: assisting measures it", costs)
+        if at.since_cpu >= PROBE_EVERY:
+            return Choice(CPU_ASSIST, f"T_cpu last measured {at.since_cpu} cold requests ago: re-measuring", costs)
+        if costs.cpu_s < costs.load_s + p:
             return Choice(CPU_ASSIST, f"T_cpu {_ms(costs.cpu_s)} < X {_ms(costs.load_s)} + P {_ms(p)}", costs)
         else:
             why = f"T_cpu {_ms(costs.cpu_s)} >= X {_ms(costs.load_s)} + P {_ms(p)}"
@@ -185,5 +189,5 @@ def page_lock_host(device_type: str, cuda_available: bool, setting: bool = True)
     return setting and device_type == "cuda" and cuda_available
 
 
-__all__ = ["ASYNC", "CHOICES", "CPU_ASSIST", "INLINE", "Choice", "ColdCosts", "ColdSituation", "LinearFit", "LinkRates",
+__all__ = ["ASYNC", "CHOICES", "CPU_ASSIST", "INLINE", "PROBE_EVERY", "Choice", "ColdCosts", "ColdSituation", "LinearFit", "LinkRates",
            "choose", "chunk_steps", "page_lock_host"]

@@ -1,9 +1,11 @@
 """The cold-LoRA decision rule (shared/policy/lora_cold_choice.py) on worked examples."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from shared.policy.lora_cold_choice import (ASYNC, CPU_ASSIST, INLINE, ColdCosts, ColdSituation, LinearFit, LinkRates,
+from shared.policy.lora_cold_choice import (ASYNC, CPU_ASSIST, INLINE, PROBE_EVERY, ColdCosts, ColdSituation, LinearFit, LinkRates,
                                             choose, chunk_steps, page_lock_host)
 
 BUSY = ColdSituation(helpers_ready=True, prefilling=True, load_beside=True, in_flight=False, others=8, step_s=0.032)
@@ -58,11 +60,17 @@ def test_inline_when_nothing_else_runs_or_no_link():
     assert c.kind == INLINE and "no link" in c.reason
 
 
-def test_decoding_and_unmeasured_never_assist():
+def test_decoding_never_assists_and_unmeasured_t_cpu_is_measured():
     decoding = ColdSituation(True, False, True, in_flight=False, others=8, step_s=0.032)
     assert choose(ColdCosts(0.001, 0.050, 0.010), decoding).kind == ASYNC
+    assert choose(ColdCosts(None, 0.050, 0.010), decoding).kind == ASYNC
     c = choose(ColdCosts(None, 0.050, None), BUSY)
-    assert c.kind == ASYNC and "not measured" in c.reason
+    assert c.kind == CPU_ASSIST and "not measured" in c.reason
+    # a stale T_cpu that says "load" is re-measured once every PROBE_EVERY cold decisions
+    slow = ColdCosts(0.090, 0.004, 0.010)
+    assert choose(slow, dataclasses.replace(BUSY, since_cpu=PROBE_EVERY - 1)).kind == ASYNC
+    c = choose(slow, dataclasses.replace(BUSY, since_cpu=PROBE_EVERY))
+    assert c.kind == CPU_ASSIST and "re-measuring" in c.reason
 
 
 def test_bad_input_is_refused():

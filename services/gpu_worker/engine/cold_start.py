@@ -16,6 +16,13 @@ lands runs on the device: the device takes over mid-prefill, not only at the nex
 `load_mode="inline"` is the paper's OnDemand (LightLLM, S-LoRA): the step that needs a cold
 adapter loads it first, and the whole batch waits for the copy (paced on a CPU worker).
 
+`load_mode="auto"` (the worker's) decides per cold request instead of by a fixed mode: CPU assist,
+the asynchronous load or an inline load, by shared/policy/lora_cold_choice.py's rule (assist when
+T_cpu < X + P) on what this engine measured (cold_costs.py: P from its device steps, T_cpu from
+its CPU-assisted steps, X from its landed copies at the link's rate for a pageable or page-locked
+host copy). Every decision is counted and kept per request (`costs.counts`, `costs.trace`); the
+fixed modes record theirs too. On CUDA the host copies are page-locked (lora_page_lock.py).
+
 The helpers see every adapter from its registration: with assist on, the worker's host copies
 live in shared files (`LoRAManager.share_host`) and each one is announced to the helpers when it
 is registered (or when they start), so no helper reads an adapter file on the request path.
@@ -33,21 +40,25 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence as Seq
 
-from .batch import SchedulerOutput
+from shared.policy.lora_cold_choice import ASYNC, CPU_ASSIST, INLINE, Choice, ColdCosts, ColdSituation, choose, \
+    page_lock_host
+
+from .batch import ScheduledChunk, SchedulerOutput
+from .cold_costs import ColdCostModel
 from .cpu_lora_helpers import CpuLoRAFailed, CpuLoRAHelpers
-from .lora_loads import AdapterLoads, paced_seconds
+from .lora_loads import AdapterLoads, paced_seconds, probe_link
 from .lora_shared import SharedLayout
 from .model_runner import ModelRunner
 from .sequence import Sequence
 
-LOAD_MODES = ("async", "inline")
+LOAD_MODES = ("auto", "async", "inline")
 CPU_CHUNK = 32  # tokens of a CPU-assisted prefill chunk: the device takes over at the next one
 
 
 class ColdStart:
     def __init__(self, runner: ModelRunner, *, assist: bool, processes: int, bandwidth: float | None,
                  model_dir: str, dtype: str | None, max_rows: int, load_mode: str = "async",
-                 cpu_chunk: int = CPU_CHUNK, cores: Seq[int] = (),
+                 cpu_chunk: int = CPU_CHUNK, cores: Seq[int] = (), page_lock: bool = True, cpu_pace: float = 0.0,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         if load_mode not in LOAD_MODES:
             raise ValueError(f"lora load mode {load_mode!r}: one of {', '.join(LOAD_MODES)}")
@@ -58,12 +69,21 @@ class ColdStart:
         self.lora = runner.lora
         self.load_mode = load_mode
         self.bandwidth = bandwidth
-        beside = load_mode == "async" and (bandwidth is not None or runner.device.type == "cuda")
+        beside = load_mode != "inline" and (bandwidth is not None or runner.device.type == "cuda")
         self.assist = assist and processes > 0 and beside
         self.processes = processes
         self.cpu_chunk = cpu_chunk
         self.cores = tuple(cores)
+        self.cpu_pace = cpu_pace
         self.loads = AdapterLoads(self.lora, bandwidth) if beside else None
+        import torch
+
+        locks = self.lora.page_locks
+        locks.enabled = page_lock_host(runner.device.type, torch.cuda.is_available(), page_lock)
+        if self.loads is not None:
+            locks.busy = self.loads.loading
+            self.loads.kind_of = locks.kind
+        self.costs = ColdCostModel(cpu_chunk, _prior_rates(runner, bandwidth, locks.enabled) if beside else None)
         self._sleep = sleep
         self._helper_args = (model_dir, dtype, max_rows)
         self.no_assist: set[str] = set()  # requests whose helpers failed: they wait for the load
@@ -74,6 +94,7 @@ class ColdStart:
         self.inline_wait_s = 0.0  # what those steps waited for them
         self.last_failure = ""
         self._on_cpu: set[str] = set()  # requests whose prefill has run on the helpers, not yet on the device
+        self._inline_step = False  # this step copied an adapter inline (its time is no prefill measurement)
         if self.assist:
             self.lora.on_host = self._host_changed
             self.lora.share_host()  # from registration on: one shared host copy, mapped by every helper
@@ -98,7 +119,7 @@ class ColdStart:
         if self.runner.cpu_lora is None:
             model_dir, dtype, max_rows = self._helper_args
             helpers = CpuLoRAHelpers(self.runner.cfg, model_dir, dtype, self.runner.layers, self.processes, max_rows,
-                                     cores=self.cores)
+                                     cores=self.cores, pace=self.cpu_pace)
             for name, layout in self.lora.layouts.items():
                 helpers.register(name, layout)
             self.runner.cpu_lora = helpers
@@ -109,11 +130,19 @@ class ColdStart:
         """Load, flag or hold the step's chunks of cold adapters. Returns the adapters the pool has
         no room for and the error (the engine preempts or fails their requests, as before)."""
         names = {c.adapter for c in out.chunks if c.adapter is not None}
+        self._inline_step = False
         if not names:
             return set(), ""
         if self.loads is None:  # in-step copy: OnDemand ("inline"), or a CPU worker unpaced
+            why = "load_mode inline" if self.load_mode == "inline" else "no link to hide: the load runs in the step"
+            for c in out.chunks:
+                if c.adapter is not None and c.adapter not in self.lora.resident:
+                    self.costs.record(c.seq_id, Choice(INLINE, why, ColdCosts(None, 0.0, None)))
             return self._load_inline(names)
         self.loads.poll()
+        for _, kind, nbytes, seconds in self.loads.take_measured():
+            self.costs.observe_load(kind, nbytes, seconds)
+        self.lora.page_locks.flush()
         cold = names - set(self.lora.resident)
         for c in out.chunks:
             if c.seq_id in self._on_cpu and c.adapter not in cold:
@@ -122,21 +151,25 @@ class ColdStart:
                     self.device_takeovers += 1  # mid-prefill: the rest of the prompt on the device
         if not cold:
             return set(), ""
+        self.start_helpers()
+        ready = self.assist and self.helpers is not None and bool(self.helpers.ready())
+        choices = {c.seq_id: self._decide(c, seq_of(c.seq_id), ready, len(out.chunks) - 1)
+                   for c in out.chunks if c.adapter in cold}
+        inline = {c.adapter for c in out.chunks if choices.get(c.seq_id) == INLINE}
         missing, error = set(), ""
+        if inline:
+            missing, error = self._load_inline(inline)
+            cold -= inline
         for name in sorted(cold):
             try:
                 self.loads.start(name, names)
             except MemoryError as exc:
                 missing.add(name)
                 error = str(exc)
-        self.start_helpers()
-        ready = self.assist and self.helpers is not None and bool(self.helpers.ready())
         kept = []
         for c in out.chunks:
             if c.adapter in cold and c.adapter not in missing:
-                seq = seq_of(c.seq_id)
-                if not (ready and seq.num_output_tokens == 0 and c.seq_id not in self.no_assist
-                        and self.helpers.registered(c.adapter)):
+                if choices[c.seq_id] != CPU_ASSIST:
                     continue  # waits for the load, keeping its KV
                 c.lora_on_cpu = True
                 if self.cpu_chunk and len(c.token_ids) > self.cpu_chunk:
@@ -147,6 +180,49 @@ class ColdStart:
             kept.append(c)
         out.chunks = kept
         return missing, error
+
+    def _decide(self, c: ScheduledChunk, seq: Sequence, ready: bool, others: int) -> str:
+        """This chunk's request: CPU assist, async or inline (the fixed modes: assist when it can, else async)."""
+        name = c.adapter
+        can_assist = (ready and seq.num_output_tokens == 0 and c.seq_id not in self.no_assist
+                      and self.helpers.registered(name))
+        if self.load_mode != "auto":
+            kind = CPU_ASSIST if can_assist else ASYNC
+            self.costs.record(c.seq_id, Choice(kind, f"load_mode {self.load_mode}", ColdCosts(None, 0.0, None)))
+            return kind
+        tokens = max(1, seq.num_prompt_tokens - c.start_pos)
+        host = self.lora.host.get(name)
+        nbytes = host.nbytes if host is not None else 0
+        kinds = self.lora.page_locks.kind
+        head = self.loads.head_started()
+        elapsed = max(0.0, self.loads._clock() - head[1]) if head else 0.0  # noqa: SLF001 - the loader's clock
+        queue = [(n, b, kinds(n)) for n, b in self.loads.queue()]
+        costs = ColdCosts(self.costs.cpu_s(tokens, self.lora.rank(name)),
+                          self.costs.load_s(name, nbytes, kinds(name), queue, elapsed),
+                          self.costs.prefill_s(tokens))
+        choice = choose(costs, ColdSituation(helpers_ready=can_assist, prefilling=seq.num_output_tokens == 0,
+                                             load_beside=True, in_flight=self.loads.loading(name), others=others,
+                                             step_s=self.costs.step_s, since_cpu=self.costs.since_cpu))
+        self.costs.record(c.seq_id, choice)
+        return choice.kind
+
+    def observe(self, out: SchedulerOutput, started: float, *, synced: bool = True) -> None:
+        """After the step ran (since `started`, perf_counter): feed P or T_cpu (cold_costs). A step that
+        sampled nothing has not waited for the device: on CUDA it is synced here, only when it had a
+        CPU-assisted chunk (a T_cpu measurement; the helpers' waits made it near-synced anyway)."""
+        calls, call_s = self.helpers.take_calls() if self.helpers is not None else (0, 0.0)
+        # T_cpu's x: the step's cold rows x rank (each row goes through every targeted group of every layer)
+        work = sum(len(c.token_ids) * max(self.lora.rank(c.adapter), 1) for c in out.chunks
+                   if c.lora_on_cpu and c.adapter in self.lora.host) if calls else 0
+        if not synced:
+            if not work:
+                return
+            if self.runner.device.type == "cuda":
+                import torch
+
+                torch.cuda.synchronize(self.runner.device)
+        self.costs.observe_step(out.num_batched_tokens, time.perf_counter() - started, work, call_s,
+                                inline=self._inline_step)
 
     def _load_inline(self, names: set[str]) -> tuple[set[str], str]:
         """Load the step's cold adapters now, the whole batch waiting (paced to `bandwidth`)."""
@@ -165,6 +241,7 @@ class ColdStart:
             self._sleep(max(0.0, started + paced_seconds(moved, self.bandwidth) - time.perf_counter()))
             self.inline_loads += len(cold)
             self.inline_wait_s += time.perf_counter() - started
+            self._inline_step = True
         return set(), ""
 
     def fall_back(self, out: SchedulerOutput, exc: CpuLoRAFailed) -> None:
@@ -185,3 +262,13 @@ class ColdStart:
         if self.runner.cpu_lora is not None:
             self.runner.cpu_lora.close()
             self.runner.cpu_lora = None
+
+
+def _prior_rates(runner: ModelRunner, bandwidth: float | None, page_locked: bool) -> dict[str, float]:
+    """The link's rate before any load was timed: the pacing (a CPU worker's stand-in link), or one
+    probe copy per host kind on CUDA."""
+    if bandwidth is not None:
+        return {"pageable": bandwidth}
+    if runner.device.type != "cuda":
+        return {}
+    return probe_link(runner.device, page_locked)

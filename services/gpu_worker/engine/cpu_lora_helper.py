@@ -8,6 +8,11 @@ adapter's A then B, written into its rows of the output region. One core, one th
 parallelism is across helpers (§4.2). It exits when the engine's end of the pipe closes. A COMPUTE record may arrive before its
 input rows (the sync-free invocation): the helper waits for the shared doorbell to reach the
 record's gate before it reads them.
+
+`pace` (seconds per cold row x rank of a call; 0: none) stretches each call to at least that
+long: a stand-in for a slower CPU, so a bench can give CPU LoRA the share of a prefill it has on
+another machine (`tidal bench lora --cpu-ratio`). It sleeps, so it is faithful in time, not in
+the core it would have kept busy. Like `lora_load_bandwidth`, a simulation, not a measurement.
 """
 from __future__ import annotations
 
@@ -61,7 +66,7 @@ def wait_for_gate(bell: memoryview, gate: int, timeout_s: float = GATE_TIMEOUT_S
 
 
 def helper_main(conn: Connection, in_name: str, out_name: str, bell_name: str, model_dir: str, dtype: str | None,
-                layer_start: int, layer_stop: int, core: int = -1) -> None:
+                layer_start: int, layer_stop: int, core: int = -1, pace: float = 0.0) -> None:
     if core >= 0 and hasattr(os, "sched_setaffinity"):
         try:
             os.sched_setaffinity(0, {core})
@@ -74,13 +79,13 @@ def helper_main(conn: Connection, in_name: str, out_name: str, bell_name: str, m
     x_region = torch.frombuffer(shm_in.buf, dtype=cfg.dtype)
     y_region = torch.frombuffer(shm_out.buf, dtype=cfg.dtype)
     try:
-        _serve(conn, cfg, bell, x_region, y_region, range(layer_start, layer_stop))
+        _serve(conn, cfg, bell, x_region, y_region, range(layer_start, layer_stop), pace)
     finally:
         bell.release()  # no exported view may outlive the mapping at exit
 
 
 def _serve(conn: Connection, cfg, bell: memoryview, x_region: torch.Tensor, y_region: torch.Tensor,  # type: ignore[no-untyped-def]
-           layers: range) -> None:
+           layers: range, pace: float = 0.0) -> None:
     layouts = [group_layout(cfg, g) for g in range(len(GROUPS))]
     adapters: dict[int, Weights | None] = {}
     conn.send_bytes(Record(Kind.READY, value=_profile()).encode())
@@ -103,7 +108,11 @@ def _serve(conn: Connection, cfg, bell: memoryview, x_region: torch.Tensor, y_re
                 conn.send_bytes(Record(Kind.DONE, seq=rec.seq, status=Status.ERROR).encode())
                 continue
             t0 = time.perf_counter()
-            status = _compute(rec, adapters.get(rec.adapter), layouts, x_region, y_region)
+            adapter = adapters.get(rec.adapter)
+            status = _compute(rec, adapter, layouts, x_region, y_region)
+            if pace > 0 and status == Status.OK and adapter:
+                rank = next(iter(adapter.values()))[0].shape[0]
+                time.sleep(max(0.0, rec.count * rank * pace - (time.perf_counter() - t0)))
             conn.send_bytes(Record(Kind.DONE, seq=rec.seq, status=status, value=time.perf_counter() - t0).encode())
 
 

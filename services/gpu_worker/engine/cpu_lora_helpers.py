@@ -76,14 +76,19 @@ class Ticket:
     rows: int
     out_cols: int
     pending: dict[int, tuple[_Helper, int, int]]  # seq -> (helper, rows, rank)
+    work: int = 0  # cold row x rank products of the call
+    t0: float = 0.0  # when it was submitted (perf_counter)
 
 
 class CpuLoRAHelpers:
     def __init__(self, cfg: ModelConfig, model_dir: str, dtype: str | None, layers: range, processes: int,
                  max_rows: int, *, hang_s: float = HANG_S, sync_free: bool = True,
-                 cores: Sequence[int] = ()) -> None:
+                 cores: Sequence[int] = (), pace: float = 0.0) -> None:
         if processes < 1:
             raise ValueError(f"cpu_lora_processes must be >= 1, got {processes}")
+        if not pace >= 0:
+            raise ValueError(f"cpu_lora_pace must be >= 0 s per row x rank, got {pace}")
+        self.pace = pace
         self.cfg, self.max_rows, self.hang_s = cfg, max_rows, hang_s
         self._args = (model_dir, dtype, layers.start, layers.stop)
         in_w, out_w = region_widths(cfg)
@@ -106,6 +111,7 @@ class CpuLoRAHelpers:
         self._seq = itertools.count(1)
         self.tap: Callable[[str, int, bytes], None] | None = None  # tests: (way, helper, record) of every record
         self.restarts = 0
+        self._work, self._call_s = 0, 0.0  # since `take_calls`: row x rank products, seconds submit -> deltas
         self._helpers = [self._spawn(i) for i in range(processes)]
 
     # --- processes ------------------------------------------------------------------------
@@ -114,7 +120,7 @@ class CpuLoRAHelpers:
         core = self.cores[index % len(self.cores)] if self.cores else -1
         proc = self._ctx.Process(target=helper_main, name=f"cpu-lora-{index}", daemon=True,
                                  args=(theirs, self._shm_in.name, self._shm_out.name, self._shm_bell.name, *self._args,
-                                       core))
+                                       core, self.pace))
         proc.start()
         theirs.close()
         helper = _Helper(index, proc, ours)
@@ -158,6 +164,12 @@ class CpuLoRAHelpers:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"CPU LoRA helpers not ready after {timeout_s}s")
             time.sleep(0.01)
+
+    def take_calls(self) -> tuple[int, float]:
+        """(row x rank products, seconds from each submit to its deltas) of the calls since the last
+        take: a step's T_cpu measurement (the base projection runs inside those seconds)."""
+        out, (self._work, self._call_s) = (self._work, self._call_s), (0, 0.0)
+        return out
 
     # --- the channel ----------------------------------------------------------------------
     def _send(self, h: _Helper, rec: Record) -> None:
@@ -209,8 +221,9 @@ class CpuLoRAHelpers:
         missing = [seg.adapter for seg in segments if seg.adapter not in self._adapters]
         if missing:
             raise CpuLoRAFailed(f"adapters {missing} are not registered with the CPU LoRA helpers")
+        t0 = time.perf_counter()
         gate = self._publish(x, n * in_dim)
-        ticket = Ticket(n, out_cols, {})
+        ticket = Ticket(n, out_cols, {}, sum(seg.count * max(seg.rank, 1) for seg in segments), t0)
         plan = split_rows(n, [h.throughput for h in helpers], MIN_ROWS_PER_HELPER)
         for hi, start, count in plan:
             h = helpers[hi]
@@ -274,6 +287,8 @@ class CpuLoRAHelpers:
             if rec.status != Status.OK:
                 self._fail(ticket, None, f"helper {h.index}: {Status(rec.status).name} for call {rec.seq}")
             h.throughput = updated_throughput(h.throughput, rows, rank, rec.value)
+        self._work += ticket.work
+        self._call_s += time.perf_counter() - ticket.t0  # the CPU LoRA part on the step's critical path
         n = ticket.rows
         return self._y[: n * ticket.out_cols].view(n, ticket.out_cols)
 

@@ -57,7 +57,11 @@ class EngineConfig:
     cpu_lora_assist: bool = False
     cpu_lora_processes: int = 2
     lora_load_bandwidth: float | None = None  # bytes/s: paces adapter loads (a PCIe-like link on CPU)
-    lora_load_mode: str = "async"  # or "inline": the step that needs a cold adapter loads it, the batch waits
+    # "auto": per cold request CPU assist, async or inline by T_cpu < X + P (cold_start.py); "async"; or
+    # "inline": the step that needs a cold adapter loads it, the batch waits
+    lora_load_mode: str = "async"
+    lora_page_lock: bool = True  # CUDA: adapters' host copies page-locked (faster, asynchronous loads)
+    cpu_lora_pace: float = 0.0  # s per cold row x rank of a helper call: a slower CPU's stand-in (bench); 0: none
     cpu_lora_chunk: int = 32  # tokens per CPU-assisted prefill chunk (the device takes over at the next)
     cpu_lora_cores: tuple[int, ...] = ()  # CPUs the helpers are pinned to (one each, round robin); () unpinned
     # automatic prefix caching (prefix_cache.py, docs/engine-scheduling.md); blocks are named under
@@ -119,7 +123,8 @@ class LLMEngine(KvHandover):
         self.cold = ColdStart(self.runner, assist=config.cpu_lora_assist, processes=config.cpu_lora_processes,
                               bandwidth=config.lora_load_bandwidth, model_dir=config.model_dir, dtype=config.dtype,
                               max_rows=config.max_num_batched_tokens, load_mode=config.lora_load_mode,
-                              cpu_chunk=config.cpu_lora_chunk, cores=config.cpu_lora_cores)
+                              cpu_chunk=config.cpu_lora_chunk, cores=config.cpu_lora_cores,
+                              page_lock=config.lora_page_lock, cpu_pace=config.cpu_lora_pace)
 
     # --- requests --------------------------------------------------------------------
     def add_request(
@@ -254,6 +259,7 @@ class LLMEngine(KvHandover):
         self._sampled_ids: list[str] = []
         if out.is_empty:
             return SampleResult([])
+        started = time.perf_counter()
         try:
             result = self.runner.execute(out)
         except CpuLoRAFailed as exc:  # a helper died or erred: those requests wait for the load
@@ -261,14 +267,17 @@ class LLMEngine(KvHandover):
             if out.is_empty:
                 return SampleResult([])
             result = self.runner.execute(out)
-        if result.logits is None:
+        if result.logits is None:  # chunks that sample nothing (e.g. a CPU-assisted chunk cut short)
+            self.cold.observe(out, started, synced=False)
             return SampleResult([])
         self._sampled_ids = result.sampled_seq_ids
         seqs = [self._requests[s].seq for s in result.sampled_seq_ids]
         # The index of the token being drawn: seeded noise depends on it, not on history.
         indices = [seq.num_output_tokens for seq in seqs]
-        return self.sampler.sample(result.logits, result.sampled_seq_ids, [seq.params for seq in seqs], indices,
-                                   [seq.output_token_ids for seq in seqs], [seq.prompt_token_ids for seq in seqs])
+        sampled = self.sampler.sample(result.logits, result.sampled_seq_ids, [seq.params for seq in seqs], indices,
+                                      [seq.output_token_ids for seq in seqs], [seq.prompt_token_ids for seq in seqs])
+        self.cold.observe(out, started)  # the cold-start rule's P or T_cpu (the sample synced the device)
+        return sampled
 
     def _postprocess(self, changed: list[Sequence], sampled: SampleResult) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []

@@ -27,6 +27,7 @@ import torch
 from .adapter_lru import AdapterLRU
 from .lora_adapter import TARGETS, LoRAAdapter, load_adapter, target_shape
 from .lora_batch import LoRABatch, build_lora_batch
+from .lora_page_lock import PageLocks
 from .lora_shared import SharedLayout, release, share
 from .model_config import ModelConfig
 
@@ -65,6 +66,7 @@ class LoRAManager:
         self.shared = False  # host copies in shared files (share_host): the CPU helpers map them
         self.layouts: dict[str, SharedLayout] = {}  # name -> its shared host copy
         self.on_host: Callable[[str, SharedLayout | None], None] | None = None
+        self.page_locks = PageLocks()  # enabled by the engine on CUDA (lora_page_lock.py)
 
     def share_host(self) -> None:
         """From now on every host copy is one shared file (those held now are moved there)."""
@@ -73,7 +75,12 @@ class LoRAManager:
         self.shared = True
         for name, adapter in list(self.host.items()):
             if name not in self.spilled:
-                self.host[name] = self._shared(adapter)
+                self.page_locks.unlock(name)
+                self.host[name] = self._held(adapter)
+
+    def _held(self, adapter: LoRAAdapter) -> LoRAAdapter:
+        """The host copy kept for `adapter`: in a shared file when shared, page-locked when enabled."""
+        return self.page_locks.lock(self._shared(adapter), self.shared)
 
     def _shared(self, adapter: LoRAAdapter) -> LoRAAdapter:
         if not self.shared:
@@ -106,7 +113,7 @@ class LoRAManager:
         name = adapter.name
         self.unregister(name)
         self._hold(adapter)
-        self.host[name] = self._shared(adapter)
+        self.host[name] = self._held(adapter)
         if path is not None:
             self.paths[name] = Path(path)
         else:
@@ -128,6 +135,7 @@ class LoRAManager:
     def unregister(self, name: str) -> None:
         self._evict(name)
         self.host.pop(name, None)
+        self.page_locks.unlock(name)
         self._drop_shared(name)
         self.pinned.discard(name)
         self.host_lru.remove(name)
@@ -234,7 +242,7 @@ class LoRAManager:
         if name in self.spilled:  # cold: read the directory again (it was checked when registered)
             adapter = load_adapter(self.paths[name], name, self.cfg, self.layers)
             self._hold(adapter)
-            adapter = self.host[name] = self._shared(adapter)
+            adapter = self.host[name] = self._held(adapter)
             del self.spilled[name]
         else:
             self.host_lru.touch(name)
@@ -248,6 +256,7 @@ class LoRAManager:
                               f"({self.host_lru.limit_bytes} B, {self.host_lru.bytes} B held by adapters it cannot spill)")
         for victim in victims:
             held = self.host[victim]
+            self.page_locks.unlock(victim)
             self._drop_shared(victim)
             self.spilled[victim] = LoRAAdapter(victim, held.rank, {})
             self.host[victim] = self.spilled[victim]

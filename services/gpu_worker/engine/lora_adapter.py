@@ -46,8 +46,10 @@ class LoRAAdapter:
     def nbytes(self) -> int:
         return sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in self.weights.values())
 
-    def to(self, device: torch.device) -> LoRAAdapter:
-        moved = {key: (a.to(device), b.to(device)) for key, (a, b) in self.weights.items()}
+    def to(self, device: torch.device, non_blocking: bool = False) -> LoRAAdapter:
+        """A copy on `device` (`non_blocking`: asynchronous from page-locked host memory on CUDA)."""
+        moved = {key: (a.to(device, non_blocking=non_blocking), b.to(device, non_blocking=non_blocking))
+                 for key, (a, b) in self.weights.items()}
         return LoRAAdapter(self.name, self.rank, moved)
 
 

@@ -7,6 +7,10 @@ ones resident. On CUDA the copy is the real host-to-device copy, on the loader's
 memory copy that takes microseconds, so `bandwidth` (the worker's `lora_load_bandwidth`)
 stretches each copy to nbytes / bandwidth: a PCIe-like cold start, for tests and demos. It is
 a simulation of the link, not a measurement of one; unset, nothing is paced.
+
+Every copy is timed (`take_measured`: name, link kind, bytes, seconds — the kind from `kind_of`,
+"pageable" or "page-locked", lora_page_lock.py), and `queue` / `head_started` tell how much is on
+the link ahead of a new load: what the cold-start rule's X is made of (cold_costs.py).
 """
 from __future__ import annotations
 
@@ -48,6 +52,24 @@ class AdapterLoads:
         self._thread: threading.Thread | None = None
         self._copy_stream: Any = None  # CUDA: the loader's own stream (made on first use)
         self.loads = 0  # copies completed (for stats and tests)
+        self.kind_of: Callable[[str], str] = lambda _name: "pageable"
+        self._measured: list[tuple[str, str, int, float]] = []  # (name, kind, bytes, seconds) of landed copies
+        self._head: tuple[str, float] | None = None  # the copy on the link now and when it started
+
+    def queue(self) -> list[tuple[str, int]]:
+        """(name, bytes) of the copies not landed yet, in link order (the first may be on the link)."""
+        with self._lock:
+            landed = set(self._landed)
+        return [(n, src.nbytes) for n, (src, _) in self._inflight.items() if n not in landed]
+
+    def head_started(self) -> tuple[str, float] | None:
+        """(name, clock time) of the copy on the link now, if any."""
+        return self._head
+
+    def take_measured(self) -> list[tuple[str, str, int, float]]:
+        with self._lock:
+            out, self._measured = self._measured, []
+        return out
 
     def loading(self, name: str) -> bool:
         return name in self._inflight
@@ -105,7 +127,7 @@ class AdapterLoads:
         if self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(device)
         with torch.cuda.stream(self._copy_stream):
-            moved = adapter.to(device)
+            moved = adapter.to(device, non_blocking=True)  # a DMA from a page-locked host copy
         self._copy_stream.synchronize()
         return moved
 
@@ -114,6 +136,8 @@ class AdapterLoads:
         while (item := self._work.get()) is not None:
             name, source = item
             started = self._clock()
+            self._head = (name, started)
+            kind = self.kind_of(name)
             try:
                 if device.type == "cuda":
                     moved = self._to_cuda(source, device)
@@ -123,9 +147,13 @@ class AdapterLoads:
                 result: LoRAAdapter | BaseException = moved
             except Exception as exc:  # noqa: BLE001 - reported through poll (the load is retried)
                 result = exc
+            took = self._clock() - started
             with self._lock:
                 self._landed[name] = result
                 self.loads += 1
+                if not isinstance(result, BaseException):
+                    self._measured.append((name, kind, source.nbytes, took))
+            self._head = None
             self._arrived.set()
 
 
@@ -147,3 +175,28 @@ def _used_on_current_stream(adapter: LoRAAdapter) -> None:
     for a, b in adapter.weights.values():
         a.record_stream(stream)
         b.record_stream(stream)
+
+
+PROBE_BYTES = 16 << 20  # one probe copy per host kind: long enough to be the link, not the launch
+
+
+def probe_link(device: Any, page_locked: bool, nbytes: int = PROBE_BYTES) -> dict[str, float]:
+    """CUDA: the host-to-device rate of a pageable copy and, when host copies are page-locked, of a
+    pinned one (bytes/s, the best of three each): the cold-start rule's X before any load was timed."""
+    import torch
+
+    src = {"pageable": torch.empty(nbytes, dtype=torch.uint8)}
+    if page_locked:
+        src["page-locked"] = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    rates = {}
+    for kind, host in src.items():
+        best = float("inf")
+        for _ in range(3):
+            torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            dst.copy_(host, non_blocking=True)
+            torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - t0)
+        rates[kind] = nbytes / best
+    return rates
