@@ -11,11 +11,15 @@ from pathlib import Path
 import pytest
 
 from tidal.bench.lora_drive import split_cores
-from tidal.bench.lora_stats import (PAPER_LOAD_OVER_PREFILL, PAPER_TYPICAL_PREFILL_S, WORKLOADS, make_trace,
-                                    paced_bandwidth, paired_overhead, round_overheads, scaled_rate, summary_line)
+from tidal.bench.lora_drive import base_mode
+from tidal.bench.lora_stats import (CPU_RATIOS, PAPER_LOAD_OVER_PREFILL, PAPER_TYPICAL_PREFILL_S, WORKLOADS, cpu_pace,
+                                    make_trace, paced_bandwidth, paired_overhead, round_overheads, scaled_rate,
+                                    summary_line)
 
-SUMMARY = re.compile(r"^bench lora: ttft_overhead_cpu_assist=(-?\d+)% ttft_overhead_ondemand=(-?\d+)% "
-                     r"ttft_overhead_slora=(-?\d+)%$")
+ARM = r"(-?\d+)%\[(-?\d+)\.\.(-?\d+)\]"
+SUMMARY = re.compile(rf"^bench lora: ttft_overhead_cpu_assist={ARM} ttft_overhead_async={ARM} ttft_overhead_auto={ARM} "
+                     rf"ttft_overhead_ondemand={ARM} ttft_overhead_slora={ARM} rounds=(\d+) cpu_ratio=([\d.]+) "
+                     r"auto_choices=cpu_assist:(\d+),async:(\d+),inline:(\d+)$")
 
 
 def test_pacing_gives_a_rank64_load_the_papers_share_of_a_prefill():
@@ -86,8 +90,27 @@ def test_overheads_pair_the_same_requests_under_cached():
               {"cached": base, "ondemand": _rows([0.3, 0.3, 0.2], cold)}]
     over = round_overheads(rounds, ["cached", "ondemand"])
     assert over["ondemand"]["ttft_s_cold"] == pytest.approx([2.0, 0.5, 2.0])
-    assert summary_line(over) == ("bench lora: ttft_overhead_cpu_assist=n/a ttft_overhead_ondemand=200% "
-                                  "ttft_overhead_slora=n/a")
+    assert summary_line(over) == ("bench lora: ttft_overhead_cpu_assist=n/a ttft_overhead_async=n/a "
+                                  "ttft_overhead_auto=n/a ttft_overhead_ondemand=200%[50..200] "
+                                  "ttft_overhead_slora=n/a rounds=3")
+    # S-LoRA against the Cached on its own kernel when that arm ran
+    slow = _rows([0.3, 0.3, 0.2], cold)
+    rec = {"cached": base, "cached_mbgmv": _rows([0.15, 0.15, 0.2], cold), "slora": slow}
+    over = round_overheads([rec], ["cached", "cached_mbgmv", "slora"])
+    assert over["slora"]["ttft_s_cold"] == pytest.approx([1.0]) and "cached_mbgmv" not in over
+
+
+def test_cpu_ratio_is_the_papers_and_the_pace_gives_it():
+    assert CPU_RATIOS == (0.28, 1.77)  # bf16 / fp32 on 8 cores, 128 tokens rank 64 against 32 ms
+    pace = cpu_pace(1.77, 0.010, 128, 64, 4, 1)  # 4 helper calls a step, one helper
+    assert 4 * 128 * 64 * pace == pytest.approx(1.77 * 0.010)
+    assert cpu_pace(1.77, 0.010, 128, 64, 4, 2) == pytest.approx(2 * pace)  # rows split over two helpers
+    with pytest.raises(ValueError):
+        cpu_pace(0.0, 0.010, 128, 64, 4, 1)
+    assert base_mode("auto@1.77") == "auto" and base_mode("cached_mbgmv") == "cached_mbgmv"
+    for bad in ("slora@1.0", "auto@x", "auto@-1", "turbo"):
+        with pytest.raises(ValueError):
+            base_mode(bad)
 
 
 def test_tiny_bench_run_ends_with_its_summary_line(tmp_path: Path):
@@ -102,9 +125,17 @@ def test_tiny_bench_run_ends_with_its_summary_line(tmp_path: Path):
     assert SUMMARY.match(last), last
     assert "(derived)" in proc.stdout and "cores: " in proc.stdout and "workload synthetic-r64" in proc.stdout
     res = json.loads((out / "results.json").read_text())
-    assert set(res["rounds"][0]) == {"cached", "ondemand", "slora", "async", "cpu_assist"}
-    assert res["kernels"]["slora"] == "segmented"
+    assert set(res["rounds"][0]) == {"cached", "cached_mbgmv", "ondemand", "slora", "async", "cpu_assist@0.28",
+                                     "cpu_assist@1.77", "auto@0.28", "auto@1.77"}
+    kernels = res["kernels"]
+    assert kernels["slora"] == kernels["cached_mbgmv"] == "segmented" != kernels["ondemand"] == kernels["cached"]
+    assert res["cpu_paces"]["cpu_assist@1.77"] == pytest.approx(res["cpu_paces"]["cpu_assist@0.28"] * 1.77 / 0.28)
+    m = SUMMARY.match(last)
+    rule = res["decision_rule"]["auto@0.28"]
+    assert [int(m[i]) for i in (18, 19, 20)] == [rule["choices"][k] for k in ("cpu_assist", "async", "inline")]
+    assert sum(rule["choices"].values()) >= 3 and rule["t_cpu_s"] is not None  # every cold request decided; measured
+    assert "the rule chose" in proc.stdout
     assert all(r["cold"] and r["rank"] == 64 for r in res["rounds"][0]["cached"])
     counters = res["engine_counters"]
     assert counters["ondemand"]["inline_loads"] >= 3 and counters["async"]["inline_loads"] == 0
-    assert counters["cpu_assist"]["cpu_chunks"] >= 1 and counters["cpu_assist"]["fallbacks"] == 0
+    assert counters["cpu_assist@0.28"]["cpu_chunks"] >= 1 and counters["cpu_assist@0.28"]["fallbacks"] == 0

@@ -26,10 +26,11 @@ import statistics
 import time
 from pathlib import Path
 
-from tidal.bench.lora_drive import (MODES, CoreSplit, ModeEngine, drive, make_engine, pin_engine, register_round, split_cores,
-                                    usable_cores)
-from tidal.bench.lora_stats import (PAPER_LOAD_OVER_PREFILL, PAPER_RANK64_LOAD_S, PAPER_TYPICAL_PREFILL_S, WORKLOADS,
-                                    make_trace, mode_stats, paced_bandwidth, round_overheads, scaled_rate, spread,
+from tidal.bench.lora_drive import (ASSISTED, MODES, CoreSplit, ModeEngine, base_mode, drive, kernel_of, make_engine,
+                                    pin_engine, register_round, split_cores, usable_cores)
+from tidal.bench.lora_report import print_choices, print_report, rule_view
+from tidal.bench.lora_stats import (CPU_RATIOS, PAPER_LOAD_OVER_PREFILL, PAPER_RANK64_LOAD_S, PAPER_TYPICAL_PREFILL_S,
+                                    WORKLOADS, cpu_pace, make_trace, paced_bandwidth, round_overheads, scaled_rate,
                                     summary_line)
 from tidal.bench.output import add_out_argument, out_dir, run_alone
 
@@ -52,8 +53,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=4, help="rounds; each runs every mode once, rotating the order")
     p.add_argument("--prompt-len", type=int, nargs=2, default=(64, 192), metavar=("MIN", "MAX"))
     p.add_argument("--output-len", type=int, default=16)
-    p.add_argument("--kernel", choices=("segmented", "padded"), default="segmented",
-                   help="LoRA kernel of every mode but slora (S-LoRA's own MBGMV: segmented)")
+    p.add_argument("--kernel", choices=("segmented", "padded"), default="padded",
+                   help="LoRA kernel of every mode but slora and cached_mbgmv (S-LoRA's MBGMV: segmented); "
+                        "default padded (BGMV, LightLLM's)")
+    p.add_argument("--cpu-ratio", default=",".join(map(str, CPU_RATIOS)),
+                   help="comma-separated CPU-LoRA-to-prefill ratios of a typical prompt the CPU arms run at (helpers "
+                        "paced; 'native': unpaced); default the paper server's bf16 and fp32 estimates (lora_stats.py)")
     p.add_argument("--load-bandwidth", help='adapter load rate, e.g. "200MB/s" (default: derived on CPU, unpaced on CUDA)')
     p.add_argument("--chunk", type=int, default=32, help="tokens per CPU-assisted prefill chunk (0: whole prompts)")
     p.add_argument("--processes", type=int, default=None, help="CPU LoRA helpers (default: one per helper core)")
@@ -108,45 +113,33 @@ def _calibrate(me: ModeEngine, adapter: Path, prompt_len: int, repeats: int = 7)
     return min(times)
 
 
-def _fmt(values: list[float], scale: float, unit: str) -> str:
-    if not values:
-        return "n/a"
-    med, lo, hi = spread(values)
-    sign = "+" if unit == "%" else ""
-    return f"{med * scale:{sign}.0f}{unit} [{lo * scale:{sign}.0f}..{hi * scale:{sign}.0f}]"
-
-
-def _report(rounds: list[dict], modes: list[str], steps: dict[str, dict[str, list[float]]]) -> dict:
-    over = round_overheads(rounds, modes, "mean")
-    print("median over rounds [min..max] of each round's mean (overheads: of the same requests under cached)")
-    for which in ("cold", "warm"):
-        if not any(r["cold"] == (which == "cold") for r in rounds[0]["cached"]):
+def _modes(text: str, ratios: str) -> list[str]:
+    """--modes with each CPU arm once per --cpu-ratio (`cpu_assist@R`; 'native': unpaced, no suffix)."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if m not in MODES]
+    if bad or "cached" not in names:
+        raise SystemExit(f"--modes: {bad or 'cached is missing'}; choose from {', '.join(MODES)} (cached is the baseline)")
+    suffixes = []
+    for r in (x.strip() for x in ratios.split(",") if x.strip()):
+        if r == "native":
+            suffixes.append("")
             continue
-        print(f"  {which} requests:")
-        for mode in modes:
-            ttft, tpot, e2e = (mode_stats(rounds, mode, k, which, "mean") for k in ("ttft_s", "tpot_s", "e2e_s"))
-            line = f"    {mode:<10} TTFT {_fmt(ttft, 1000, ' ms'):<22} TPOT {_fmt(tpot, 1000, ' ms'):<20} E2E {_fmt(e2e, 1000, ' ms'):<22}"
-            if mode != "cached":
-                o = over[mode]
-                line += "  vs cached: " + "  ".join(f"{k.split('_')[0].upper()} {_fmt(o.get(f'{k}_{which}', []), 100, '%')}"
-                                                    for k in ("ttft_s", "tpot_s", "e2e_s"))
-            print(line)
-    print("  server side (Fig. 11): mean step time with a prefill chunk / decode-only, ms")
-    for mode in modes:
-        pre, dec = steps[mode]["prefill"], steps[mode]["decode"]
-        print(f"    {mode:<10} prefill iteration {statistics.fmean(pre) * 1000 if pre else float('nan'):7.1f}"
-              f"   decode iteration {statistics.fmean(dec) * 1000 if dec else float('nan'):7.1f}")
-    return over
+        try:
+            if float(r) <= 0:
+                raise ValueError
+        except ValueError:
+            raise SystemExit(f"--cpu-ratio: {r!r} is not a number > 0 nor 'native'") from None
+        suffixes.append(f"@{r}")
+    if not suffixes:
+        raise SystemExit("--cpu-ratio: give at least one ratio (or 'native')")
+    return [m + sfx for m in names for sfx in (suffixes if m in ASSISTED else [""])]
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
     workload = WORKLOADS[args.workload]
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad or "cached" not in modes:
-        raise SystemExit(f"--modes: {bad or 'cached is missing'}; choose from {', '.join(MODES)} (cached is the baseline)")
+    modes = _modes(args.modes, args.cpu_ratio)
     if args.rounds < 1 or args.requests < 1:
         raise SystemExit(f"--rounds and --requests must be >= 1, got {args.rounds}, {args.requests}")
     ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else list(workload.ranks)
@@ -175,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args, workload, modes, ranks, cold, targets, cuda, split, processes, threads, out) -> int:  # type: ignore[no-untyped-def]
     import torch
 
+    from services.gpu_worker.engine.cpu_lora_wire import GROUP_OF
     from shared.config_units import Bandwidth
 
     model, files = make_assets(out / "assets", ranks, targets, args.layers, args.hidden, args.seed,
@@ -187,6 +181,7 @@ def _run(args, workload, modes, ranks, cold, targets, cuda, split, processes, th
     engines: dict[str, ModeEngine] = {}
     try:
         engines["cached"] = ModeEngine("cached", make_engine("cached", model, bandwidth=None, pool_bytes=pool, **common))
+        rank = 64 if 64 in files else max(ranks)
         typical = round(sum(args.prompt_len) / 2)
         prefill_s = _calibrate(engines["cached"], files[max(ranks)], typical)
         eng = engines["cached"].engine
@@ -199,11 +194,16 @@ def _run(args, workload, modes, ranks, cold, targets, cuda, split, processes, th
         else:
             bandwidth = None if cuda else paced_bandwidth(int(big), prefill_s)
         rate = args.rate or scaled_rate(workload.paper_rps, prefill_s)
+        calls = args.layers * len({GROUP_OF[t + "_proj"] for t in targets})  # helper calls per CPU-assisted step
+        paces = {m: cpu_pace(float(m.partition("@")[2]), prefill_s, typical, rank, calls, processes)
+                 for m in modes if "@" in m}
         for mode in modes:
             if mode != "cached":
-                engines[mode] = ModeEngine(mode, make_engine(mode, model, bandwidth=bandwidth, pool_bytes=pool, **common))
-        if "cpu_assist" in engines:
-            engines["cpu_assist"].engine.cold.start_helpers(wait=True)
+                engines[mode] = ModeEngine(mode, make_engine(mode, model, bandwidth=bandwidth, pool_bytes=pool,
+                                                             cpu_pace=paces.get(mode, 0.0), **common))
+        for mode in modes:
+            if base_mode(mode) in ASSISTED:
+                engines[mode].engine.cold.start_helpers(wait=True)
         reuse = 0.0 if workload.adapters else 1.0 - cold
         trace = make_trace(args.requests, rate, tuple(args.prompt_len), 2048, reuse, args.seed,
                            ranks=tuple(ranks), adapters=workload.adapters, cv=workload.cv)
@@ -214,9 +214,14 @@ def _run(args, workload, modes, ranks, cold, targets, cuda, split, processes, th
               f"{'/'.join(map(str, sorted(set(ranks))))} on {','.join(targets)}, output {args.output_len} tokens; "
               f"device {args.device}, {args.layers} layers, hidden {args.hidden}, {args.dtype}")
         print(f"{split.describe()}; engine torch threads {threads}, CPU LoRA helpers {processes}")
-        print(f"kernels: {args.kernel} in every mode but slora (S-LoRA's MBGMV = segmented)"
-              + ("; slora and ondemand differ only by noise here (same loading, same kernel)"
-                 if args.kernel == "segmented" and {"slora", "ondemand"} <= set(modes) else ""))
+        print(f"kernels: {args.kernel} in every mode but slora and cached_mbgmv (S-LoRA's MBGMV = segmented); slora "
+              f"against cached_mbgmv" + ("; --kernel segmented: slora and ondemand differ only by noise here"
+                                          if args.kernel == "segmented" and {"slora", "ondemand"} <= set(modes) else ""))
+        if paces:
+            print("CPU LoRA pacing: " + "; ".join(
+                f"{m.partition('@')[0]} at {m.partition('@')[2]} x the prefill: {p * 1e9:.1f} ns per row x rank per call "
+                f"({calls} calls a step, {processes} helper(s))" for m, p in paces.items() if m.startswith("cpu_assist"))
+                  + f" (paper server, lora_stats.py: {CPU_RATIOS[0]} bf16 / {CPU_RATIOS[1]} fp32 on 8 cores)")
         if cuda:
             how = ("real host-to-device copies, unpaced" if bandwidth is None
                    else f"paced to {bandwidth / 1e9:.2f} GB/s (--load-bandwidth)")
@@ -253,34 +258,41 @@ def _run(args, workload, modes, ranks, cold, targets, cuda, split, processes, th
         cold_stats = {m: {k: getattr(engines[m].engine.cold, k) for k in
                           ("cpu_chunks", "device_takeovers", "fallbacks", "inline_loads", "inline_wait_s")}
                       for m in modes}
+        views = {m: rule_view(engines[m].engine, typical, rank, int(big)) for m in modes if base_mode(m) in ASSISTED}
     finally:
         for me in engines.values():
             me.engine.cold.close()
     which = "all" if workload.adapters else "cold"
-    over = _report(rounds, modes, steps)
-    ca = cold_stats.get("cpu_assist")
-    if ca:
-        print(f"cpu_assist: {ca['cpu_chunks']} prefill chunks on the helpers, {ca['device_takeovers']} prefills taken "
-              f"over by the device mid-prompt, {ca['fallbacks']} fallbacks")
+    over = print_report(rounds, modes, steps)
+    for m, ca in cold_stats.items():
+        if base_mode(m) in ASSISTED:
+            print(f"{m}: {ca['cpu_chunks']} prefill chunks on the helpers, {ca['device_takeovers']} prefills taken "
+                  f"over by the device mid-prompt, {ca['fallbacks']} fallbacks, {ca['inline_loads']} inline loads")
+    print("CPU arms (measured by each engine over the run):")
+    print_choices(views, typical, rank, prefill_s)
+    assist = next((m for m in modes if base_mode(m) == "cpu_assist"), None)
     inline = next((cold_stats[m] for m in ("ondemand", "slora") if m in cold_stats and cold_stats[m]["inline_loads"]),
                   None)
-    if ca and inline and steps["cpu_assist"]["prefill"] and steps["cached"]["prefill"]:
+    if assist and inline and steps[assist]["prefill"] and steps["cached"]["prefill"]:
         load_ms = inline["inline_wait_s"] / inline["inline_loads"] * 1000
-        cached_ms, assist_ms = (statistics.fmean(steps[m]["prefill"]) * 1000 for m in ("cached", "cpu_assist"))
+        cached_ms, assist_ms = (statistics.fmean(steps[m]["prefill"]) * 1000 for m in ("cached", assist))
         print(f"what decides it: a load takes {load_ms:.1f} ms inside OnDemand's iteration (the batch waits); a "
               f"prefill iteration takes {cached_ms:.1f} ms cached, {assist_ms:.1f} ms with CPU-assisted chunks of "
               f"{args.chunk} tokens (the helpers' x·A·B and a round trip per layer, "
               f"{len(split.helpers) or 'no'} core(s) of their own)")
     (out / "results.json").write_text(json.dumps({
         "args": {k: v for k, v in vars(args).items() if k != "func"}, "workload": workload.name, "rate": rate,
-        "prefill_s": prefill_s, "rank64_bytes": big, "kernels": {m: ("segmented" if m == "slora" else args.kernel)
-                                                                  for m in modes}, "bandwidth": bandwidth, "cores": {
+        "prefill_s": prefill_s, "rank64_bytes": big, "kernels": {m: kernel_of(m, args.kernel) for m in modes},
+        "cpu_paces": paces, "decision_rule": views, "bandwidth": bandwidth, "cores": {
             "machine": list(split.machine), "engine": list(split.engine), "helpers": list(split.helpers)},
         "processes": processes, "threads": threads, "engine_counters": cold_stats, "steps": steps,
         "overheads": over, "overheads_of_medians": round_overheads(rounds, modes), "rounds": rounds}, indent=1))
     print(f"(files in {out}; paper, Llama2-7B on an A10, rank 64, 9 RPS, every request cold: TTFT +22% CaraServe, "
           f"+412% OnDemand, +451% S-LoRA)")
-    print(summary_line(over, which))
+    first = next((m for m in modes if base_mode(m) in ASSISTED), "")
+    ratio = "@" + first.partition("@")[2] if "@" in first else ""
+    auto = views.get("auto" + ratio)
+    print(summary_line(over, which, auto["choices"] if auto else None, ratio))
     return 0
 
 

@@ -1,14 +1,20 @@
 """The engines of `tidal bench lora`, one per mode in this process, and the open-loop driver of a round.
 
-Modes (CaraServe §7.1's baselines, and ours):
-* cached: every adapter of the round resident before it starts (the oracle);
+Modes (CaraServe §7.1's baselines, and ours), each on its own kernel:
+* cached: every adapter of the round resident before it starts (the oracle), on the bench's kernel
+  (`--kernel`, default padded: BGMV-style, Punica's, what LightLLM runs);
+* cached_mbgmv: the same on S-LoRA's kernel (MBGMV: `segmented`), slora's baseline;
 * ondemand: the step that needs a cold adapter loads it first, the whole batch waits (LightLLM's
   on-demand loading, what the paper's OnDemand and S-LoRA do: Fig. 11's long prefill iterations);
-* slora: the same loading with S-LoRA's own kernel (MBGMV: `segmented`); its unified pool of KV and
-  adapters is what every mode's pool is here (one pool per device, LRU over adapters);
+* slora: the same loading with S-LoRA's own kernel (MBGMV); its unified pool of KV and adapters is
+  what every mode's pool is here (one pool per device, LRU over adapters);
 * async: our asynchronous load beside the steps without CPU assist: only the cold request waits;
 * cpu_assist: the asynchronous load, and meanwhile the prefill runs with its LoRA part on the CPU
-  helpers, in chunks, the device taking over at the first chunk after the load lands.
+  helpers, in chunks, the device taking over at the first chunk after the load lands;
+* auto: the engine's decision rule per cold request (CPU assist, async or inline by T_cpu < X + P,
+  shared/policy/lora_cold_choice.py), what a worker runs.
+`cpu_assist@R` / `auto@R`: the helpers paced so a typical prompt's CPU LoRA part is R x its
+prefill here (`cpu_lora_pace`, lora.py derives it); a mode without `@`: the helpers unpaced.
 
 Loads: on CUDA the real host-to-device copy (no pacing unless asked); on a CPU engine a memory copy
 paced to `bandwidth`. Cores: `split_cores` gives the helpers cores of their own where the machine
@@ -21,7 +27,28 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MODES = ("cached", "ondemand", "slora", "async", "cpu_assist")
+MODES = ("cached", "cached_mbgmv", "ondemand", "slora", "async", "cpu_assist", "auto")
+MBGMV = ("cached_mbgmv", "slora")  # S-LoRA's kernel
+ASSISTED = ("cpu_assist", "auto")  # modes with CPU LoRA helpers (may carry @R)
+BASELINE = {"slora": "cached_mbgmv"}  # overheads against a Cached on the same kernel (else "cached")
+
+
+def base_mode(mode: str) -> str:
+    """`cpu_assist@1.77` -> `cpu_assist`; refuses an unknown mode or a ratio on a mode without helpers."""
+    name, _, ratio = mode.partition("@")
+    if name not in MODES or (ratio and name not in ASSISTED):
+        raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)} ({'/'.join(ASSISTED)} may take @R)")
+    if ratio:
+        try:
+            if float(ratio) <= 0:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"mode {mode!r}: the CPU-LoRA-to-prefill ratio must be a number > 0") from None
+    return name
+
+
+def kernel_of(mode: str, kernel: str) -> str:
+    return "segmented" if base_mode(mode) in MBGMV else kernel
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,17 +99,18 @@ class ModeEngine:
 
 def make_engine(mode: str, model: Path, *, device: str, kernel: str, bandwidth: float | None, processes: int,
                 cores: tuple[int, ...], chunk: int, pool_bytes: int, max_model_len: int, budget: int,
-                max_seqs: int):  # type: ignore[no-untyped-def]
+                max_seqs: int, cpu_pace: float = 0.0):  # type: ignore[no-untyped-def]
     from services.gpu_worker.engine.engine import EngineConfig, LLMEngine
 
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    name = base_mode(mode)
+    helped = name in ASSISTED
+    load = "inline" if name in ("ondemand", "slora") else "auto" if name == "auto" else "async"
     cfg = EngineConfig(
         str(model), device=device, pool_bytes=pool_bytes, max_num_seqs=max_seqs, max_num_batched_tokens=budget,
-        max_model_len=max_model_len, lora_mode="segmented" if mode == "slora" else kernel,
-        lora_load_bandwidth=bandwidth, lora_load_mode="inline" if mode in ("ondemand", "slora") else "async",
-        cpu_lora_assist=mode == "cpu_assist", cpu_lora_processes=processes if mode == "cpu_assist" else 0,
-        cpu_lora_chunk=chunk, cpu_lora_cores=cores if mode == "cpu_assist" else (),
+        max_model_len=max_model_len, lora_mode=kernel_of(mode, kernel),
+        lora_load_bandwidth=bandwidth, lora_load_mode=load,
+        cpu_lora_assist=helped, cpu_lora_processes=processes if helped else 0,
+        cpu_lora_chunk=chunk, cpu_lora_cores=cores if helped else (), cpu_lora_pace=cpu_pace if helped else 0.0,
         prefix_caching=False)  # prefill cost is what is measured (the calibration repeats one prompt)
     return LLMEngine(cfg)
 
@@ -96,7 +124,7 @@ def register_round(me: ModeEngine, names: list[tuple[str, Path]]) -> None:
     me.names = [n for n, _ in names]
     for name, path in names:
         eng.add_lora(name, path)
-    if me.mode == "cached":
+    if me.mode.startswith("cached"):
         eng.runner.lora.ensure_resident(me.names)
 
 
@@ -169,5 +197,5 @@ def drive(eng, trace: list, names: list[str], output_len: int, *, sync=None) -> 
     return RoundResult(rows, prefill_steps, decode_steps)
 
 
-__all__ = ["MODES", "CoreSplit", "ModeEngine", "RoundResult", "drive", "make_engine", "pin_engine",
+__all__ = ["ASSISTED", "BASELINE", "MODES", "base_mode", "kernel_of", "CoreSplit", "ModeEngine", "RoundResult", "drive", "make_engine", "pin_engine",
            "register_round", "split_cores", "usable_cores"]

@@ -21,6 +21,16 @@ must cost, relative to a prefill on this CPU, what it costs relative to a prefil
 
 So a rank-64 load costs PAPER_LOAD_OVER_PREFILL = 16.7 / 32 = 0.52 prefills of a typical prompt; the
 bench measures that prefill here and paces loads so the largest adapter takes the same share.
+
+CPU LoRA pacing (`cpu_pace`): at hidden 512 a LoRA is ~5% of the base FLOPs and a helper core is as
+fast as the engine's, so unpaced CPU assist costs far less of a prefill here than on the paper's
+server. Its share there, for the bench's typical prompt (128 tokens, rank 64 on q/k/v of
+Llama-2-7B, 32 layers): 2 x 2 x 4096 x 3 x 32 x 64 x 128 = 12.9 GFLOP on the 8 cores of Fig. 18-Right,
+plus §4.2's invocation (< 1 ms; 1 ms taken). The paper gives no CPU rate or dtype; one core of this
+workplace's EPYC measured 28.9 GFLOP/s in fp32 and 199 GFLOP/s in bf16 (loadgen/repro/caraserve_cold.py):
+56.7 ms (fp32) or 9.1 ms (bf16) against the 32 ms prefill: CPU_RATIOS = 1.77 and 0.28. The bench runs
+its CPU arms at each stated ratio (`--cpu-ratio`, a sweep), pacing each helper call to
+rows x rank x pace seconds so that the typical prompt's helper calls add up to ratio x the prefill here.
 """
 from __future__ import annotations
 
@@ -31,6 +41,19 @@ from dataclasses import dataclass
 PAPER_RANK64_LOAD_S = 0.0167  # CaraServe Fig. 3-Left fit, see above
 PAPER_TYPICAL_PREFILL_S = 0.032  # Llama-2-7B on an A10: Fig. 5's weights-bound iteration
 PAPER_LOAD_OVER_PREFILL = PAPER_RANK64_LOAD_S / PAPER_TYPICAL_PREFILL_S
+_TYPICAL_CPU_FLOP = 2 * 2 * 4096 * 3 * 32 * 64 * 128  # rank-64 q/k/v LoRA of a 128-token Llama-2-7B prompt
+CPU_RATIOS = tuple(round((_TYPICAL_CPU_FLOP / (8 * rate) + 1e-3) / PAPER_TYPICAL_PREFILL_S, 2)
+                   for rate in (199e9, 28.9e9))  # (bf16, fp32) on 8 cores: (0.28, 1.77)
+
+
+def cpu_pace(ratio: float, prefill_s: float, tokens: int, rank: int, calls: int, helpers: int) -> float:
+    """Seconds per row x rank of a helper call such that a prompt of `tokens` at `rank` (`calls` helper
+    calls per step: layers x targeted groups; its rows split over `helpers`) spends `ratio` x `prefill_s`
+    on the helpers."""
+    if min(ratio, prefill_s) <= 0 or min(tokens, rank, calls, helpers) < 1:
+        raise ValueError(f"cpu_pace: need ratio, prefill_s > 0 and tokens, rank, calls, helpers >= 1, got "
+                         f"{ratio}, {prefill_s}, {tokens}, {rank}, {calls}, {helpers}")
+    return ratio * prefill_s * helpers / (calls * tokens * rank)
 
 
 def paced_bandwidth(rank64_bytes: int, prefill_s: float, ratio: float = PAPER_LOAD_OVER_PREFILL) -> float:
@@ -134,18 +157,25 @@ def paired_overhead(rows: list[dict], base: list[dict], key: str, which: str, st
     return agg([rows[i][key] for i in picked]) / agg([base[i][key] for i in picked]) - 1
 
 
+def baseline_of(mode: str, modes: list[str]) -> str:
+    """The Cached arm a mode is measured against: on its own kernel (slora: cached_mbgmv) when it ran."""
+    want = {"slora": "cached_mbgmv"}.get(mode, "cached")
+    return want if want in modes else "cached"
+
+
 def round_overheads(rounds: list[dict[str, list[dict]]], modes: list[str],
                     stat: str = "median") -> dict[str, dict[str, list[float]]]:
-    """Per mode, per "<metric>_<which>" the overhead against cached in each round."""
+    """Per mode, per "<metric>_<which>" the overhead against its Cached (`baseline_of`) in each round."""
     out: dict[str, dict[str, list[float]]] = {}
     for mode in modes:
-        if mode == "cached":
+        if mode.startswith("cached"):
             continue
+        base = baseline_of(mode, modes)
         per: dict[str, list[float]] = {}
         for rec in rounds:
             for key in ("ttft_s", "tpot_s", "e2e_s"):
                 for which in ("all", "cold", "warm"):
-                    o = paired_overhead(rec[mode], rec["cached"], key, which, stat)
+                    o = paired_overhead(rec[mode], rec[base], key, which, stat)
                     if o is not None:
                         per.setdefault(f"{key}_{which}", []).append(o)
         out[mode] = per
@@ -170,12 +200,23 @@ def mode_stats(rounds: list[dict[str, list[dict]]], mode: str, key: str, which: 
     return out
 
 
-def summary_line(over: dict[str, dict[str, list[float]]], which: str = "cold") -> str:
-    """The selected requests' TTFT overhead against cached, median over rounds (the paper's synthetic
-    trace is all cold requests, so its TTFT overhead is the cold requests' one)."""
+def summary_line(over: dict[str, dict[str, list[float]]], which: str = "cold", choices: dict[str, int] | None = None,
+                 ratio: str = "") -> str:
+    """The selected requests' TTFT overhead against Cached, median over rounds [min..max] (the paper's
+    synthetic trace is all cold requests, so its TTFT overhead is the cold requests' one); the CPU arms
+    at the first ratio of the sweep (`ratio`: its "@R" suffix); the decision rule's choices."""
     def pct(mode: str) -> str:
         vals = over.get(mode, {}).get(f"ttft_s_{which}")
-        return f"{statistics.median(vals) * 100:.0f}%" if vals else "n/a"
+        if not vals:
+            return "n/a"
+        med, lo, hi = spread(vals)
+        return f"{med * 100:.0f}%[{lo * 100:.0f}..{hi * 100:.0f}]"
 
-    return (f"bench lora: ttft_overhead_cpu_assist={pct('cpu_assist')} ttft_overhead_ondemand={pct('ondemand')} "
-            f"ttft_overhead_slora={pct('slora')}")
+    n = len(next(iter(over.values()), {}).get(f"ttft_s_{which}", []))
+    arms = [("cpu_assist", "cpu_assist" + ratio), ("async", "async"), ("auto", "auto" + ratio),
+            ("ondemand", "ondemand"), ("slora", "slora")]
+    line = "bench lora: " + " ".join(f"ttft_overhead_{key}={pct(mode)}" for key, mode in arms)
+    line += f" rounds={n}" + (f" cpu_ratio={ratio[1:]}" if ratio else "")
+    if choices is not None:
+        line += " auto_choices=" + ",".join(f"{k}:{v}" for k, v in choices.items())
+    return line
