@@ -37,9 +37,10 @@ Costs, every one from a source or a measurement:
   (fp32 x·A·B at the paper's shape, one core), on `CPU_CORES` cores (Fig. 18-Right: 8), plus the
   invocation overhead of §4.2 (< 1 ms per iteration: 1 ms taken).
 
-Deciding quantity: a prompt of L tokens costs L x r x 1.573e6 FLOP on CPU and its adapter r x
-1.573e6 bytes on the link, so CPU assist beats waiting for the load when the cores' FLOP/s over
-the link's bytes/s exceeds L (rank cancels): n·f / B > L.
+Deciding quantity: a prompt of L tokens costs L x r x 1.573e6 FLOP on CPU (T_cpu at n cores of f
+FLOP/s) and its adapter r x 1.573e6 bytes on the link (X at B bytes/s); without assist it waits X,
+then prefills in P. CPU assist wins when T_cpu < X + P (shared/policy/lora_cold_choice.py, the rule
+the live engine applies per request): L·r·1.573e6 / (n·f) < r·1.573e6 / B + P.
 """
 from __future__ import annotations
 
