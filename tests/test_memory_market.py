@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from shared.policy.memory_market import (
-    Need, Offer, buy, drop_slowdown, price_adapter_eviction, price_layer_drop, price_migration, price_prewarm_eviction,
-    price_scale_out, queue_price,
+    Need, Offer, buy, drop_duration_s, drop_slowdown, price_adapter_eviction, price_capacity_eviction, price_eviction,
+    price_layer_drop, price_migration, price_prewarm_eviction, price_scale_out, queue_price,
 )
 
 
@@ -154,3 +154,25 @@ def test_buy_breaks_ties_by_source_then_target_and_skips_offers_that_free_nothin
     assert p.bought == (c,) and nothing not in p.offers
     with pytest.raises(ValueError, match="price finite"):
         Offer("prewarm", "w1/p", 10, math.inf)
+
+
+def test_one_eviction_price_for_a_replica_and_for_a_live_instance() -> None:
+    # a replica: the next start is a 12 s cold start instead of a 2 s hit; chance 0.5, 1 req/s arriving:
+    # 0.5 x 10 x (1 + 1 x 10 / 2) = 30 request-s
+    assert price_eviction(0.5, 1.0, 12.0, 2.0) == pytest.approx(30.0) == price_prewarm_eviction(0.5, 1.0, 12.0, 2.0)
+    # a live instance scaled down: no start at all was what it would have given: 0.5 x 12 x (1 + 6) = 42
+    assert price_capacity_eviction(0.5, 1.0, 12.0) == pytest.approx(42.0) == price_eviction(0.5, 1.0, 12.0, 0.0)
+    assert price_capacity_eviction(0.0, 9.0, 12.0) == 0.0  # never needed before it is back: free
+    with pytest.raises(ValueError):
+        price_eviction(0.5, -1.0, 12.0, 2.0)
+
+
+def test_a_drop_lasts_until_its_excess_kv_drains_never_less_than_the_horizon() -> None:
+    assert drop_duration_s(40e9, 1e9, 10.0) == pytest.approx(40.0)  # 40 GB above the restore level at 1 GB/s
+    assert drop_duration_s(4e9, 1e9, 10.0) == 10.0  # drains within the horizon: the need's own duration
+    assert drop_duration_s(0, 0.0, 10.0) == 10.0  # already below the restore level
+    assert drop_duration_s(1e9, 0.0, 10.0) == 30.0  # drains nothing: three re-plans
+    # priced over that duration: 0.208 slowdown x 20 running x (40 s + 2 s restore)
+    assert price_layer_drop(0.208, 20, drop_duration_s(40e9, 1e9, 10.0), 2.0) == pytest.approx(0.208 * 20 * 42)
+    with pytest.raises(ValueError):
+        drop_duration_s(-1, 1.0, 10.0)

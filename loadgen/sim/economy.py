@@ -20,10 +20,11 @@ import msgspec
 import numpy as np
 
 from loadgen.sim.economy_arbiter import ArbiterMixin
+from loadgen.sim.economy_capacity import Reclaimer
 from loadgen.sim.economy_profile import EconomyProfile, load_economy_profile, with_models
 from loadgen.sim.economy_result import ARMS, EconomyResult, PoolSample, PurchaseRecord
 from loadgen.sim.economy_sources import MOVE, RESTORED, SourcesMixin, lent_blocks
-from loadgen.sim.economy_state import ARM_CONFIGS, UNBOUNDED_BLOCKS, EconomyWorker, Pool
+from loadgen.sim.economy_state import ABLATIONS, ARM_CONFIGS, UNBOUNDED_BLOCKS, EconomyWorker, Pool
 from loadgen.sim.fleet import STEP, FleetSim
 from loadgen.sim.fleet_scaling import scale_up
 from loadgen.sim.fleet_state import FleetSystem, Instance, Replica
@@ -44,10 +45,11 @@ class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
     def __init__(self, eprofile: EconomyProfile, trace: Trace, arm: str, *, gpus: int | None = None,
                  forecasts: EconomyForecasts | dict[str, list[LoadForecast]] | None = None,
                  sample_interval_s: float = 5.0, max_run_s: float = 0.5) -> None:
-        if arm not in ARM_CONFIGS:
-            raise ValueError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
+        config = ARM_CONFIGS.get(arm) or ABLATIONS.get(arm)
+        if config is None:
+            raise ValueError(f"unknown arm {arm!r}; choose from {', '.join((*ARMS, *ABLATIONS))}")
         spec = eprofile.spec
-        self.eprofile, self.arm = eprofile, ARM_CONFIGS[arm]
+        self.eprofile, self.arm = eprofile, config
         self.horizon_s, self.hi = spec.horizon_s, spec.kv_high_watermark
         self.ranks = {a.name: a.rank for a in trace.header.adapters}
         self.arrivals: dict[str, deque[float]] = defaultdict(deque)
@@ -63,6 +65,7 @@ class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
         self.counts: Counter[str] = Counter()
         self.ttft_extra: dict[int, float] = {}
         self.bought_starts: set[int] = set()
+        self.reclaim = Reclaimer()
         self.migration_stall_s = 0.0
         self.sample_interval_s = sample_interval_s
         fleet = eprofile.fleet
@@ -226,7 +229,7 @@ class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
     # --- the run -------------------------------------------------------------------------
     def run(self) -> EconomyResult:  # type: ignore[override]
         self.now = 0.0
-        if self.arm.mode in ("single", "fixed", "arbiter"):
+        if self.arm.mode in ("single", "fixed", "arbiter", "fixed-needs"):
             self._at(0.0, ECON_TICK, None)
         self._at(0.0, SAMPLE, None)
         return super().run()  # type: ignore[return-value]
@@ -257,7 +260,8 @@ class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
             self.prewarms, self.proactive, self.evicted
         counts["failed_requests"] = sum(1 for r in reqs if r.status != "ok")
         return EconomyResult(self.arm.name, len(self.gpus), names, np.array([idx[r.model] for r in reqs], np.int64),
-                             ttft, tpot, unloaded, purchases, self.pool_samples, dict(counts))
+                             ttft, tpot, unloaded, purchases, self.pool_samples, dict(counts),
+                             np.array([r.arrival for r in reqs]), np.array([r.epoch for r in reqs], np.int64))
 
 
 def run_economy(trace: Trace, profile: EconomyProfile, arm: str, *, gpus: int | None = None, seed: int = 0,

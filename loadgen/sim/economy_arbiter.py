@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from loadgen.sim.fleet_state import Instance
-from shared.policy.memory_market import Need, Offer, buy
+from shared.policy.memory_market import SOURCES, Need, Offer, buy
 
 if TYPE_CHECKING:
     from loadgen.sim.economy import EconomySim
@@ -42,10 +42,7 @@ class ArbiterMixin:
         nbytes = grow_bytes + waiting * m.kv_bytes_per_token - free
         if nbytes <= 0:
             return None
-        q = self.freed[inst.id]
-        while q and q[0][0] < now - self.horizon_s:
-            q.popleft()
-        drain = sum(b for _, b in q) / self.horizon_s
+        drain = self._drain(inst, now)
         # the growth that does not fit preempts running requests (the newest, each holding a mean context's KV)
         # and each is recomputed: a prefill of its context at this engine's per-token prefill cost
         preempted, recompute = 0, 0.0
@@ -71,10 +68,11 @@ class ArbiterMixin:
         if a.migrate:
             out += self._migrate_offers(inst, now)
         if a.scale_out:
-            out += self._scale_out_offers(inst, now)
+            out += self._scale_out_offers(inst, now) + self.reclaim.offers(self, inst, now)
         return out
 
     def _economy_tick(self: EconomySim, now: float) -> None:
+        self.reclaim.settle(self, now)
         if self.arm.layer_drop:
             self._restore_groups(now)
         mode = self.arm.mode
@@ -86,6 +84,8 @@ class ArbiterMixin:
                     self._arbitrate(inst, now)
                 elif mode == "fixed":
                     self._fixed_order(inst, now)
+                elif mode == "fixed-needs":
+                    self._needs_fixed_order(inst, now)
                 elif mode == "single":
                     self._own_triggers(inst, now)
 
@@ -102,6 +102,16 @@ class ArbiterMixin:
             self.counts["needs_waited"] += 1
         for o in purchase.bought:
             self._execute(o, now, unbought)
+
+    def _needs_fixed_order(self: EconomySim, inst: Instance, now: float) -> None:
+        """The ablation "needs in fixed order": the arbiter's needs, covered from the sources in SOURCES' order
+        (prices ignored): what the market's pricing adds over its need detection."""
+        need = self._need(inst, now)
+        if need is None:
+            return
+        self.counts["needs"] += 1
+        offers = sorted(self._offers(inst, now), key=lambda o: SOURCES.index(o.source))
+        self._fill(offers, need.bytes, now)
 
     def _fill(self: EconomySim, offers: list[Offer], nbytes: int, now: float) -> int:
         """Execute offers in the given order until `nbytes` are covered; the bytes got."""

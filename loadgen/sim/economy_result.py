@@ -68,6 +68,8 @@ class EconomyResult:
     purchases: list[PurchaseRecord] = field(default_factory=list)
     pool: list[PoolSample] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)  # preemptions, migrations, groups, cold_adapters, ...
+    arrival: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per request: seconds from the start
+    preempted: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per request: its preemptions
 
     def p99_ttft(self) -> float:
         ok = self.ttft[~np.isnan(self.ttft)]

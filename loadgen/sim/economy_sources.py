@@ -33,7 +33,7 @@ from loadgen.sim.request import SimRequest
 from shared.policy.forecast_outlook import chance_above
 from shared.policy.movement import Precopy
 from shared.policy.memory_market import (
-    NO_FORECAST_CHANCE, Offer, drop_slowdown, price_adapter_eviction, price_layer_drop, price_migration, price_prewarm_eviction, price_scale_out,
+    NO_FORECAST_CHANCE, Offer, drop_duration_s, drop_slowdown, price_adapter_eviction, price_layer_drop, price_migration, price_prewarm_eviction, price_scale_out,
 )
 
 if TYPE_CHECKING:
@@ -65,16 +65,23 @@ class SourcesMixin:
             q.popleft()
         return len(q) / self.horizon_s
 
-    def _chance_needed(self: EconomySim, model: str) -> float:
-        """The forecast's chance the model needs more instances than it has (WarmServe's load: requests
-        in the system; the 0.9 quantile read from the window's peak forecast, an assumption);
-        NO_FORECAST_CHANCE without a forecast, as live."""
+    def _drain(self: EconomySim, inst: Instance, now: float) -> float:
+        """Bytes per second the instance's finished requests freed over the last horizon (measured)."""
+        q = self.freed[inst.id]
+        while q and q[0][0] < now - self.horizon_s:
+            q.popleft()
+        return sum(b for _, b in q) / self.horizon_s
+
+    def _chance_needed(self: EconomySim, model: str, fewer: int = 0) -> float:
+        """The forecast's chance the model needs more instances than it has (`fewer` less: after one is taken)
+        (WarmServe's load: requests in the system; the 0.9 quantile read from the window's peak forecast, an
+        assumption); NO_FORECAST_CHANCE without a forecast, as live."""
         series = self.forecasts.get(model)
         if not series:
             return NO_FORECAST_CHANCE
         f = series[min(self.window, len(series) - 1)]
         p = self.system.scaler
-        level = p.scale_up_at * p.batch_size * sum(1 for i in self.instances[model] if not i.grace)
+        level = p.scale_up_at * p.batch_size * max(0, sum(1 for i in self.instances[model] if not i.grace) - fewer)
         return chance_above(f.avg, max(f.avg, f.peak), level)
 
     # --- offers (priced) ---------------------------------------------------------------------
@@ -115,12 +122,16 @@ class SourcesMixin:
         w: EconomyWorker = inst.engine  # type: ignore[assignment]
         nbytes = w.pool.weights // 2
         restore = self.moves.layer_restore_s(nbytes // len(inst.gpus))  # each GPU over its own host link
+        # it lasts until this instance's KV is below the restore level of its restored KV (bytes x duration)
+        level = self.eprofile.spec.restore_below * w.pool.kv_blocks(0)
+        duration = drop_duration_s(max(0.0, w.used - level) * w.pool.block_bytes, self._drain(inst, now),
+                                   self.horizon_s)
         out = []
         for b in self.instances[inst.model]:
             if b is inst or b.id in self.group_of or b.grace or not b.ready(now):
                 continue
             running = w.running() + b.engine.running()  # type: ignore[attr-defined]
-            price = price_layer_drop(drop_slowdown(eff), running, self.horizon_s, restore)
+            price = price_layer_drop(drop_slowdown(eff), running, duration, restore)
             out.append(Offer("layers", f"i{inst.id}+i{b.id}", nbytes, price, ("layers", inst, b)))
         return out
 
@@ -161,6 +172,8 @@ class SourcesMixin:
             self.profile.cold_start_s(m, self.system.engine_pool)
         # the GPUs it takes whole (scale_up's choice): other models' replicas there are evicted, at their price
         gpus = hit.gpus if hit is not None else (_cold_group(self, m.parallel, free) or ())
+        if not gpus:
+            return []  # no group of free GPUs: a start is possible only on capacity taken (economy_capacity.py)
         evicted = {r for g in gpus for r in self.gpus[g].replicas if r.model != inst.model}
         eviction = sum(self._eviction_price(r, now) for r in evicted)
         nbytes = self.profile.kv_blocks(m) * self.eprofile.block_bytes(m)
@@ -171,7 +184,12 @@ class SourcesMixin:
     def _execute(self: EconomySim, offer: Offer, now: float, unbought: str = "") -> bool:
         kind, inst, arg = offer.payload  # type: ignore[misc]
         done = {"prewarm": self._release_replica, "adapter": self._evict_adapter, "layers": self._drop_layers,
-                "migrate": self._migrate, "scale_out": self._scale_out}[kind](inst, arg, now)
+                "migrate": self._migrate, "scale_out": self._scale_out,
+                "reclaim": lambda i, v, t: self.reclaim.take(self, i, v, t)}[kind](inst, arg, now)
+        # outcomes, as live (issue 32 item 4): bought, applied at once, or refused (the state moved since the
+        # offer); a migration applied here can still fail in flight (counted as failed_migrations)
+        self.counts["bought"] += 1
+        self.counts["applied" if done else "refused"] += 1
         if done:
             self.purchases.append(PurchaseRecord(now, f"gpu:{inst.gpus[0]}", offer.source, offer.target, offer.bytes,
                                                  offer.price, unbought))

@@ -58,6 +58,14 @@ ARM_CONFIGS = {a.name: a for a in (
     ArmConfig("arbiter", "arbiter", **ALL_SOURCES, **BASE),
     ArmConfig("unbounded", "unbounded", **BASE),
 )}
+# Ablations of the arbiter (options of the repro, not default arms): leave one source out, and "needs in
+# fixed order" (the arbiter's needs, bought from every source in the fixed order SOURCES, prices ignored)
+ABLATIONS = {a.name: a for a in (
+    *(ArmConfig(f"arbiter-no-{src}", "arbiter", **{**ALL_SOURCES, key: False}, **BASE)
+      for src, key in (("prewarm", "prewarm_evict"), ("adapter", "adapter_evict"), ("layers", "layer_drop"),
+                       ("migrate", "migrate"), ("scale_out", "scale_out"))),
+    ArmConfig("needs-fixed-order", "fixed-needs", **ALL_SOURCES, **BASE),
+)}
 
 
 @dataclass(eq=False)
@@ -128,4 +136,4 @@ class EconomyWorker(SimWorker):
         return self.c_over + self.c_seq * self.decoding + self.c_ctx * self.ctx_sum
 
 
-__all__ = ["ARM_CONFIGS", "BASE", "ArmConfig", "EconomyWorker", "Pool", "UNBOUNDED_BLOCKS", "scaled"]
+__all__ = ["ABLATIONS", "ARM_CONFIGS", "BASE", "ArmConfig", "EconomyWorker", "Pool", "UNBOUNDED_BLOCKS", "scaled"]

@@ -124,13 +124,29 @@ def queue_price(need: Need, later: float = 0.0) -> float:
     return min(drained, cost(need.horizon_s) + later)
 
 
-def price_prewarm_eviction(chance_needed: float, arrival_rps: float, cold_start_s: float, hit_start_s: float) -> float:
-    """Evicting a prewarmed replica: with the forecast's chance that the model needs a new instance
-    before the replica could be prewarmed again, that start is cold instead of a hit; the requests
-    arriving meanwhile (and the first) wait the extra time, half of it on average."""
+def price_eviction(chance_needed: float, arrival_rps: float, cold_start_s: float, warm_start_s: float) -> float:
+    """The one eviction price: taking memory a model holds for later (a prewarmed replica, or a whole idle-ish
+    instance scaled down) means that, with the forecast's chance that the model needs the instance before it
+    could be put back, its next start takes `cold_start_s` instead of `warm_start_s` (a prewarm hit for a
+    replica; 0 for a live instance, which needed no start at all); the requests arriving meanwhile (and the
+    first) wait the extra time, half of it on average."""
     _prob(chance_needed)
-    extra = max(0.0, cold_start_s - hit_start_s)
+    if arrival_rps < 0 or cold_start_s < 0 or warm_start_s < 0:
+        raise ValueError("eviction: arrivals and start times must be >= 0")
+    extra = max(0.0, cold_start_s - warm_start_s)
     return chance_needed * extra * (1.0 + arrival_rps * extra / 2.0)
+
+
+def price_prewarm_eviction(chance_needed: float, arrival_rps: float, cold_start_s: float, hit_start_s: float) -> float:
+    """Evicting a prewarmed replica: `price_eviction` with the hit it would have given."""
+    return price_eviction(chance_needed, arrival_rps, cold_start_s, hit_start_s)
+
+
+def price_capacity_eviction(chance_needed: float, arrival_rps: float, cold_start_s: float) -> float:
+    """Scaling down a live instance of an under-loaded model to give its GPUs to another: `price_eviction`
+    with no start at all as what it would have given (`chance_needed`: the chance the model, one instance
+    fewer, needs a new one within the horizon)."""
+    return price_eviction(chance_needed, arrival_rps, cold_start_s, 0.0)
 
 
 def price_adapter_eviction(arrival_rps: float, horizon_s: float, cold_use_s: float, stalled: int = 1) -> float:
@@ -151,6 +167,21 @@ def drop_slowdown(efficiency: float) -> float:
     return 1.0 / efficiency - 1.0
 
 
+def drop_duration_s(excess_bytes: float, drain_bytes_per_s: float, horizon_s: float) -> float:
+    """How long a layer drop lasts: a group is restored only once its members' KV is back below the restore
+    level, so it lasts until the KV above that level (`excess_bytes`) has drained at the scope's measured drain,
+    never less than the horizon (the need's own duration); a scope that drains nothing keeps it for the rest
+    of the horizon's re-plans, priced as `horizon_s` x 3 (ASSUMPTION: three re-plans, a drop is not undone
+    sooner than its restore condition allows). Item 2 of issue 32: bytes x expected duration."""
+    if excess_bytes < 0 or drain_bytes_per_s < 0 or horizon_s <= 0:
+        raise ValueError("drop duration: excess and drain must be >= 0 and the horizon > 0")
+    if excess_bytes == 0:
+        return horizon_s
+    if drain_bytes_per_s == 0:
+        return 3 * horizon_s
+    return max(horizon_s, excess_bytes / drain_bytes_per_s)
+
+
 def price_layer_drop(slowdown: float, running: int, duration_s: float, restore_s: float) -> float:
     """Dropping replicated layers into a buddy group: every running request of the members runs
     `slowdown` slower (`drop_slowdown`) for the expected duration of the need and the restore after it."""
@@ -169,10 +200,11 @@ def price_migration(stall_s: float, interference_s: float = 0.0) -> float:
 
 
 def price_scale_out(start_s: float, waiting: int, eviction: float = 0.0) -> float:
-    """A new instance: the waiting requests wait for its start (a prewarm hit, host memory or storage);
-    a start that takes a GPU holding another model's prewarmed replica evicts it, and pays that eviction's
-    own price (`eviction`: `price_prewarm_eviction`, the evicted model's chance and arrivals included, so
-    an eviction costs the same whichever source causes it)."""
+    """A new instance: the waiting requests wait for its start (a prewarm hit, host memory or storage; on GPUs
+    taken from an under-loaded model, that instance's drain first); a start that takes a GPU holding another
+    model's prewarmed replica or live instance evicts it, and pays that eviction's own price (`eviction`:
+    `price_eviction`, the evicted model's chance and arrivals included, so an eviction costs the same
+    whichever source causes it)."""
     if start_s < 0 or waiting < 0 or not (math.isfinite(eviction) and eviction >= 0):
         raise ValueError("scale out: start, waiting and the eviction's price must be >= 0")
     return waiting * start_s + eviction
@@ -222,6 +254,7 @@ def _used_price(o: Offer, missing: int) -> float:
 
 
 __all__ = [
-    "NO_FORECAST_CHANCE", "Need", "Offer", "Purchase", "SOURCES", "Source", "UNIT", "buy", "drop_slowdown", "price_adapter_eviction", "price_layer_drop",
-    "price_migration", "price_prewarm_eviction", "price_scale_out", "queue_price",
+    "NO_FORECAST_CHANCE", "Need", "Offer", "Purchase", "SOURCES", "Source", "UNIT", "buy", "drop_duration_s", "drop_slowdown", "price_adapter_eviction", "price_layer_drop",
+    "price_capacity_eviction", "price_eviction", "price_migration", "price_prewarm_eviction", "price_scale_out",
+    "queue_price",
 ]

@@ -1,0 +1,94 @@
+"""Capacity on the market (loadgen/sim/economy_capacity.py, issue 32 item 1): with no free GPU group, a
+memory-blocked model's start is offered on an under-loaded model's GPUs, priced by that model's one eviction
+price (forecast, arrivals) plus the drain and the start; bought, the victim drains and the start follows."""
+from __future__ import annotations
+
+import pytest
+
+from loadgen.sim.economy import EconomySim
+from loadgen.sim.economy_capacity import drain_s
+from loadgen.sim.fleet_scaling import scale_up
+from loadgen.sim.request import SimRequest
+from loadgen.traces.mixed import generate_mixed
+from loadgen.traces.schema import MixedParams
+from shared.policy.memory_market import buy, price_capacity_eviction, price_scale_out
+from shared.policy.warmserve_predictor import LoadForecast
+from tests.loadgen.test_economy_sim import profile
+
+A, B = "llama2-7b-0", "llama2-7b-1"
+
+
+def _full_sim(forecast_b: float = 0.0) -> EconomySim:
+    """4 GPUs: one instance of A, three of B (B idle); A has requests waiting for memory."""
+    p = profile()
+    tr = generate_mixed(MixedParams(seed=0, duration_s=1.0, rate=1.0, models=[A, B]))
+    fc = {m.name: [LoadForecast(forecast_b if m.name == B else 0.0, forecast_b if m.name == B else 0.0)]
+          for m in p.fleet.models}
+    sim = EconomySim(p, tr, "arbiter", gpus=4, forecasts=fc)
+    sim.now = 0.0
+    for inst in [i for insts in sim.instances.values() for i in insts]:
+        sim._release(inst, 0.0)
+    for r in list(sim.replicas):
+        sim.evict(r)
+    assert scale_up(sim, A, 0.0, initial=True) is not None
+    for _ in range(3):
+        assert scale_up(sim, B, 0.0, initial=True) is not None
+    assert all(g.instance is not None for g in sim.gpus)
+    a = sim.instances[A][0]
+    w = a.engine
+    for j in range(3):
+        r = SimRequest(j, f"wait-{j}", A, None, 0.0, 500, 50)
+        r.worker = w.worker_id
+        w.waiting.append(r)
+        w.queued_tokens += r.to_prefill
+        a.outstanding += 1
+    w.blocked_on = "memory"
+    w.used = w.total - 2  # its KV full (two blocks free): the prompts do not fit
+    sim.served_by = [-1] * 100
+    return sim
+
+
+def test_a_start_on_an_idle_models_gpu_is_offered_at_the_one_eviction_price():
+    sim = _full_sim()
+    a = sim.instances[A][0]
+    offers = sim.reclaim.offers(sim, a, 0.0)
+    assert len(offers) == 3 and {o.source for o in offers} == {"scale_out"}  # each idle B instance
+    victim = offers[0].payload[2]
+    assert victim.model == B and drain_s(victim) == 0.0
+    m, vm = sim.models[A], sim.models[B]
+    # B's forecast is 0: one instance fewer is still enough (chance 0), so only the wait for A's start is paid
+    start = sim.profile.cold_start_s(m, sim.system.engine_pool)
+    assert offers[0].price == pytest.approx(price_scale_out(start, 3, 0.0)) == pytest.approx(3 * start)
+    assert price_capacity_eviction(0.0, 5.0, sim.profile.cold_start_s(vm)) == 0.0
+
+
+def test_a_model_forecast_to_need_its_instances_is_dear_to_take():
+    cheap = _full_sim(forecast_b=0.0)
+    dear = _full_sim(forecast_b=10_000.0)  # B's forecast load needs every instance it has
+    dear.arrivals[B].extend([0.5, 1.0])  # B's recent arrivals: 2 in the horizon
+    price = [min(o.price for o in s.reclaim.offers(s, s.instances[A][0], 1.0)) for s in (cheap, dear)]
+    vm = dear.models[B]
+    evict = price_capacity_eviction(1.0, dear._rate(B, 1.0), dear.profile.cold_start_s(vm))
+    assert evict > 0 and price[1] == pytest.approx(price[0] + evict)
+
+
+def test_bought_the_victim_drains_and_the_blocked_model_starts_there():
+    sim = _full_sim()
+    a = sim.instances[A][0]
+    purchase = buy(sim._need(a, 0.0) or pytest.fail("no need"), sim._offers(a, 0.0))
+    assert purchase.bought and purchase.bought[0].payload[0] == "reclaim"
+    victim = purchase.bought[0].payload[2]
+    assert sim._execute(purchase.bought[0], 0.0)
+    assert victim not in sim.instances[B]  # idle: released at once, and A started on its GPU
+    assert len(sim.instances[A]) == 2 and sim.counts["capacity_starts"] == 1
+    assert len(sim.instances[B]) == 2 and sim.counts["scale_out_moved"] >= 1
+
+
+def test_a_model_with_one_live_instance_is_never_taken():
+    sim = _full_sim()
+    for inst in sim.instances[B][1:]:
+        sim._release(inst, 0.0)
+    for r in list(sim.replicas):
+        sim.evict(r)
+    # two GPUs free now: a plain start needs no victim, and B's last instance is never offered
+    assert sim.reclaim.offers(sim, sim.instances[A][0], 0.0) == []
