@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from loadgen.repro.economy_phased import PHASES
+from loadgen.repro.economy_phases import PhaseMetrics, phase_metrics
 from loadgen.repro.economy_setup import EconomyConfig, build_run
 from loadgen.sim.economy_result import ARMS, SINGLE_ARMS, EconomyResult
 
@@ -35,6 +37,7 @@ class ArmMetrics:
     by_source: dict[str, int]
     counts: dict[str, int]
     wall_s: float
+    phases: list[PhaseMetrics] = field(default_factory=list)  # the phased trace's phases, in order
 
     @classmethod
     def of(cls, r: EconomyResult, cfg: EconomyConfig, wall_s: float) -> "ArmMetrics":
@@ -42,9 +45,11 @@ class ArmMetrics:
         by_source: dict[str, int] = {}
         for p in r.purchases:
             by_source[p.source] = by_source.get(p.source, 0) + 1
+        phases = phase_metrics(r, [p.name for p in PHASES], cfg.phase_s, cfg.slo_scale, cfg.slo_floor_s) \
+            if cfg.trace == "phased" else []
         return cls(float(np.percentile(ok, 50)) if ok.size else math.nan, r.p99_ttft(),
                    r.slo_attainment(cfg.slo_scale, cfg.slo_floor_s), int(r.ttft.size), int(np.isnan(r.ttft).sum()),
-                   len(r.purchases), by_source, dict(r.counts), wall_s)
+                   len(r.purchases), by_source, dict(r.counts), wall_s, phases)
 
 
 @dataclass
@@ -97,10 +102,21 @@ def gpus_needed(cfg: EconomyConfig, arm: str, rate: float, seed: int) -> int | N
     return None
 
 
+def worst_phase(point: Point) -> float:
+    """The arbiter's worst phase against the best single mechanism *in that phase*: min over the phases of
+    (that phase's lowest single-arm P99 TTFT / the arbiter's there); below 1: a phase where it is worse."""
+    arb = point.results["arbiter"].phases
+    singles = [point.results[a].phases for a in SINGLE_ARMS if a in point.results]
+    if not arb or not singles:
+        return math.nan
+    return min(ratio(min(s[k].p99_ttft for s in singles), arb[k].p99_ttft) for k in range(len(arb)))
+
+
 @dataclass(frozen=True)
 class Headline:
     # median over seeds at the headline rate of the best single mechanism's P99 TTFT / the arbiter's, the best
-    # single chosen once (lowest median P99 over the seeds); `p99_vs_hindsight`: each seed's own best single
+    # single chosen once (lowest median P99 over the seeds), and its range over the seeds;
+    # `p99_vs_hindsight`: each seed's own best single
     p99_vs_best_single: float
     p99_vs_fixed_order: float
     slo_attainment: float  # the arbiter's, median over seeds at the headline rate
@@ -111,12 +127,19 @@ class Headline:
     gpus: dict[str, int | None] = field(default_factory=dict)
     p99_vs_hindsight: float = math.nan
     autoscaler_starts: int = 0  # the shared autoscaler's starts in the arbiter's runs: the base, not purchases
+    p99_vs_best_single_range: tuple[float, float] = (math.nan, math.nan)  # over the seeds
+    worst_phase_vs_best_single: float = math.nan  # median over seeds of `worst_phase`
+    applied: float = math.nan  # the arbiter's purchases applied / bought (the rest refused or failed in flight)
+    seeds: int = 0
 
     def line(self) -> str:
         g = "n/a" if math.isnan(self.gpus_vs_best_single) else f"{self.gpus_vs_best_single * 100:+.0f}%"
-        return (f"repro economy: p99_ttft_vs_best_single={self.p99_vs_best_single:.1f}x "
-                f"p99_ttft_vs_fixed_order={self.p99_vs_fixed_order:.1f}x slo_attainment={self.slo_attainment:.2f} "
-                f"gpus_vs_best_single={g} own_purchases={self.purchases} autoscaler_starts={self.autoscaler_starts}")
+        lo, hi = self.p99_vs_best_single_range
+        a = "n/a" if math.isnan(self.applied) else f"{self.applied * 100:.0f}%"
+        return (f"repro economy: p99_ttft_vs_best_single={self.p99_vs_best_single:.1f}x({lo:.1f}–{hi:.1f}) "
+                f"p99_ttft_vs_fixed_order={self.p99_vs_fixed_order:.1f}x "
+                f"worst_phase_vs_best_single={self.worst_phase_vs_best_single:.1f}x "
+                f"gpus_vs_best_single={g} own_purchases={self.purchases} applied={a} seeds={self.seeds}")
 
 
 def headline(points: list[Point], cfg: EconomyConfig, gpus: dict[str, int | None]) -> Headline:
@@ -129,11 +152,17 @@ def headline(points: list[Point], cfg: EconomyConfig, gpus: dict[str, int | None
            for p in at if "unbounded" in p.results]
     g_arb, g_best = gpus.get("arbiter"), gpus.get(best)
     g_ratio = (g_arb - g_best) / g_best if g_arb is not None and g_best else math.nan
+    worst = [w for w in (worst_phase(p) for p in at) if not math.isnan(w)]
+    counts = [p.results["arbiter"].counts for p in at]
+    bought = sum(c.get("bought", 0) for c in counts)
+    applied = sum(c.get("applied", 0) - c.get("failed_migrations", 0) for c in counts)
     return Headline(float(np.median(vs_best)), float(np.median(vs_fixed)),
                     float(np.median([p.results["arbiter"].slo for p in at])), g_ratio,
                     sum(p.results["arbiter"].purchases for p in at), best,
                     float(np.median(gap)) if gap else math.nan, dict(gpus), float(np.median(hindsight)),
-                    sum(p.results["arbiter"].counts.get("autoscaler_starts", 0) for p in at))
+                    sum(c.get("autoscaler_starts", 0) for c in counts), (min(vs_best), max(vs_best)),
+                    float(np.median(worst)) if worst else math.nan, applied / bought if bought else math.nan,
+                    len({p.seed for p in at}))
 
 
 def run_repro(cfg: EconomyConfig, progress: Callable[[str], None] = lambda line: None,
@@ -159,5 +188,5 @@ def run_repro(cfg: EconomyConfig, progress: Callable[[str], None] = lambda line:
     return points, gpus
 
 
-__all__ = ["ARMS", "ArmMetrics", "Headline", "Point", "best_single", "best_single_overall", "gpus_needed", "headline", "ratio", "run_point",
-           "run_repro"]
+__all__ = ["ARMS", "ArmMetrics", "Headline", "Point", "best_single", "best_single_overall", "gpus_needed", "headline",
+           "ratio", "run_point", "run_repro", "worst_phase"]

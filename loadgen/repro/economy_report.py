@@ -9,13 +9,15 @@ from pathlib import Path
 import numpy as np
 
 from loadgen.repro.economy import Headline, Point, best_single, ratio
+from loadgen.repro.economy_phased import PHASES
 from loadgen.repro.economy_plots import pool_plot, purchases_plot, ttft_cdf
 from loadgen.repro.economy_setup import EconomyConfig
 from loadgen.repro.report import grouped_bars, md_table
 from loadgen.sim.economy_result import ARMS, EconomyResult
+from loadgen.sim.economy_state import ABLATIONS
 from shared.policy.memory_market import SOURCES
 
-GOAL = "p99_ttft_vs_best_single >= 1.5x at equal GPUs (issue 21)"
+GOAL = "p99_ttft_vs_best_single >= 1.5x at equal GPUs, no phase worse than the best single there (issues 21, 32)"
 
 
 def _finite(x: object) -> object:
@@ -62,11 +64,41 @@ def _ratio_rows(points: list[Point]) -> list[list[object]]:
     return rows
 
 
+def _trace_text(cfg: EconomyConfig) -> str:
+    rates = f"rates {', '.join(f'{r:g}' for r in cfg.rates)} req/s; seeds {', '.join(map(str, cfg.seeds))}."
+    if cfg.trace == "phased":
+        return (f"Trace: the phased trace (loadgen/repro/economy_phased.py): {', '.join(p.name for p in PHASES)}, "
+                f"{cfg.phase_s:g} s each; arrivals and lengths from the Azure LLM inference trace 2023 (CC-BY 4.0; "
+                "Patel et al., Splitwise, ISCA 2024), adapters MAF-like (Zipf, "
+                f"{cfg.phased_adapters} per adapter model); its history is the same phases from another seed; "
+                + rates)
+    return (f"Trace: `tidal trace mixed` on the profile's models, {cfg.period_s:g} s replayed after "
+            f"{cfg.history_periods} earlier period(s) the forecasters learn from; {cfg.bursts} bursts x"
+            f"{cfg.burst_magnitude:g} of {cfg.burst_duration_s:g} s per period; {cfg.adapters_per_model} adapters per "
+            f"adapter model (Zipf); {cfg.long_fraction:.0%} long requests; " + rates)
+
+
+def _phase_rows(points: list[Point], arms: list[str], rate: float) -> list[list[object]]:
+    """Per phase and arm at `rate`: median over seeds of P99 TTFT, SLO, preemptions and queueing, P99's range."""
+    at = [p for p in points if p.rate == rate and all(p.results[a].phases for a in arms)]
+    if not at:
+        return []
+    rows: list[list[object]] = []
+    for k, ph in enumerate(at[0].results[arms[0]].phases):
+        for arm in arms:
+            got = [p.results[arm].phases[k] for p in at]
+            p99 = [g.p99_ttft for g in got]
+            rows.append([ph.name, arm, int(np.median([g.requests for g in got])),
+                         f"{np.median(p99):.2f} ({min(p99):.2f}-{max(p99):.2f})", f"{np.median([g.slo for g in got]):.3f}",
+                         int(np.median([g.preemptions for g in got])), f"{np.median([g.queueing_s for g in got]):.2f}"])
+    return rows
+
+
 def write_economy_report(out: Path, points: list[Point], cfg: EconomyConfig, head: Headline,
                          full: dict[str, EconomyResult], *, command: str, wall_s: float, plots: bool = True,
                          notes: list[str] | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    arms = [a for a in ARMS if all(a in p.results for p in points)]
+    arms = [a for a in (*ARMS, *ABLATIONS) if all(a in p.results for p in points)]
     rates = sorted({p.rate for p in points})
     figures: list[str] = []
     if plots:
@@ -85,11 +117,7 @@ def write_economy_report(out: Path, points: list[Point], cfg: EconomyConfig, hea
     lines = [
         "# The memory economy: the arbiter against each mechanism alone and the fixed order (simulated)", "",
         f"Command: `{command}` — {wall_s:.0f} s wall. Profile `{cfg.profile}` (loadgen/sim/profiles/economy/). "
-        f"Trace: `tidal trace mixed` on the profile's models, {cfg.period_s:g} s replayed after "
-        f"{cfg.history_periods} earlier period(s) the forecasters learn from; {cfg.bursts} bursts x"
-        f"{cfg.burst_magnitude:g} of {cfg.burst_duration_s:g} s per period; {cfg.adapters_per_model} adapters per "
-        f"adapter model (Zipf); {cfg.long_fraction:.0%} long requests; rates {', '.join(f'{r:g}' for r in cfg.rates)} "
-        f"req/s; seeds {', '.join(map(str, cfg.seeds))}.",
+        + _trace_text(cfg),
         f"SLO: TTFT <= max({cfg.slo_scale:g} x the request's unloaded TTFT, {cfg.slo_floor_s:g} s). "
         "Arms (loadgen/sim/economy_result.py): one mechanism alone (kunserve, mell, caraserve, warmserve), all "
         "four in the planner's fixed order, the arbiter (shared/policy/memory_market.py: every source priced in "
@@ -109,9 +137,20 @@ def write_economy_report(out: Path, points: list[Point], cfg: EconomyConfig, hea
              + ("" if math.isnan(head.gpus_vs_best_single) else f" ({head.gpus_vs_best_single * 100:+.0f}%)"), "-"],
             ["arbiter's P99 TTFT / unbounded memory (reference)", f"{head.lower_bound_gap:.2f}x", "-"],
             ["arbiter's own purchases (headline rate, all seeds)", str(head.purchases), "-"],
+            ["arbiter's purchases applied (the rest refused: the state moved; or failed in flight)",
+             "n/a" if math.isnan(head.applied) else f"{head.applied:.0%}", "-"],
+            ["worst phase: best single there / arbiter (median of seeds)",
+             f"{head.worst_phase_vs_best_single:.2f}x", ">= 1.0x"],
             ["the shared autoscaler's starts in the arbiter's runs (every arm's base, not purchases)",
              str(head.autoscaler_starts), "-"],
         ]), "", f"`{head.line()}`", "",
+        *([f"## Per phase, rate {cfg.headline_rate:g} (median over seeds; P99's range)", "",
+           "Phases of the trace (loadgen/repro/economy_phased.py), each "
+           f"{cfg.phase_s:g} s. Preemptions: of the phase's requests; queueing: mean TTFT above the request's "
+           "unloaded TTFT. `worst_phase_vs_best_single`: per seed, the lowest over the phases of (the best single "
+           "arm's P99 in that phase / the arbiter's), median over seeds.", "",
+           md_table(["phase", "arm", "requests", "P99 TTFT s", "SLO", "preemptions", "queueing s"],
+                    _phase_rows(points, arms, cfg.headline_rate)), ""] if cfg.trace == "phased" else []),
         "## Ratios per rate (median over seeds, range)", "",
         md_table(["rate", "seeds", "best single in hindsight / arbiter", "fixed order / arbiter",
                   "arbiter / unbounded", "best single per seed"], _ratio_rows(points)), "",

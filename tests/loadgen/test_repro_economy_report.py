@@ -22,10 +22,11 @@ def result(arm: str, ttft: list[float], purchases: int = 0) -> EconomyResult:
                            bytes=1 << 20, price_request_s=0.1 * k) for k in range(purchases)]
     return EconomyResult(arm=arm, gpus=2, models=["m"], model=np.zeros(t.size, dtype=np.int64), ttft=t,
                          tpot=np.full(t.size, 0.02), unloaded_ttft=np.full(t.size, 0.1), purchases=buys, pool=pool,
-                         counts={"preemptions": 3})
+                         counts={"preemptions": 3}, arrival=np.arange(t.size) * 1800.0 / max(1, t.size),
+                         preempted=np.zeros(t.size, np.int64))
 
 
-CFG = EconomyConfig(rates=(10.0,), headline_rate=10.0, seeds=(0, 1), slo_scale=5.0, slo_floor_s=0.0)
+CFG = EconomyConfig(rates=(10.0,), headline_rate=10.0, seeds=(0, 1), slo_scale=5.0, slo_floor_s=0.0, phase_s=600.0)
 
 
 def point(seed: int, p99: dict[str, float]) -> Point:
@@ -63,8 +64,8 @@ def test_headline_takes_the_best_single_per_point_and_medians_over_seeds():
     assert head.purchases == 8
     assert head.lower_bound_gap == pytest.approx(np.median([2.0, 4.0]), rel=1e-6)
     line = head.line()
-    assert line.startswith("repro economy: p99_ttft_vs_best_single=2.2x p99_ttft_vs_fixed_order=1.9x")
-    assert "own_purchases=8 autoscaler_starts=10" in line and head.autoscaler_starts == 10
+    assert line.startswith("repro economy: p99_ttft_vs_best_single=2.2x(1.0–3.5) p99_ttft_vs_fixed_order=1.9x ")
+    assert line.endswith("own_purchases=8 applied=n/a seeds=2") and head.autoscaler_starts == 10
 
 
 def test_gpus_ratio_is_negative_when_the_arbiter_needs_fewer():
@@ -90,3 +91,30 @@ def test_report_writes_markdown_figures_and_summary(tmp_path):
         assert f"]({png})" in text
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["line"] == head.line() and summary["points"][0]["results"]["arbiter"]["purchases"] == 4
+
+
+def test_worst_phase_compares_the_arbiter_with_the_best_single_in_each_phase_and_applied_counts_outcomes():
+    from loadgen.repro.economy import worst_phase
+
+    def arm_result(arm: str, tails: tuple[float, float, float], counts: dict[str, int]) -> ArmMetrics:
+        ttft = []
+        for tail in tails:  # 100 requests per phase, the last two at the phase's tail
+            ttft += [0.1] * 98 + [tail] * 2
+        r = result(arm, ttft)
+        r.counts.update(counts)
+        return ArmMetrics.of(r, CFG, wall_s=1.0)
+
+    p = Point(rate=10.0, seed=0, gpus=2)
+    tails = {"kunserve": (1.0, 8.0, 3.0), "mell": (2.0, 4.0, 6.0), "caraserve": (3.0, 9.0, 9.0),
+             "warmserve": (3.0, 9.0, 9.0), "fixed-order": (5.0, 5.0, 5.0), "unbounded": (0.5, 0.5, 0.5)}
+    for arm, t in tails.items():
+        p.results[arm] = arm_result(arm, t, {})
+    # the arbiter: 2 s in phase 0 (kunserve had 1 s there: 0.5x), 2 s and 1 s later
+    p.results["arbiter"] = arm_result("arbiter", (2.0, 2.0, 1.0), {"bought": 10, "applied": 9, "refused": 1,
+                                                                  "failed_migrations": 1})
+    assert [ph.p99_ttft for ph in p.results["arbiter"].phases] == pytest.approx([2.0, 2.0, 1.0])
+    assert worst_phase(p) == pytest.approx(0.5)
+    head = headline([p], CFG, {})
+    assert head.worst_phase_vs_best_single == pytest.approx(0.5)
+    assert head.applied == pytest.approx(0.8)  # 9 applied at once, 1 of them failed in flight, of 10 bought
+    assert "worst_phase_vs_best_single=0.5x" in head.line() and "applied=80% seeds=1" in head.line()

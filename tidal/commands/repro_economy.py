@@ -21,13 +21,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from loadgen.repro.economy_setup import SCALES
 
     p.add_argument("--scale", choices=sorted(SCALES), default="paper",
-                   help="paper: 16 GPUs, rates 5-20 req/s, 5 seeds, an hour each; "
-                        "tiny: 10 minutes, one rate, one seed")
+                   help="paper: 16 GPUs, the phased trace (3 x 10 min) at 15/20/25 req/s, 5 seeds; "
+                        "tiny: 3 x 2 min, one rate, one seed")
     p.add_argument("--out", default=None, help="report directory (default runs/repro-economy-<timestamp>/)")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the scale's)")
     p.add_argument("--rates", default=None, help="comma-separated request rates, req/s (default: the scale's)")
     p.add_argument("--arms", default=None, help="comma-separated subset of the arms (arbiter, fixed-order and "
                                                 "unbounded are always run)")
+    p.add_argument("--trace", choices=("phased", "mixed"), default=None,
+                   help="phased (default): LoRA-heavy / KV burst / popularity shift from the Azure 2023 traces; "
+                        "mixed: the older synthetic mixed trace")
+    p.add_argument("--ablations", action="store_true",
+                   help="also run the arbiter's ablations: each source left out, and its needs bought in the fixed "
+                        "order (prices ignored)")
     p.add_argument("--no-gpu-sweep", action="store_true", help="skip the fewest-GPUs-to-SLO sweep")
     p.add_argument("--no-plots", action="store_true", help="do not draw the PNG figures")
     p.add_argument("--live", action="store_true",
@@ -67,6 +73,12 @@ def _config(args: argparse.Namespace):
         changes["arms"] = tuple(a for a in ARMS if a in keep)
     if args.no_gpu_sweep:
         changes["gpu_sweep"] = ()
+    if args.trace is not None:
+        changes["trace"] = args.trace
+    if args.ablations:
+        from loadgen.sim.economy_state import ABLATIONS
+
+        changes["arms"] = (*changes.get("arms", cfg.arms), *ABLATIONS)
     return dataclasses.replace(cfg, **changes)
 
 
