@@ -39,6 +39,7 @@ from shared.events.plan import (
     ScaleUp, SourcePrice,
 )
 from shared.planner import arbiter_offers as price
+from shared.planner.arbiter_drain import DrainMeter
 from shared.planner.arbiter_offers import Pricing
 from shared.planner.arbiter_prefix import cut_prefix, prefix_offers
 from shared.planner.effects import Decision, Effect, EffectKey, action_of, key, workers_of
@@ -85,6 +86,7 @@ class ArbiterPolicy:
         self.policies = list(policies)
         self.pricing = pricing
         self.horizon_s = pricing.settings.horizon_s
+        self.drain = DrainMeter(self.horizon_s)  # waiting's drain, measured from the views (issue 32)
         self.id_prefix = id_prefix
         self.owner: dict[EffectKey, Policy] = {}  # decisions handed to the core -> the policy that proposed it
         self.bought: dict[EffectKey, tuple[str, str]] = {}  # bought, in flight -> (source, target)
@@ -99,7 +101,7 @@ class ArbiterPolicy:
         for k in [k for k, until in self.cooldown.items() if until <= view.now]:
             del self.cooldown[k]
         asked = self._ask(view, busy, "decide")
-        needs = price.find_needs(view, self.pricing.settings, self.pricing.prefill)
+        needs = price.find_needs(view, self.pricing.settings, self.pricing.prefill, self.drain.observe(view))
         scopes = {n.scope: n for n in needs}
         passing: list[tuple[Policy | None, Decision]] = []
         offers: dict[str, list[Offer]] = {n.scope: [] for n in needs}

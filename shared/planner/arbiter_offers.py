@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shared.events.plan import FormGroup, Migrate, ScaleUp
@@ -69,10 +70,18 @@ def kv_bytes_per_token(view: ClusterView, inst: InstanceView, block_tokens: int)
     return inst.kv_block_bytes * layers_held(view, inst) / block_tokens
 
 
+def _drain(instances, s: ArbiterSettings, drains: Mapping[str, float] | None) -> float:
+    """The instances' drain: measured (arbiter_drain.DrainMeter) where observed; else, before the second view
+    of an instance, its KV over [planner] request_time (the old estimate, only until a measure exists)."""
+    return sum(drains[i.instance_id] if drains is not None and i.instance_id in drains
+               else i.kv_used_bytes / s.request_time_s for i in instances)
+
+
 def worker_need(view: ClusterView, worker: WorkerView, s: ArbiterSettings,
-                prefill: PrefillCost | None = None) -> Need | None:
+                prefill: PrefillCost | None = None, drains: Mapping[str, float] | None = None) -> Need | None:
     """With `prefill`, the running requests its KV growth would preempt are priced too (each waits and then
-    re-prefills its context: vLLM's recompute preemption, our engine's too)."""
+    re-prefills its context: vLLM's recompute preemption, our engine's too). `drains`: measured drain per
+    instance (bytes/s); without, `kv_used / request_time_s`."""
     capacity, live = worker.kv_capacity_bytes, worker.kv_used_bytes
     # cached-free prefix blocks count as free in the engine (it evicts them on demand) but are room only if
     # given up: they are the `prefix` source's to sell (arbiter_prefix.py), so the need counts them as held
@@ -93,11 +102,13 @@ def worker_need(view: ClusterView, worker: WorkerView, s: ArbiterSettings,
         mean_kv = max(1.0, sum(r.kv_bytes for r in running) / len(running))
         preempted = min(len(running), math.ceil((growth - live_room) / mean_kv))
         recompute = prefill.reprefill_s(round(sum(r.tokens for r in running) / len(running)))
-    return Need(f"worker:{worker.worker_id}", short, s.horizon_s, max(1, waiting), live / s.request_time_s,
+    drain = live / s.request_time_s if drains is None else _drain(worker.instances, s, drains)
+    return Need(f"worker:{worker.worker_id}", short, s.horizon_s, max(1, waiting), drain,
                 preempted=preempted, recompute_s=recompute)
 
 
-def model_need(view: ClusterView, model: str, queued: int, needy: set[str], s: ArbiterSettings) -> Need | None:
+def model_need(view: ClusterView, model: str, queued: int, needy: set[str], s: ArbiterSettings,
+               drains: Mapping[str, float] | None = None) -> Need | None:
     instances = [(w, i) for w in view.usable_workers() for i in w.instances if i.model == model and i.accepting]
     if queued <= 0 or any(w.worker_id not in needy for w, _ in instances):
         return None  # nothing queued, or an instance has room: the dispatcher places them
@@ -110,16 +121,18 @@ def model_need(view: ClusterView, model: str, queued: int, needy: set[str], s: A
         short = least = record.weight_bytes  # nothing of it runs: an instance's worth, all or nothing
     else:
         return None
-    drain = sum(i.kv_used_bytes for _, i in instances) / s.request_time_s
+    drain = sum(i.kv_used_bytes for _, i in instances) / s.request_time_s if drains is None else \
+        _drain([i for _, i in instances], s, drains)
     return Need(f"model:{model}", short, s.horizon_s, queued, drain, min_bytes=least)
 
 
-def find_needs(view: ClusterView, s: ArbiterSettings, prefill: PrefillCost | None = None) -> list[Need]:
+def find_needs(view: ClusterView, s: ArbiterSettings, prefill: PrefillCost | None = None,
+               drains: Mapping[str, float] | None = None) -> list[Need]:
     """Every need in the view: workers (by id), then models (by name)."""
-    needs = [n for w in view.usable_workers() if (n := worker_need(view, w, s, prefill)) is not None]
+    needs = [n for w in view.usable_workers() if (n := worker_need(view, w, s, prefill, drains)) is not None]
     needy = {n.scope.split(":", 1)[1] for n in needs}
     for model in sorted(view.queued):
-        need = model_need(view, model, view.queued[model], needy, s)
+        need = model_need(view, model, view.queued[model], needy, s, drains)
         if need is not None:
             needs.append(need)
     return needs
