@@ -14,6 +14,7 @@ from typing import Any
 
 from services.gpu_worker import metrics as worker_metrics
 from services.gpu_worker.adapter_metrics import export_residency
+from services.gpu_worker.cold_metrics import export_cold_choices
 from services.gpu_worker.instance import ModelInstance
 from services.gpu_worker.instance_snapshot import InstanceSnapshot
 from services.gpu_worker.stats import StatsBuilder, pool_breakdown
@@ -61,5 +62,7 @@ class StatsReporter:
             stats = self.builder.build(self._state(), now)
             worker_metrics.export_stats(stats)
             export_residency(stats)
+            export_cold_choices(self.worker_id, [(i.instance_id, i.engine.cold.costs.counts)
+                                                 for i in self.builder.instances])
             await self._publish(subject, stats)
             await asyncio.sleep(self.interval)
