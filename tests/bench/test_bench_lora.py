@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tidal.bench.lora_drive import split_cores
-from tidal.bench.lora_drive import base_mode
+from tidal.bench.lora_drive import base_mode, baseline_of
 from tidal.bench.lora_stats import (CPU_RATIOS, PAPER_LOAD_OVER_PREFILL, PAPER_TYPICAL_PREFILL_S, WORKLOADS, cpu_pace,
                                     make_trace, paced_bandwidth, paired_overhead, round_overheads, scaled_rate,
                                     summary_line)
@@ -93,11 +93,16 @@ def test_overheads_pair_the_same_requests_under_cached():
     assert summary_line(over) == ("bench lora: ttft_overhead_cpu_assist=n/a ttft_overhead_async=n/a "
                                   "ttft_overhead_auto=n/a ttft_overhead_ondemand=200%[50..200] "
                                   "ttft_overhead_slora=n/a rounds=3")
-    # S-LoRA against the Cached on its own kernel when that arm ran
+    # each mode against the Cached on its own kernel
     slow = _rows([0.3, 0.3, 0.2], cold)
-    rec = {"cached": base, "cached_mbgmv": _rows([0.15, 0.15, 0.2], cold), "slora": slow}
-    over = round_overheads([rec], ["cached", "cached_mbgmv", "slora"])
-    assert over["slora"]["ttft_s_cold"] == pytest.approx([1.0]) and "cached_mbgmv" not in over
+    rec = {"cached": base, "cached_bgmv": _rows([0.15, 0.15, 0.2], cold), "ondemand": slow}
+    modes = ["cached", "cached_bgmv", "ondemand"]
+    baselines = {m: baseline_of(m, modes, "segmented") for m in ("ondemand",)}
+    assert baselines == {"ondemand": "cached_bgmv"}
+    over = round_overheads([rec], modes, baselines=baselines)
+    assert over["ondemand"]["ttft_s_cold"] == pytest.approx([1.0]) and "cached_bgmv" not in over
+    assert baseline_of("slora", modes, "segmented") == "cached"  # MBGMV = segmented: cached is on it
+    assert baseline_of("slora", modes, "padded") is None  # no Cached on MBGMV ran
 
 
 def test_cpu_ratio_is_the_papers_and_the_pace_gives_it():
@@ -107,7 +112,7 @@ def test_cpu_ratio_is_the_papers_and_the_pace_gives_it():
     assert cpu_pace(1.77, 0.010, 128, 64, 4, 2) == pytest.approx(2 * pace)  # rows split over two helpers
     with pytest.raises(ValueError):
         cpu_pace(0.0, 0.010, 128, 64, 4, 1)
-    assert base_mode("auto@1.77") == "auto" and base_mode("cached_mbgmv") == "cached_mbgmv"
+    assert base_mode("auto@1.77") == "auto" and base_mode("cached_bgmv") == "cached_bgmv"
     for bad in ("slora@1.0", "auto@x", "auto@-1", "turbo"):
         with pytest.raises(ValueError):
             base_mode(bad)
@@ -125,10 +130,11 @@ def test_tiny_bench_run_ends_with_its_summary_line(tmp_path: Path):
     assert SUMMARY.match(last), last
     assert "(derived)" in proc.stdout and "cores: " in proc.stdout and "workload synthetic-r64" in proc.stdout
     res = json.loads((out / "results.json").read_text())
-    assert set(res["rounds"][0]) == {"cached", "cached_mbgmv", "ondemand", "slora", "async", "cpu_assist@0.28",
+    assert set(res["rounds"][0]) == {"cached", "cached_bgmv", "ondemand", "slora", "async", "cpu_assist@0.28",
                                      "cpu_assist@1.77", "auto@0.28", "auto@1.77"}
     kernels = res["kernels"]
-    assert kernels["slora"] == kernels["cached_mbgmv"] == "segmented" != kernels["ondemand"] == kernels["cached"]
+    assert kernels["slora"] == kernels["cached"] == "segmented" != kernels["ondemand"] == kernels["cached_bgmv"]
+    assert res["baselines"]["ondemand"] == "cached_bgmv" and res["baselines"]["slora"] == "cached"
     assert res["cpu_paces"]["cpu_assist@1.77"] == pytest.approx(res["cpu_paces"]["cpu_assist@0.28"] * 1.77 / 0.28)
     m = SUMMARY.match(last)
     rule = res["decision_rule"]["auto@0.28"]

@@ -9,25 +9,35 @@ The same trace runs in `--rounds` rounds, every mode once per round in a rotatin
 adapter names each round (registered before the round: CaraServe's adapters are in host memory
 before their requests come; registration is not the request path).
 
+Kernels (lora_drive.py): ondemand on BGMV (padded), slora on MBGMV (segmented), the others on
+`--kernel`; each mode against the Cached on its kernel, each kernel's arms at the paper's rate and
+load share scaled by its own Cached prefill (BGMV gathers a padded A and B per token: on a CPU it
+costs several segmented prefills, so its trace is stretched by the measured ratio).
+
 Loads: on a CPU engine a memory copy paced so that a rank-64 load costs the paper's share of a
-typical prefill (lora_stats.py); on CUDA the real host-to-device copy, unpaced. Cores: the CPU
-helpers get cores of their own where there are at least two (half, at most `--processes`), the
-engines (this process) the rest; the run says how many each side had.
+typical prefill (lora_stats.py); on CUDA the real host-to-device copy, unpaced. CPU LoRA: the CPU
+arms run once per `--cpu-ratio` (helpers paced so a typical prompt's helper calls cost that share of
+its prefill; 'native': unpaced). Cores: the CPU helpers get cores of their own where there are at
+least two (half, at most `--processes`), the engines (this process) the rest; the run says how many
+each side had. The auto arms print what the engine's rule chose and the T_cpu, X, P it measured.
 
 Last line, from the paper's selection (all-cold workloads: the cold requests; MAF-like: all), the
-mean TTFT overhead against Cached per round (the paper's "on average"), median over rounds:
-`bench lora: ttft_overhead_cpu_assist=NN% ttft_overhead_ondemand=NN% ttft_overhead_slora=NN%`
+mean TTFT overhead against Cached per round (the paper's "on average"), median [min..max] over
+rounds, the CPU arms at the first ratio, and the rule's choices there:
+`bench lora: ttft_overhead_cpu_assist=NN%[lo..hi] ttft_overhead_async=... ttft_overhead_auto=...
+ttft_overhead_ondemand=... ttft_overhead_slora=... rounds=N cpu_ratio=R auto_choices=cpu_assist:N,async:N,inline:N`
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
 from pathlib import Path
 
-from tidal.bench.lora_drive import (ASSISTED, MODES, CoreSplit, ModeEngine, base_mode, drive, kernel_of, make_engine,
-                                    pin_engine, register_round, split_cores, usable_cores)
+from tidal.bench.lora_drive import (ASSISTED, CACHED, MODES, CoreSplit, ModeEngine, base_mode, baseline_of, drive,
+                                    kernel_of, make_engine, pin_engine, register_round, split_cores, usable_cores)
 from tidal.bench.lora_report import print_choices, print_report, rule_view
 from tidal.bench.lora_stats import (CPU_RATIOS, PAPER_LOAD_OVER_PREFILL, PAPER_RANK64_LOAD_S, PAPER_TYPICAL_PREFILL_S,
                                     WORKLOADS, cpu_pace, make_trace, paced_bandwidth, round_overheads, scaled_rate,
@@ -53,9 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=4, help="rounds; each runs every mode once, rotating the order")
     p.add_argument("--prompt-len", type=int, nargs=2, default=(64, 192), metavar=("MIN", "MAX"))
     p.add_argument("--output-len", type=int, default=16)
-    p.add_argument("--kernel", choices=("segmented", "padded"), default="padded",
-                   help="LoRA kernel of every mode but slora and cached_mbgmv (S-LoRA's MBGMV: segmented); "
-                        "default padded (BGMV, LightLLM's)")
+    p.add_argument("--kernel", choices=("segmented", "padded"), default="segmented",
+                   help="LoRA kernel of cached, async and the CPU arms (ondemand runs BGMV = padded, slora MBGMV = "
+                        "segmented, each against a Cached on its kernel)")
     p.add_argument("--cpu-ratio", default=",".join(map(str, CPU_RATIOS)),
                    help="comma-separated CPU-LoRA-to-prefill ratios of a typical prompt the CPU arms run at (helpers "
                         "paced; 'native': unpaced); default the paper server's bf16 and fp32 estimates (lora_stats.py)")
@@ -63,7 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk", type=int, default=32, help="tokens per CPU-assisted prefill chunk (0: whole prompts)")
     p.add_argument("--processes", type=int, default=None, help="CPU LoRA helpers (default: one per helper core)")
     p.add_argument("--threads", type=int, default=None, help="engine torch threads (default: the engine's cores)")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
+    p.add_argument("--modes", help="comma-separated subset of " + ",".join(MODES) + " (default: all, less the "
+                   "Cached arm that would repeat cached's kernel)")
     p.add_argument("--device", default="cpu", help="cpu or cuda:N")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=512)
@@ -139,7 +150,13 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     workload = WORKLOADS[args.workload]
-    modes = _modes(args.modes, args.cpu_ratio)
+    modes = _modes(args.modes or ",".join(m for m in MODES if m == "cached" or m not in CACHED
+                                          or kernel_of(m, args.kernel) != args.kernel), args.cpu_ratio)
+    missing = [m for m in modes if m not in CACHED and baseline_of(m, modes, args.kernel) is None]
+    if missing:
+        raise SystemExit(f"--modes: {missing} need a Cached arm on their kernel "
+                         f"({', '.join(sorted({kernel_of(m, args.kernel) for m in missing}))}): add cached_bgmv / "
+                         f"cached_mbgmv")
     if args.rounds < 1 or args.requests < 1:
         raise SystemExit(f"--rounds and --requests must be >= 1, got {args.rounds}, {args.requests}")
     ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else list(workload.ranks)
@@ -197,16 +214,26 @@ def _run(args, workload, modes, ranks, cold, targets, cuda, split, processes, th
         calls = args.layers * len({GROUP_OF[t + "_proj"] for t in targets})  # helper calls per CPU-assisted step
         paces = {m: cpu_pace(float(m.partition("@")[2]), prefill_s, typical, rank, calls, processes)
                  for m in modes if "@" in m}
+        # each kernel's arms at the paper's rate and load share scaled by the prefill of its own Cached
+        prefill_of = {args.kernel: prefill_s}
+        for c in CACHED:
+            if c in modes and c != "cached":
+                engines[c] = ModeEngine(c, make_engine(c, model, bandwidth=None, pool_bytes=pool, **common))
+                prefill_of[kernel_of(c, args.kernel)] = _calibrate(engines[c], files[max(ranks)], typical)
         for mode in modes:
-            if mode != "cached":
-                engines[mode] = ModeEngine(mode, make_engine(mode, model, bandwidth=bandwidth, pool_bytes=pool,
-                                                             cpu_pace=paces.get(mode, 0.0), **common))
+            if mode not in engines:
+                stretch = prefill_of[kernel_of(mode, args.kernel)] / prefill_s
+                engines[mode] = ModeEngine(mode, make_engine(
+                    mode, model, bandwidth=None if bandwidth is None or args.load_bandwidth else bandwidth / stretch,
+                    pool_bytes=pool, cpu_pace=paces.get(mode, 0.0), **common))
         for mode in modes:
             if base_mode(mode) in ASSISTED:
                 engines[mode].engine.cold.start_helpers(wait=True)
         reuse = 0.0 if workload.adapters else 1.0 - cold
         trace = make_trace(args.requests, rate, tuple(args.prompt_len), 2048, reuse, args.seed,
                            ranks=tuple(ranks), adapters=workload.adapters, cv=workload.cv)
+        traces = {k: [dataclasses.replace(r, at_s=r.at_s * p / prefill_s) for r in trace] for k, p in prefill_of.items()}
+        baselines = {m: baseline_of(m, modes, args.kernel) for m in modes if m not in CACHED}
         n_cold = sum(r.cold for r in trace)
         print(f"lora bench: workload {workload.name} ({workload.about}); {args.requests} requests x {args.rounds} "
               f"rounds at {rate:.2f} RPS ({'paper ' + format(workload.paper_rps, 'g') + ' RPS scaled by the prefill here' if not args.rate else '--rate'}"
@@ -214,9 +241,11 @@ def _run(args, workload, modes, ranks, cold, targets, cuda, split, processes, th
               f"{'/'.join(map(str, sorted(set(ranks))))} on {','.join(targets)}, output {args.output_len} tokens; "
               f"device {args.device}, {args.layers} layers, hidden {args.hidden}, {args.dtype}")
         print(f"{split.describe()}; engine torch threads {threads}, CPU LoRA helpers {processes}")
-        print(f"kernels: {args.kernel} in every mode but slora and cached_mbgmv (S-LoRA's MBGMV = segmented); slora "
-              f"against cached_mbgmv" + ("; --kernel segmented: slora and ondemand differ only by noise here"
-                                          if args.kernel == "segmented" and {"slora", "ondemand"} <= set(modes) else ""))
+        print("kernels: " + "; ".join(f"{k} ({'BGMV' if k == 'padded' else 'MBGMV'}): "
+                                      f"{','.join(m for m in modes if kernel_of(m, args.kernel) == k)}, typical prefill "
+                                      f"{p * 1000:.1f} ms, rate {rate * prefill_s / p:.2f} RPS" + (
+                                          "" if bandwidth is None else f", loads {bandwidth * prefill_s / p / 1e6:.1f} MB/s")
+                                      for k, p in prefill_of.items()) + "; each mode against the Cached on its kernel")
         if paces:
             print("CPU LoRA pacing: " + "; ".join(
                 f"{m.partition('@')[0]} at {m.partition('@')[2]} x the prefill: {p * 1e9:.1f} ns per row x rank per call "
@@ -247,7 +276,7 @@ def _run(args, workload, modes, ranks, cold, targets, cuda, split, processes, th
                 me = engines[mode]
                 names = [f"{mode}-{rnd}-{r.slot}" for r in trace]
                 register_round(me, sorted({(n, files[r.rank]) for n, r in zip(names, trace)}))
-                res = drive(me.engine, trace, names, args.output_len, sync=sync)
+                res = drive(me.engine, traces[kernel_of(mode, args.kernel)], names, args.output_len, sync=sync)
                 rec[mode] = res.requests
                 steps[mode]["prefill"] += res.prefill_steps_s
                 steps[mode]["decode"] += res.decode_steps_s
@@ -263,7 +292,7 @@ def _run(args, workload, modes, ranks, cold, targets, cuda, split, processes, th
         for me in engines.values():
             me.engine.cold.close()
     which = "all" if workload.adapters else "cold"
-    over = print_report(rounds, modes, steps)
+    over = print_report(rounds, modes, steps, baselines)
     for m, ca in cold_stats.items():
         if base_mode(m) in ASSISTED:
             print(f"{m}: {ca['cpu_chunks']} prefill chunks on the helpers, {ca['device_takeovers']} prefills taken "
@@ -286,7 +315,8 @@ def _run(args, workload, modes, ranks, cold, targets, cuda, split, processes, th
         "cpu_paces": paces, "decision_rule": views, "bandwidth": bandwidth, "cores": {
             "machine": list(split.machine), "engine": list(split.engine), "helpers": list(split.helpers)},
         "processes": processes, "threads": threads, "engine_counters": cold_stats, "steps": steps,
-        "overheads": over, "overheads_of_medians": round_overheads(rounds, modes), "rounds": rounds}, indent=1))
+        "baselines": baselines, "prefill_s_by_kernel": prefill_of, "overheads": over,
+        "overheads_of_medians": round_overheads(rounds, modes, "median", baselines), "rounds": rounds}, indent=1))
     print(f"(files in {out}; paper, Llama2-7B on an A10, rank 64, 9 RPS, every request cold: TTFT +22% CaraServe, "
           f"+412% OnDemand, +451% S-LoRA)")
     first = next((m for m in modes if base_mode(m) in ASSISTED), "")

@@ -1,11 +1,13 @@
 """The engines of `tidal bench lora`, one per mode in this process, and the open-loop driver of a round.
 
-Modes (CaraServe §7.1's baselines, and ours), each on its own kernel:
+Modes (CaraServe §7.1's baselines, and ours), each on its own kernel, each measured against a
+Cached on the same kernel:
 * cached: every adapter of the round resident before it starts (the oracle), on the bench's kernel
-  (`--kernel`, default padded: BGMV-style, Punica's, what LightLLM runs);
-* cached_mbgmv: the same on S-LoRA's kernel (MBGMV: `segmented`), slora's baseline;
+  (`--kernel`, default segmented);
+* cached_bgmv / cached_mbgmv: the same on BGMV (`padded`, Punica's, what the paper's OnDemand runs)
+  / on MBGMV (`segmented`, S-LoRA's) — needed where `--kernel` is the other one;
 * ondemand: the step that needs a cold adapter loads it first, the whole batch waits (LightLLM's
-  on-demand loading, what the paper's OnDemand and S-LoRA do: Fig. 11's long prefill iterations);
+  on-demand loading, the paper's OnDemand: Fig. 11's long prefill iterations), on BGMV;
 * slora: the same loading with S-LoRA's own kernel (MBGMV); its unified pool of KV and adapters is
   what every mode's pool is here (one pool per device, LRU over adapters);
 * async: our asynchronous load beside the steps without CPU assist: only the cold request waits;
@@ -27,10 +29,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MODES = ("cached", "cached_mbgmv", "ondemand", "slora", "async", "cpu_assist", "auto")
-MBGMV = ("cached_mbgmv", "slora")  # S-LoRA's kernel
+MODES = ("cached", "cached_bgmv", "cached_mbgmv", "ondemand", "slora", "async", "cpu_assist", "auto")
+CACHED = ("cached", "cached_bgmv", "cached_mbgmv")
+OWN_KERNEL = {"cached_bgmv": "padded", "ondemand": "padded", "cached_mbgmv": "segmented", "slora": "segmented"}
 ASSISTED = ("cpu_assist", "auto")  # modes with CPU LoRA helpers (may carry @R)
-BASELINE = {"slora": "cached_mbgmv"}  # overheads against a Cached on the same kernel (else "cached")
 
 
 def base_mode(mode: str) -> str:
@@ -48,7 +50,14 @@ def base_mode(mode: str) -> str:
 
 
 def kernel_of(mode: str, kernel: str) -> str:
-    return "segmented" if base_mode(mode) in MBGMV else kernel
+    """The mode's LoRA kernel: OnDemand's BGMV, S-LoRA's MBGMV, the bench's `kernel` for the others."""
+    return OWN_KERNEL.get(base_mode(mode), kernel)
+
+
+def baseline_of(mode: str, modes: list[str], kernel: str) -> str | None:
+    """The Cached arm on the mode's kernel among `modes` (None: none ran)."""
+    want = kernel_of(mode, kernel)
+    return next((c for c in CACHED if c in modes and kernel_of(c, kernel) == want), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +133,7 @@ def register_round(me: ModeEngine, names: list[tuple[str, Path]]) -> None:
     me.names = [n for n, _ in names]
     for name, path in names:
         eng.add_lora(name, path)
-    if me.mode.startswith("cached"):
+    if me.mode in CACHED:
         eng.runner.lora.ensure_resident(me.names)
 
 
@@ -197,5 +206,5 @@ def drive(eng, trace: list, names: list[str], output_len: int, *, sync=None) -> 
     return RoundResult(rows, prefill_steps, decode_steps)
 
 
-__all__ = ["ASSISTED", "BASELINE", "MODES", "base_mode", "kernel_of", "CoreSplit", "ModeEngine", "RoundResult", "drive", "make_engine", "pin_engine",
+__all__ = ["ASSISTED", "CACHED", "MODES", "base_mode", "baseline_of", "kernel_of", "CoreSplit", "ModeEngine", "RoundResult", "drive", "make_engine", "pin_engine",
            "register_round", "split_cores", "usable_cores"]

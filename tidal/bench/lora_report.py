@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from tidal.bench.lora_stats import baseline_of, mode_stats, round_overheads, spread
+from tidal.bench.lora_stats import mode_stats, round_overheads, spread
 
 
 def fmt(values: list[float], scale: float, unit: str) -> str:
@@ -15,8 +15,9 @@ def fmt(values: list[float], scale: float, unit: str) -> str:
     return f"{med * scale:{sign}.0f}{unit} [{lo * scale:{sign}.0f}..{hi * scale:{sign}.0f}]"
 
 
-def print_report(rounds: list[dict], modes: list[str], steps: dict[str, dict[str, list[float]]]) -> dict:
-    over = round_overheads(rounds, modes, "mean")
+def print_report(rounds: list[dict], modes: list[str], steps: dict[str, dict[str, list[float]]],
+                 baselines: dict[str, str]) -> dict:
+    over = round_overheads(rounds, modes, "mean", baselines)
     print("median over rounds [min..max] of each round's mean (overheads: of the same requests under the Cached "
           "on the mode's kernel)")
     width = max(10, *(len(m) for m in modes))
@@ -30,7 +31,7 @@ def print_report(rounds: list[dict], modes: list[str], steps: dict[str, dict[str
                     f"E2E {fmt(e2e, 1000, ' ms'):<22}")
             if not mode.startswith("cached"):
                 o = over[mode]
-                line += f"  vs {baseline_of(mode, modes)}: " + "  ".join(
+                line += f"  vs {baselines.get(mode, 'cached')}: " + "  ".join(
                     f"{k.split('_')[0].upper()} {fmt(o.get(f'{k}_{which}', []), 100, '%')}"
                     for k in ("ttft_s", "tpot_s", "e2e_s"))
             print(line)

@@ -157,20 +157,15 @@ def paired_overhead(rows: list[dict], base: list[dict], key: str, which: str, st
     return agg([rows[i][key] for i in picked]) / agg([base[i][key] for i in picked]) - 1
 
 
-def baseline_of(mode: str, modes: list[str]) -> str:
-    """The Cached arm a mode is measured against: on its own kernel (slora: cached_mbgmv) when it ran."""
-    want = {"slora": "cached_mbgmv"}.get(mode, "cached")
-    return want if want in modes else "cached"
-
-
-def round_overheads(rounds: list[dict[str, list[dict]]], modes: list[str],
-                    stat: str = "median") -> dict[str, dict[str, list[float]]]:
-    """Per mode, per "<metric>_<which>" the overhead against its Cached (`baseline_of`) in each round."""
+def round_overheads(rounds: list[dict[str, list[dict]]], modes: list[str], stat: str = "median",
+                    baselines: dict[str, str] | None = None) -> dict[str, dict[str, list[float]]]:
+    """Per mode, per "<metric>_<which>" the overhead against its Cached in each round (`baselines`:
+    mode -> the Cached arm on its kernel; default "cached")."""
     out: dict[str, dict[str, list[float]]] = {}
     for mode in modes:
         if mode.startswith("cached"):
             continue
-        base = baseline_of(mode, modes)
+        base = (baselines or {}).get(mode, "cached")
         per: dict[str, list[float]] = {}
         for rec in rounds:
             for key in ("ttft_s", "tpot_s", "e2e_s"):
