@@ -18,7 +18,7 @@ CPU's flags, so a cached build never runs on a CPU it was not compiled for.
 
 Built ahead of time into the venv with torch's C++ extension JIT (`make install` and
 `tidal up` run `python -m gpu_ext.cpu_attention --build`; where and why: gpu_ext/cpu_kernel_build.py),
-parallel over sequences with torch's own thread pool. Anything that goes wrong (no compiler, a
+parallel over sequences on gpu_ext/cpu_pool.py's threads (as many as `torch.get_num_threads()`). Anything that goes wrong (no compiler, a
 build error, a non-fp32 dtype) leaves the caller on the torch path. TIDAL_CPU_KERNELS=0 turns it off.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from gpu_ext import cpu_kernel_build, cpu_matvec
+from gpu_ext import cpu_kernel_build, cpu_matvec, cpu_pool
 
 if TYPE_CHECKING:  # torch is imported when the kernel is used: `tidal up` asks `pending()` without it
     import torch
@@ -48,7 +48,7 @@ _SOURCE = r"""
 #include <immintrin.h>
 #define TIDAL_AVX2 1
 #endif
-
+""" + cpu_pool.SOURCE + r"""
 // One stretch of a sequence's keys that lies in consecutive blocks: `count` tokens whose
 // K (V) rows start at k (v), the first being token `t0` of the attended range.
 struct Seg { int64_t t0, count; const float* k; const float* v; };
@@ -213,10 +213,10 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& kc, const at::Ten
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
   const int64_t row = KVH * D;  // one token's K (or V) inside a block
-  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    std::vector<Seg> segs;
-    for (int64_t b = begin; b < end; ++b) {
+  tidal_pool::run_tasks(B, [&](int64_t b) {
+    thread_local std::vector<float> scores;
+    thread_local std::vector<Seg> segs;
+    {
       const int64_t n = cp[b];
       const int64_t first = (window > 0 && n > window) ? n - window : 0;
       const int64_t len = n - first;

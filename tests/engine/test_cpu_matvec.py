@@ -1,7 +1,9 @@
 """gpu_ext's few-row C++ projections (gpu_ext/cpu_matvec.py) against torch on the same tensors:
-every row count 1..MAX_ROWS, weight row counts that do and do not fill the 4-row (2-row) tiles
-and the 16-row tasks, inner sizes with and without a scalar tail, bias and residual on and off,
-1 and 2 threads; and that a fp32 CPU decode step of the model goes through them."""
+every row count 1..MAX_ROWS, weight row counts that do and do not fill the 16-row tasks, inner
+sizes with and without a vector tail and a scalar tail, bias and residual on and off, 1 and 2
+threads; the thread pool (gpu_ext/cpu_pool.py): the same bits at any thread count, from two
+Python threads at once, and in a forked child; and that a fp32 CPU decode step of the model goes
+through them."""
 from __future__ import annotations
 
 import pytest
@@ -14,7 +16,7 @@ from gpu_ext.linear import linear, small_ops
 OPS = small_ops("cpu", torch.float32)
 pytestmark = pytest.mark.skipif(OPS is None, reason="the CPU kernel library does not build here")
 
-SHAPES = [(1, 8), (5, 13), (33, 576), (576, 1536), (4099, 64)]  # (N, K)
+SHAPES = [(1, 8), (5, 13), (33, 576), (576, 1536), (4099, 64), (17, 44)]  # (N, K)
 
 
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
@@ -50,6 +52,74 @@ def test_rms_and_silu_forms_match_torch(rows, n, k, threads):
     gate_up, res = torch.randn(rows, 2 * k, generator=gen), torch.randn(rows, n, generator=gen)
     act = F.silu(gate_up[:, :k]) * gate_up[:, k:]
     torch.testing.assert_close(OPS.silu_small_linear(gate_up, w, res), res + F.linear(act, w), **tol)
+
+
+def test_threads_give_the_same_bits():
+    """Each output row is summed by one thread in one order: 1, 2 and 3 threads agree exactly."""
+    gen = torch.Generator().manual_seed(11)
+    x, w, res = torch.randn(2, 576, generator=gen), torch.randn(3072 + 5, 576, generator=gen), None
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for t in (1, 2, 3, 2):
+            torch.set_num_threads(t)
+            outs.append(OPS.small_linear(x, w, None, res))
+    finally:
+        torch.set_num_threads(before)
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+
+
+def test_calls_from_two_threads_at_once():
+    """Two Python threads calling at once (one runs on the pool, the other alone) both get right answers."""
+    import threading
+
+    gen = torch.Generator().manual_seed(12)
+    w = torch.randn(4096, 256, generator=gen)
+    xs = [torch.randn(1, 256, generator=gen) for _ in range(2)]
+    wants = [F.linear(x, w) for x in xs]
+    errors: list[BaseException] = []
+
+    def call(i: int) -> None:
+        try:
+            for _ in range(50):
+                torch.testing.assert_close(OPS.small_linear(xs[i], w, None, None), wants[i], atol=1e-3, rtol=1e-4)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        runners = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+        for r in runners:
+            r.start()
+        for r in runners:
+            r.join()
+    finally:
+        torch.set_num_threads(before)
+    assert not errors, errors
+
+
+def test_forked_child_runs_the_tasks_itself():
+    """After fork() the pool's workers are gone: the child's call still computes every row."""
+    import multiprocessing
+
+    gen = torch.Generator().manual_seed(13)
+    x, w = torch.randn(1, 64, generator=gen), torch.randn(999, 64, generator=gen)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        OPS.small_linear(x, w, None, None)  # the parent's workers are started
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            got = pool.apply_async(_child_small_linear, (x, w)).get(timeout=120)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, F.linear(x, w), atol=1e-4, rtol=1e-4)
+
+
+def _child_small_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    torch.set_num_threads(2)
+    return OPS.small_linear(x, w, None, None)
 
 
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 8), (2, 1, 6)])
