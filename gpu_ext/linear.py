@@ -16,10 +16,11 @@ brings packing back (prefill-heavy loads). The oneDNN path is probed per dtype (
 against F.linear) and skipped where it fails. CUDA weights are never touched here.
 
 Up to `cpu_matvec.MAX_ROWS` rows of fp32 (a decode step) go to gpu_ext's own C++ loops
-(cpu_matvec.py: 4 weight rows at a time with prefetch ahead; ~25% less time than MKL's gemv on
-the dev box) where the CPU kernel library is built; `small_ops` hands them to the model for the
-fused forms (norm + projection, projection + residual, SiLU-gate + projection).
-TIDAL_CPU_MATVEC=0 keeps F.linear.
+(cpu_matvec.py: one weight row after another, a single sequential stream, over the torch thread
+count by gpu_ext/cpu_pool.py; on the dev box, 1 thread, the earlier 4-row version took ~25% less
+time than MKL's gemv and this one ~18% less again) where the CPU kernel library is built;
+`small_ops` hands them to the model for the fused forms (norm + projection, projection +
+residual, SiLU-gate + projection). TIDAL_CPU_MATVEC=0 keeps F.linear.
 """
 from __future__ import annotations
 
