@@ -9,7 +9,7 @@ import pytest
 
 from loadgen.sim.economy import EconomySim
 from loadgen.sim.economy_result import ARMS
-from loadgen.sim.economy_state import ARM_CONFIGS, BASE
+from loadgen.sim.economy_state import ABLATIONS, ARM_CONFIGS, BASE
 from loadgen.sim.request import SimRequest
 from shared.policy.memory_market import Need
 
@@ -80,3 +80,25 @@ def test_the_autoscalers_starts_are_not_the_arms_purchases():
         assert res.counts["autoscaler_starts"] > 0
         assert sum(1 for p in res.purchases if p.source == "scale_out") == len(sim.bought_starts)
     assert not any(p.source == "scale_out" for p in result("warmserve")[1].purchases)
+
+
+@pytest.mark.parametrize("arm", sorted(ABLATIONS))
+def test_an_ablation_never_asks_the_source_it_leaves_out_and_needs_fixed_order_ignores_prices(arm):
+    cfg = ABLATIONS[arm]
+    assert cfg.prewarm == BASE["prewarm"] and cfg.cpu_assist is True  # the same base as every arm
+    sim = _hand_sim(arm)
+    a, asked = _everything_triggers(sim)
+    sim.reclaim.offers = lambda s, inst, now: []  # type: ignore[method-assign]
+    if arm == "needs-fixed-order":
+        # the sources in SOURCES' order, whatever their prices: a dear adapter before a free migration
+        from shared.policy.memory_market import Offer
+        done: list[str] = []
+        sim._offers = lambda inst, now: [Offer("migrate", "r", 2**30, 0.0, "m"),  # type: ignore[method-assign]
+                                         Offer("adapter", "x", 2**30, 99.0, "a")]
+        sim._execute = lambda o, now, unbought="": done.append(o.source) or True  # type: ignore[method-assign]
+        sim._needs_fixed_order(a, 0.0)
+        assert done == ["adapter"]
+        return
+    left_out = arm.removeprefix("arbiter-no-")
+    sim._arbitrate(a, 0.0)
+    assert left_out not in asked and set(asked) == set(FLAGS.values()) - {left_out}
