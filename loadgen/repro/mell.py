@@ -193,8 +193,9 @@ def make_policy(name: str, capacity: int, cfg: ReproConfig, final_size: dict[str
     if name in ("LB", "LB-open"):
         cls = LoadBalance if name == "LB" else LoadBalanceOpen
         return cls(capacity, devices, migrate_out_free=LLUMNIX_MIGRATE_OUT_STEPS * bytes_per_token)
-    if name == OURS:
-        return RepackFit(capacity, devices)
+    if name == OURS:  # with Llumnix's balancing round (docs/benchmarks.md, MELL section: why)
+        return RepackFit(capacity, devices, balance=True,
+                         migrate_out_free=LLUMNIX_MIGRATE_OUT_STEPS * bytes_per_token)
     if name in BASELINES:
         return BASELINES[name](capacity, devices)
     from shared.policy.mell import MellScheduler

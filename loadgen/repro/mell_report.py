@@ -45,8 +45,10 @@ SEMANTICS = [
     "overflow no pair relieved moves requests to the freest GPU with room or to a GPU it opens.",
     "- **Ours** (shared/policy/packer.py): worst fit by the KV held now; an overflow is relieved after the batch's "
     "arrivals are placed (smallest request that ends it, to the freest GPU with room, else making room by moving "
-    "at most two requests, else opening a GPU after consolidating: the bound peak <= 2 max OPT + 1); moves by "
-    "tokens (a re-prefill on the destination: no copy holds memory twice).",
+    "at most two requests, else opening a GPU after consolidating: the bound peak <= 2 max OPT + 1); each "
+    "interval LB's balancing round (a GPU under 3 decode steps of KV free per request sheds its shortest request "
+    "to the freest; it never opens a GPU); moves by tokens (a re-prefill on the destination: no copy holds "
+    "memory twice).",
     "- **BF-reserve** / **WF-reserve** (extra arms, hindsight): reserve each request's final KV at admission, "
     "which no scheduler knows (MELL Finding 2); they never overflow.",
     "- **MELL-free** (extra arm): MELL on the undelayed op stream with instant, free moves: the GPUs its "

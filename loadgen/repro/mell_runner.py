@@ -125,6 +125,10 @@ def run_repro(cfg: ReproConfig, progress=None, jobs: int = 1) -> list[Scenario]:
         else:
             sc.sweep.append(o.sweep)  # type: ignore[arg-type]
             sc.wall_s["interval sweep"] = sc.wall_s.get("interval sweep", 0.0) + o.wall_s
+        if progress and o.needed is not None:  # a long run shows its arms as they end
+            progress(f"  {sc.key} {t.name}: {o.needed.gpus if o.needed.gpus is not None else 'none'} GPUs at the SLO "
+                     f"(pools {' '.join(f'{n}{chr(10003) if ok else chr(10007)}' for n, ok in sorted(o.needed.tried.items()))}"
+                     f"; {o.wall_s:.0f} s)")
         left[key] -= 1
         if not left[key]:
             _finish(sc, cfg, progress)

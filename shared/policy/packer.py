@@ -157,8 +157,8 @@ class RepackFit(LoadBalanceOpen):
                         break
                 if freed < need:
                     continue
-            if len(plan) > self.room_moves:
-                continue
+            if len(plan) > self.room_moves or len(plan) == len(members):  # emptying d would retire it: that is
+                continue  # an opening, not room made
             extra: dict[str, int] = {}
             dests = []
             for rid, c in plan:

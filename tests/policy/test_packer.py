@@ -50,10 +50,13 @@ def test_exact_optimum_of_small_instances() -> None:
 step = st.tuples(st.sampled_from(["alloc", "alloc", "grow", "depart"]), st.integers(0, 10**6), st.integers(1, C))
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(step, min_size=1, max_size=40), st.integers(1, 4))
-def test_eq2_holds_and_peak_is_within_twice_the_exact_optimum_plus_one(steps, batch) -> None:
-    p = RepackFit(C)
+@settings(max_examples=80, deadline=None)
+@given(st.lists(step, min_size=1, max_size=40), st.integers(1, 4), st.booleans(), st.integers(0, 10))
+def test_eq2_holds_and_peak_is_within_twice_the_exact_optimum_plus_one(steps, batch, balanced, migrate_out) -> None:
+    """Batches as the fleet runs them, and with `balance=True` its balancing round after each (as `tidal repro
+    mell` runs ours): the round moves requests between active devices only, never opening one, so the bound
+    (a device opens only when no two active ones fit into one) is untouched."""
+    p = RepackFit(C, balance=balanced, migrate_out_free=migrate_out)
     live: dict[str, int] = {}
     shadow: dict[str, str] = {}
     ops: list = []
@@ -85,7 +88,12 @@ def test_eq2_holds_and_peak_is_within_twice_the_exact_optimum_plus_one(steps, ba
             else:
                 books[op.request_id] = op.size
         shadow.update({rid: d for rid, d in r.placements.items() if rid in books})
-        for m in r.moves:
+        moves = list(r.moves)
+        if balanced:
+            opened = len(p.active_devices())
+            moves += p.balance()
+            assert len(p.active_devices()) == opened  # balancing never opens (nor retires) a device
+        for m in moves:
             assert shadow[m.request_id] == m.source, m
             shadow[m.request_id] = m.destination
         active = p.active_devices()
@@ -157,3 +165,15 @@ def test_peek_allocate_changes_nothing_and_names_where_an_arrival_that_fits_goes
         assert got.placements == {"new": peeked} and not got.moves
     elif peeked is not None:  # an idle device of the list: the arrival fits on none in use (or spreads there)
         assert peeked not in p._order and pool
+
+
+def test_the_balancing_round_moves_the_smallest_request_off_a_device_short_of_room_per_request() -> None:
+    """balance=True: a device with under `migrate_out_free` free per request sheds its smallest request to the
+    freest device when that does not reverse the pair (Llumnix's round, binpack_lb.py); nothing opens."""
+    for threshold, moved in ((1, []), (5, [Move("s1", "gpu-0", "gpu-1")])):
+        p = RepackFit(C, balance=True, migrate_out_free=threshold)
+        p.run_batch([Allocate("s1", 30), Allocate("s2", 30), Allocate("s3", 34)])  # gpu-0: 94, 2 free per request
+        p.run_batch([Allocate("t", 20)])  # fits nowhere, no room can be made: gpu-1 opens
+        assert p.active_devices() == ["gpu-0", "gpu-1"]
+        assert p.balance() == moved, threshold  # 30 moved: 64 / 2 left per request, 50 / 2 on gpu-1
+        assert len(p.active_devices()) == 2 and p.used("gpu-0") + p.used("gpu-1") == 114
