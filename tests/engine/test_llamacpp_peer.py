@@ -41,4 +41,5 @@ def test_node_peer_decodes_the_f32_gguf(monkeypatch: pytest.MonkeyPatch) -> None
         peer.close()
     assert len(first) == 4 and len(again) == 2
     assert all(t > 0 for t in first + again)
+    assert len(peer.cpu) == 2 and all(c >= 0 for c in peer.cpu)  # CPU between the last run's tokens
     assert peer.proc.returncode == 0

@@ -7,8 +7,13 @@ prebuilt one of `llama-cpp-py-sync`, or llama-cpp-python) decodes the fp32 GGUF 
 (engine_gguf.py) greedily, timed between the tokens it makes. Both run at each thread count in `threads` (1: like the default
 worker on a 2-core host; more: the cores a worker would be given), repetitions interleaved so
 load from other processes falls on both alike. The ratio is of medians: below 1.0 ours is faster.
+Beside the wall time, the CPU time each engine's process (all its threads) used per token: on a
+busy box the wall time is mostly waiting for a core, which falls on whichever process the
+scheduler preempts; the CPU time is what a token costs (cache contention from the load still
+inflates it, alike for both).
 
-Ends in `bench engine (cpu): itl_vs_llamacpp_f32=N.NNx` (the first thread count), or says why
+Ends in `bench engine (cpu): itl_vs_llamacpp_f32=N.NNx` (the first thread count), then the other
+thread counts' ITL ratios and the CPU-per-token ratios (`cpu_vs_llamacpp_f32...`), or says why
 there is no llama.cpp figure (no llama.cpp package installed, no GGUF).
 """
 from __future__ import annotations
@@ -24,13 +29,19 @@ from pathlib import Path
 
 @dataclass(slots=True)
 class ItlSamples:
-    """Per-token decode times (seconds) of one engine at one thread count, over all repetitions."""
+    """Per-token decode times (seconds) of one engine at one thread count, over all repetitions:
+    wall (`itl`) and the CPU its process used meanwhile (`cpu`; empty where the engine cannot say)."""
 
     itl: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
 
     @property
     def p50_ms(self) -> float:
         return 1000 * statistics.median(self.itl)
+
+    @property
+    def cpu_p50_ms(self) -> float | None:
+        return 1000 * statistics.median(self.cpu) if self.cpu else None
 
     def spread(self) -> str:
         q = statistics.quantiles(self.itl, n=10) if len(self.itl) >= 10 else [min(self.itl), max(self.itl)]
@@ -50,6 +61,7 @@ class OurStream:
 
         self.engine = LLMEngine(EngineConfig(str(model_dir), max_num_seqs=8, pool_bytes=4 << 30))
         self._n = 0
+        self.cpu: list[float] = []
 
     def run(self, prompt: list[int], output: int, threads: int) -> list[float]:
         import torch
@@ -61,9 +73,12 @@ class OurStream:
         eng = self.engine
         eng.add_request(f"itl-{self._n}", prompt, SamplingParams(temperature=0, max_tokens=output, ignore_eos=True))
         stamps: list[float] = []
+        cpu: list[float] = []  # this process's CPU time: every thread (the kernels' pool too)
         while eng.has_unfinished:
             if any(o.new_token_ids for o in eng.step()):
                 stamps.append(time.perf_counter())
+                cpu.append(time.process_time())
+        self.cpu = [b - a for a, b in zip(cpu, cpu[1:])]
         return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
@@ -96,7 +111,7 @@ def run_itl(args: argparse.Namespace) -> int:
         for peer in peers.values():
             if peer is not None:
                 peer.close()
-    ratios = []
+    ratios, cpu_ratios = [], []
     for t in threads:
         line = f"threads {t}: tidal ITL p50 {mine[t].p50_ms:.1f} ms ({mine[t].spread()})"
         if t in theirs:
@@ -104,11 +119,17 @@ def run_itl(args: argparse.Namespace) -> int:
             ratios.append((t, ratio))
             line += f"; llama.cpp fp32 {theirs[t].p50_ms:.1f} ms ({theirs[t].spread()}); ratio {ratio:.2f}x"
         print(line)
+        mine_cpu, their_cpu = mine[t].cpu_p50_ms, theirs[t].cpu_p50_ms if t in theirs else None
+        if mine_cpu is not None and their_cpu is not None:
+            cpu_ratios.append((t, mine_cpu / their_cpu))
+            print(f"threads {t}: CPU per token p50 tidal {mine_cpu:.1f} ms, llama.cpp {their_cpu:.1f} ms; "
+                  f"ratio {mine_cpu / their_cpu:.2f}x")
     torch.set_num_threads(threads[0])
     if not ratios:
         print(f"bench engine (cpu): itl_vs_llamacpp_f32=skipped (no llama.cpp package installed: {INSTALL_HINT})")
         return 0
-    extra = " ".join(f"itl_vs_llamacpp_f32_t{t}={r:.2f}x" for t, r in ratios[1:])
+    extra = " ".join([f"itl_vs_llamacpp_f32_t{t}={r:.2f}x" for t, r in ratios[1:]]
+                     + [f"cpu_vs_llamacpp_f32_t{t}={r:.2f}x" for t, r in cpu_ratios])
     print(f"bench engine (cpu): itl_vs_llamacpp_f32={ratios[0][1]:.2f}x (threads {ratios[0][0]}) {extra}".rstrip())
     return 0
 
@@ -124,8 +145,10 @@ def _measure(ours: OurStream, peers: dict, prompt: list[int], threads: list[int]
     for _ in range(args.itl_reps):
         for t in threads:
             mine[t].itl += ours.run(prompt, args.itl_output, t)
+            mine[t].cpu += ours.cpu
             if t in peers:
                 theirs[t].itl += peers[t].run(prompt, args.itl_output)
+                theirs[t].cpu += peers[t].cpu
     return mine, theirs
 
 

@@ -41,6 +41,11 @@ def _node_version() -> str | None:
 
 
 class Peer(Protocol):
+    """`run` returns the seconds between consecutive tokens; `cpu` then holds the CPU seconds the
+    peer's process (all its threads) used between them, where it can say (else empty)."""
+
+    cpu: list[float]
+
     def run(self, prompt: list[int], output: int) -> list[float]: ...
 
     def close(self) -> None: ...
@@ -56,6 +61,7 @@ class NodePeer:
     def __init__(self, gguf: Path, threads: int, context: int) -> None:
         self.proc = subprocess.Popen(["node", str(node_dir() / "peer.mjs"), str(gguf), str(threads), str(context)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=node_dir())
+        self.cpu: list[float] = []
         ready = self._read()
         if not ready.get("ready"):
             raise RuntimeError(f"llama.cpp peer did not start: {ready}")
@@ -71,7 +77,9 @@ class NodePeer:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"prompt": list(prompt), "output": output}) + "\n")
         self.proc.stdin.flush()
-        return [ms / 1000 for ms in self._read()["itl_ms"]]
+        reply = self._read()
+        self.cpu = [ms / 1000 for ms in reply.get("cpu_ms", [])]
+        return [ms / 1000 for ms in reply["itl_ms"]]
 
     def close(self) -> None:
         if self.proc.stdin is not None:
@@ -91,14 +99,18 @@ class LlamaCppPythonPeer:
 
         self.llm = Llama(model_path=str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=context,
                          n_batch=min(context, 512), verbose=False)
+        self.cpu: list[float] = []
 
     def run(self, prompt: list[int], output: int) -> list[float]:
         stamps: list[float] = []
+        cpu: list[float] = []  # this process's CPU: ours is idle meanwhile
         for _token in self.llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
                                         reset=True):
             stamps.append(time.perf_counter())
+            cpu.append(time.process_time())
             if len(stamps) == output:
                 break
+        self.cpu = _stamps_to_itl(cpu)
         return _stamps_to_itl(stamps)
 
     def close(self) -> None:

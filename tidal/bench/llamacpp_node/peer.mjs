@@ -3,7 +3,8 @@
 //   node peer.mjs MODEL.gguf THREADS CONTEXT
 // stdout: one JSON line {"ready": ..., "llama_cpp": "bNNNN"}, then one line per request read from stdin:
 //   in  {"prompt": [ids...], "output": N}
-//   out {"itl_ms": [...], "tokens": [ids...]}  (ms between consecutive tokens; the greedy tokens made)
+//   out {"itl_ms": [...], "cpu_ms": [...], "tokens": [ids...]}  (ms between consecutive tokens, CPU ms this
+//   process (all its threads) used between them; the greedy tokens made)
 import {createInterface} from "node:readline";
 import {getLlama} from "node-llama-cpp";
 
@@ -21,13 +22,17 @@ for await (const line of createInterface({input: process.stdin})) {
   const {prompt, output} = JSON.parse(line);
   await seq.clearHistory();
   const stamps = [];
+  const cpu = [];
   const tokens = [];
   for await (const token of seq.evaluate(prompt, {temperature: 0})) {
     stamps.push(performance.now());
+    const used = process.cpuUsage();
+    cpu.push((used.user + used.system) / 1000);
     tokens.push(token);
     if (stamps.length >= output) break;
   }
-  console.log(JSON.stringify({itl_ms: stamps.slice(1).map((s, i) => s - stamps[i]), tokens}));
+  console.log(JSON.stringify({itl_ms: stamps.slice(1).map((s, i) => s - stamps[i]),
+                              cpu_ms: cpu.slice(1).map((c, i) => c - cpu[i]), tokens}));
 }
 await ctx.dispose();
 await model.dispose();
