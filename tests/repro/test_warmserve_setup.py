@@ -88,6 +88,18 @@ def test_forecasts_read_each_models_real_history_then_the_run(profile, forecaste
         forecasts(profile, w, trace, 5.0, 300.0, 0, SAMPLE, 900.0, "oracle")
 
 
+def test_the_forecaster_arms_differ_and_a_forecast_never_reads_its_own_window(profile) -> None:
+    w = WORKLOADS["conv-a0.5"]
+    trace = build_trace(profile, w, 5.0, seed=0, azure_dir=SAMPLE, duration_s=1200.0)
+    ens, csp = (forecasts(profile, w, trace, 5.0, 300.0, 0, SAMPLE, 900.0, f) for f in ("ensemble", "csp"))
+    assert [f.avg for f in ens.per_model["llama2-7b-0"]] != [f.avg for f in csp.per_model["llama2-7b-0"]]
+    # the last 5 minutes of the replay dropped: every earlier window's forecast stays the same (causal)
+    cut = type(trace)(header=trace.header, records=[r for r in trace.records if r.arrival_s < 900.0])
+    early = forecasts(profile, w, cut, 5.0, 300.0, 0, SAMPLE, 900.0, "ensemble")
+    for model, series in ens.per_model.items():
+        assert [f.avg for f in early.per_model[model][:3]] == pytest.approx([f.avg for f in series[:3]])
+
+
 def test_the_systems_differ_only_in_prewarming_and_the_engine_pool() -> None:
     s = systems()
     assert [(x.prewarm, x.engine_pool, x.keep_weights, x.autoscale) for x in s.values()] == [
