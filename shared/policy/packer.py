@@ -16,6 +16,13 @@ no bound once requests leave. `RepackFit` takes greedy fit's packing and adds wh
   device with room, or where room is made, or to a device it opens (Eq. 2: every request's KV stays
   resident). The repro carries its moves by tokens (a re-prefill on the destination, no copy holding
   memory on both sides).
+- Balancing (`balance=True`, as `tidal repro mell` runs ours): after each batch, Llumnix's round
+  (binpack_lb.LoadBalance.balance, via LoadBalanceOpen): a device under `migrate_out_free` bytes free per
+  request sheds its shortest request to the freest device when that does not reverse the pair. On a
+  tight pool this keeps room on every GPU for its requests' growth (fewer preemptions, whose waits
+  cost the TPOT target) and spreads the free memory arrivals need. It moves between active devices
+  only: it never opens one (on demand no overflow is left after the batch for LoadBalanceOpen's
+  opening step), so the bound below is untouched (tested with and without it).
 - Consolidation, only when a device would be opened (an arrival or a moved request fits on no active
   device): while the least-loaded device's requests fit, together, into another device (best fit),
   they move there and it retires; then a device is opened if still needed. Consolidating only then
@@ -26,7 +33,7 @@ fits into no other, i.e. when every two active devices hold more than C together
 (L1 = ceil(S / C), S the KV in use) before it and n <= 2 * L1 + 1 after; between openings n does
 not grow. Hence peak n <= 2 * max_t OPT(t) + 1 (held copies aside). Weaker than MELL's
 4/3 OPT + 5/3 on adversarial inputs; checked by hypothesis against exact optima
-(tests/policy/test_packer.py); on the paper's workloads the repro measures both. Moves per operation
+(tests/policy/test_packer.py, balancing on and off); on the paper's workloads the repro measures both. Moves per operation
 are not capped: an overflow moves what it must, a consolidation one device's requests per merge.
 """
 from __future__ import annotations
