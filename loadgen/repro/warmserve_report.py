@@ -12,6 +12,7 @@ from loadgen.repro.report import _figure, grouped_bars, md_table
 from loadgen.repro.warmserve import AUTOSCALED, SYSTEMS, Point, ReproConfig
 from loadgen.repro.warmserve_headline import BASELINES, Headline, capacity
 from loadgen.repro.warmserve_setup import ATTRIBUTION
+from loadgen.sim.fleet_profile import load_fleet_profile
 from loadgen.sim.fleet_state import START_SOURCES
 
 # WarmServe §7.3-§7.5 and the abstract. The paper's SLLM-GPU is set beside our SLLM-GPU+pool: its SLLM-GPU is
@@ -26,6 +27,13 @@ PAPER = {
     "tpot": "over 60% of autoscaling requests under 50 ms; over 40% of MuxServe's above 100 ms at RPS 25 (Fig. 13); "
             "MuxServe's mean TPOT 3.26x WarmServe's on AzureCode (Fig. 15)",
 }
+
+
+def _hits(cfg: ReproConfig) -> str:
+    """Each model's prewarm-hit start and its cold start's multiple of it, from the profile."""
+    profile = load_fleet_profile(cfg.profile)
+    return "; ".join(f"{m.name} {profile.hit_start_s(True, m):.3f} s (cold {profile.cold_start_s(m) / profile.hit_start_s(True, m):.1f}x)"
+                     for m in profile.models)
 
 
 def _pp(x: float) -> str:
@@ -160,7 +168,7 @@ def write_warmserve_report(out: Path, points: list[Point], cfg: ReproConfig, hea
         f"Command: `{command}` — {wall_s:.0f} s wall. Profile `{cfg.profile}` "
         "(loadgen/sim/profiles/fleet/, every number sourced there): 2 servers x 8 H800-80GB, Llama-2 "
         "7B-0 / 7B-1 (1 GPU), 13B (2 GPUs), 70B (4 GPUs), batch 32, checkpoints in host memory (8.1 GB/s per GPU; "
-        "a prewarm hit starts in 0.245 / 0.230 / 0.634 s, a cold start is 7.4x it, Fig. 8), "
+        f"a prewarm hit starts in {_hits(cfg)}, Fig. 8), "
         "the public code's measured step times (decode 15 / 20 / 30 ms, prefill 35 / 70 / 100 ms).",
         f"Traces: the real Azure LLM 2023 hours ({ATTRIBUTION}), {cfg.duration_s:g} s replayed uncompressed, "
         "inputs capped at 1,024 tokens, RPS split by the power law, every model its own window of the real trace "
