@@ -2,10 +2,10 @@
 
 Pure: no I/O, no clock. The engine (services/gpu_worker/engine/cold_start.py) measures and passes in:
 
-* T_cpu — seconds the prompt's prefill spends on the CPU LoRA helpers: its chunks' helper calls at
-  their measured rate (`LinearFit` over the CPU-assisted steps: seconds against cold row x rank
-  products, plus a per-step cost for the round trips; a prompt of n tokens in chunks of c runs
-  ceil(n / c) steps on the helpers);
+* T_cpu — seconds the prompt's prefill takes with its LoRA on the CPU helpers: its CPU-assisted
+  steps at their measured cost (`LinearFit` over those steps: seconds against cold rows x rank), as
+  many as its chunks need or until its load lands (ceil(n / c) steps of c tokens at most, at least
+  one), then the rest of the prompt on the device;
 * X — seconds until the adapter is on the device: the bytes ahead of it on the one link plus its own
   at the measured link rate, which differs for a pageable host copy and a page-locked one
   (`LinkRates`); for a copy already in flight, what is left of it;
@@ -17,9 +17,10 @@ The rule (`choose`):
 
 1. CPU assist when the helpers are ready, the request has produced no token yet (decoding never runs
    on the helpers), and T_cpu < X + P — or when T_cpu is not measured yet, or was last measured
-   `PROBE_EVERY` decisions ago (assisting one request is how it is measured again). Under assist the helpers' x·A·B overlaps the device's base
-   projections, so the prefill takes about max(P, T_cpu); without it the request waits X, then
-   prefills in P. max(P, T_cpu) < X + P exactly when T_cpu < X + P (X > 0).
+   `PROBE_EVERY` decisions ago (assisting one request is how it is measured again). The assisted
+   prefill then beats waiting X for the load and prefilling in P on the device. (Where the helpers'
+   x·A·B hides under the device's base projections, as §4 intends, a one-step prompt's T_cpu is
+   max(P, its CPU LoRA time), and the rule reads: CPU LoRA time < X + P.)
 2. Otherwise an inline load (the step copies the adapter first, every sequence of the step waits X)
    when the copy cannot run beside the steps at all, or when it is not in flight and stalling the
    others costs less than what the asynchronous load costs the cold request beyond X — waiting for

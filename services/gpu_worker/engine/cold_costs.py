@@ -2,10 +2,13 @@
 
 * P: every step without CPU-assisted chunks or an inline load: seconds against the step's tokens
   (a linear fit: a fixed part — the weights read — plus a per-token part);
-* T_cpu: every CPU-assisted step: the seconds from each helper call's submit to its deltas, summed
-  over the step's calls (every layer, every targeted group), against the step's cold rows x rank
-  (the fit's fixed part is the step's round trips); a prompt of n tokens of rank r in chunks of c:
-  ceil(n / c) x fixed + n x r x slope;
+* T_cpu: the prompt's prefill with its LoRA on the helpers, from every CPU-assisted step: the step's
+  seconds against its cold rows x rank (a linear fit: the helper round trips of every layer and the
+  device's share of the step in the fixed part, the helpers' x·A·B in the slope). A prompt of n
+  tokens in chunks of c runs ceil(n / c) such steps, or fewer when its load lands first — k =
+  ceil(X / step) steps (at least one), the device taking over for the rest, P(n - k c). Measured
+  whole, the assisted step carries what the overlap of §4 does not hide on this machine (the
+  engine's core waiting per layer, the batch that shares the step);
 * X: the link's measured rate per host copy kind, from every landed copy (prior: the worker's
   pacing, or a probe copy on CUDA), over the bytes on the link ahead of the load and its own.
 
@@ -14,6 +17,7 @@ each recent request (`trace`: the request's trace) and the last one, for stats a
 """
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 
 from shared.policy.lora_cold_choice import CHOICES, Choice, LinearFit, LinkRates, chunk_steps
@@ -35,11 +39,19 @@ class ColdCostModel:
         self.last: Choice | None = None
 
     # --- estimates -----------------------------------------------------------------------
-    def cpu_s(self, tokens: int, rank: int) -> float | None:
+    def cpu_s(self, tokens: int, rank: int, load_s: float | None = None) -> float | None:
+        """T_cpu for a prompt of `tokens` at `rank` (its load landing after `load_s`: the device takes
+        over at the step after); None before any CPU-assisted step was measured."""
         ab = self.cpu.coefficients()
         if ab is None:
             return None
-        return chunk_steps(tokens, self.cpu_chunk) * ab[0] + ab[1] * tokens * max(rank, 1)
+        chunk = self.cpu_chunk or max(tokens, 1)
+        step = ab[0] + ab[1] * min(chunk, tokens) * max(rank, 1)
+        steps = chunk_steps(tokens, self.cpu_chunk)
+        if load_s is not None and step > 0:
+            steps = min(steps, max(1, math.ceil(load_s / step)))
+        rest = max(0, tokens - steps * chunk)
+        return steps * step + ((self.prefill_s(rest) or 0.0) if rest else 0.0)
 
     def prefill_s(self, tokens: int) -> float | None:
         return self.prefill.predict(tokens)
@@ -58,13 +70,13 @@ class ColdCostModel:
         return max(0.0, total - (elapsed if queue else 0.0))
 
     # --- measurements --------------------------------------------------------------------
-    def observe_step(self, tokens: int, seconds: float, cpu_work: int = 0, cpu_call_s: float = 0.0,
-                     inline: bool = False) -> None:
+    def observe_step(self, tokens: int, seconds: float, cpu_work: int = 0, inline: bool = False) -> None:
+        """A step of `tokens` took `seconds`; `cpu_work`: its cold rows x rank on the helpers (0: none)."""
         if seconds <= 0 or tokens <= 0:
             return
         self.step_s = seconds if self.step_s == 0 else (1 - STEP_EWMA) * self.step_s + STEP_EWMA * seconds
         if cpu_work > 0:
-            self.cpu.add(cpu_work, cpu_call_s)
+            self.cpu.add(cpu_work, seconds)
             self.since_cpu = 0
         elif not inline:
             self.prefill.add(tokens, seconds)

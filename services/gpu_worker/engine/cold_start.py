@@ -197,9 +197,8 @@ class ColdStart:
         head = self.loads.head_started()
         elapsed = max(0.0, self.loads._clock() - head[1]) if head else 0.0  # noqa: SLF001 - the loader's clock
         queue = [(n, b, kinds(n)) for n, b in self.loads.queue()]
-        costs = ColdCosts(self.costs.cpu_s(tokens, self.lora.rank(name)),
-                          self.costs.load_s(name, nbytes, kinds(name), queue, elapsed),
-                          self.costs.prefill_s(tokens))
+        x = self.costs.load_s(name, nbytes, kinds(name), queue, elapsed)
+        costs = ColdCosts(self.costs.cpu_s(tokens, self.lora.rank(name), x), x, self.costs.prefill_s(tokens))
         choice = choose(costs, ColdSituation(helpers_ready=can_assist, prefilling=seq.num_output_tokens == 0,
                                              load_beside=True, in_flight=self.loads.loading(name), others=others,
                                              step_s=self.costs.step_s, since_cpu=self.costs.since_cpu))
@@ -210,7 +209,7 @@ class ColdStart:
         """After the step ran (since `started`, perf_counter): feed P or T_cpu (cold_costs). A step that
         sampled nothing has not waited for the device: on CUDA it is synced here, only when it had a
         CPU-assisted chunk (a T_cpu measurement; the helpers' waits made it near-synced anyway)."""
-        calls, call_s = self.helpers.take_calls() if self.helpers is not None else (0, 0.0)
+        calls, _ = self.helpers.take_calls() if self.helpers is not None else (0, 0.0)
         # T_cpu's x: the step's cold rows x rank (each row goes through every targeted group of every layer)
         work = sum(len(c.token_ids) * max(self.lora.rank(c.adapter), 1) for c in out.chunks
                    if c.lora_on_cpu and c.adapter in self.lora.host) if calls else 0
@@ -221,8 +220,7 @@ class ColdStart:
                 import torch
 
                 torch.cuda.synchronize(self.runner.device)
-        self.costs.observe_step(out.num_batched_tokens, time.perf_counter() - started, work, call_s,
-                                inline=self._inline_step)
+        self.costs.observe_step(out.num_batched_tokens, time.perf_counter() - started, work, inline=self._inline_step)
 
     def _load_inline(self, names: set[str]) -> tuple[set[str], str]:
         """Load the step's cold adapters now, the whole batch waiting (paced to `bandwidth`)."""
