@@ -167,12 +167,16 @@ def test_one_eviction_price_for_a_replica_and_for_a_live_instance() -> None:
         price_eviction(0.5, -1.0, 12.0, 2.0)
 
 
-def test_a_drop_lasts_until_its_excess_kv_drains_never_less_than_the_horizon() -> None:
-    assert drop_duration_s(40e9, 1e9, 10.0) == pytest.approx(40.0)  # 40 GB above the restore level at 1 GB/s
-    assert drop_duration_s(4e9, 1e9, 10.0) == 10.0  # drains within the horizon: the need's own duration
-    assert drop_duration_s(0, 0.0, 10.0) == 10.0  # already below the restore level
-    assert drop_duration_s(1e9, 0.0, 10.0) == 30.0  # drains nothing: three re-plans
+def test_a_drop_lasts_until_its_excess_kv_drains_at_the_net_drain_within_the_horizon_and_the_window() -> None:
+    assert drop_duration_s(40e9, 1e9, 10.0, 300.0) == pytest.approx(40.0)  # 40 GB above the restore level, 1 GB/s net
+    assert drop_duration_s(4e9, 1e9, 10.0, 300.0) == 10.0  # drains within the horizon: the need's own duration
+    assert drop_duration_s(0, 0.0, 10.0, 300.0) == 10.0  # already below the restore level
+    assert drop_duration_s(1e9, 0.0, 10.0, 300.0) == 300.0  # its KV does not fall: until the load may change
+    assert drop_duration_s(1e9, -5e8, 10.0, 300.0) == 300.0  # it grows faster than it frees: the same
+    assert drop_duration_s(1e12, 1e9, 10.0, 300.0) == 300.0
     # priced over that duration: 0.208 slowdown x 20 running x (40 s + 2 s restore)
-    assert price_layer_drop(0.208, 20, drop_duration_s(40e9, 1e9, 10.0), 2.0) == pytest.approx(0.208 * 20 * 42)
+    assert price_layer_drop(0.208, 20, drop_duration_s(40e9, 1e9, 10.0, 300.0), 2.0) == pytest.approx(0.208 * 20 * 42)
     with pytest.raises(ValueError):
-        drop_duration_s(-1, 1.0, 10.0)
+        drop_duration_s(-1, 1.0, 10.0, 300.0)
+    with pytest.raises(ValueError):
+        drop_duration_s(1, 1.0, 10.0, 5.0)

@@ -7,7 +7,8 @@ horizon (one token per decode step at its current step time, each capped by the 
 plus its waiting requests' prompts, minus its free KV; waiting: its waiting requests (at least 1);
 preempted: the running requests the growth that does not fit would preempt (at a mean context's KV
 each), each recomputing its context (the engine's prefill cost per token); drain: the KV its
-finished requests freed per second over the last horizon.
+finished requests freed per second over the last horizon, or, if more, what its running requests free
+as they end (each one's KV over the time to its last token).
 """
 from __future__ import annotations
 
@@ -28,13 +29,17 @@ class ArbiterMixin:
         if w.used < self.hi * w.total and not (w.waiting and w.blocked_on == "memory"):
             return None
         m = self.models[inst.model]
-        per_req = self.horizon_s / max(w.step_s(), 1e-6)  # type: ignore[attr-defined]
-        grow, ctxs = 0, []
+        step = max(w.step_s(), 1e-6)  # type: ignore[attr-defined]
+        per_req = self.horizon_s / step
+        grow, ctxs, expected = 0, [], 0.0
         for _, _, epoch, r in w.heap:
             if epoch == r.epoch:
                 ctx = r.ctx0 + w.step - r.start_step
+                left = r.output - r.gen_at_start - (w.step - r.start_step)
                 ctxs.append(ctx)
-                grow += min(per_req, m.max_model_len - ctx, r.output - r.gen_at_start - (w.step - r.start_step))
+                grow += min(per_req, m.max_model_len - ctx, left)
+                # what it frees when it ends, spread over the time until then: the running set's expected drain
+                expected += (ctx + max(0, left)) * m.kv_bytes_per_token / (max(1, left) * step)
         waiting = sum(w._blocks(r.to_prefill) for r in w.waiting) * w.bs
         block = w.pool.block_bytes  # type: ignore[attr-defined]
         free = (w.total - w.used) * block
@@ -42,7 +47,10 @@ class ArbiterMixin:
         nbytes = grow_bytes + waiting * m.kv_bytes_per_token - free
         if nbytes <= 0:
             return None
-        drain = self._drain(inst, now)
+        # measured over the last horizon, or what the running requests will free as they end, if more (in a
+        # burst of long generations none may have ended in the last horizon: a measured 0 would price waiting
+        # as if nothing ever finished)
+        drain = max(self._drain(inst, now), expected)
         # the growth that does not fit preempts running requests (the newest, each holding a mean context's KV)
         # and each is recomputed: a prefill of its context at this engine's per-token prefill cost
         preempted, recompute = 0, 0.0

@@ -122,10 +122,12 @@ class SourcesMixin:
         w: EconomyWorker = inst.engine  # type: ignore[assignment]
         nbytes = w.pool.weights // 2
         restore = self.moves.layer_restore_s(nbytes // len(inst.gpus))  # each GPU over its own host link
-        # it lasts until this instance's KV is below the restore level of its restored KV (bytes x duration)
+        # it lasts until this instance's KV is below the restore level of its restored KV (bytes x duration), at
+        # the net drain: freed by finishing requests less one token per step for each decoding one
         level = self.eprofile.spec.restore_below * w.pool.kv_blocks(0)
-        duration = drop_duration_s(max(0.0, w.used - level) * w.pool.block_bytes, self._drain(inst, now),
-                                   self.horizon_s)
+        growth = w.decoding * self.models[inst.model].kv_bytes_per_token / max(w.step_s(), 1e-6)
+        duration = drop_duration_s(max(0.0, w.used - level) * w.pool.block_bytes, self._drain(inst, now) - growth,
+                                   self.horizon_s, max(self.horizon_s, self.window_s))
         out = []
         for b in self.instances[inst.model]:
             if b is inst or b.id in self.group_of or b.grace or not b.ready(now):

@@ -167,19 +167,19 @@ def drop_slowdown(efficiency: float) -> float:
     return 1.0 / efficiency - 1.0
 
 
-def drop_duration_s(excess_bytes: float, drain_bytes_per_s: float, horizon_s: float) -> float:
+def drop_duration_s(excess_bytes: float, net_drain_bytes_per_s: float, horizon_s: float, until_s: float) -> float:
     """How long a layer drop lasts: a group is restored only once its members' KV is back below the restore
-    level, so it lasts until the KV above that level (`excess_bytes`) has drained at the scope's measured drain,
-    never less than the horizon (the need's own duration); a scope that drains nothing keeps it for the rest
-    of the horizon's re-plans, priced as `horizon_s` x 3 (ASSUMPTION: three re-plans, a drop is not undone
-    sooner than its restore condition allows). Item 2 of issue 32: bytes x expected duration."""
-    if excess_bytes < 0 or drain_bytes_per_s < 0 or horizon_s <= 0:
-        raise ValueError("drop duration: excess and drain must be >= 0 and the horizon > 0")
+    level, so it lasts until the KV above that level (`excess_bytes`) has drained at the scope's *net* drain
+    (what finishing requests free less what running ones grow into), at least the horizon (the need's own
+    duration) and at most `until_s` (the forecast window: the load may change then); a scope whose KV does not
+    fall keeps it that long. Issue 32 item 2: bytes x expected duration."""
+    if excess_bytes < 0 or horizon_s <= 0 or until_s < horizon_s:
+        raise ValueError("drop duration: excess must be >= 0, the horizon > 0 and until_s >= the horizon")
     if excess_bytes == 0:
         return horizon_s
-    if drain_bytes_per_s == 0:
-        return 3 * horizon_s
-    return max(horizon_s, excess_bytes / drain_bytes_per_s)
+    if net_drain_bytes_per_s <= 0:
+        return until_s
+    return min(until_s, max(horizon_s, excess_bytes / net_drain_bytes_per_s))
 
 
 def price_layer_drop(slowdown: float, running: int, duration_s: float, restore_s: float) -> float:
