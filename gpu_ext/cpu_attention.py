@@ -94,7 +94,7 @@ static inline __m256 hsum8(const __m256* a) {
 // L1 while every query head of each kv head reads them (each K row comes from memory once);
 // the 8 dot products of a tile are reduced together instead of one by one.
 template <int DC>
-static void seg_scores(const float* q, const Seg& s, int64_t KVH, int64_t G, int64_t row, float sc,
+static void seg_scores(const float* q, const Seg& s, int64_t g0, int64_t g1, int64_t G, int64_t row, float sc,
                        float* scores, int64_t len) {
   constexpr int64_t D = DC * 8;
   const __m256 scv = _mm256_set1_ps(sc);
@@ -102,7 +102,7 @@ static void seg_scores(const float* q, const Seg& s, int64_t KVH, int64_t G, int
   for (; j + 8 <= s.count; j += 8) {
     const float* kt = s.k + j * row;
     prefetch_rows(kt + PF_TOKENS * row, 8 * row);
-    for (int64_t g = 0; g < KVH; ++g) {
+    for (int64_t g = g0; g < g1; ++g) {
       for (int64_t h = g * G; h < (g + 1) * G; ++h) {
         __m256 qv[DC];
         for (int c = 0; c < DC; ++c) qv[c] = _mm256_loadu_ps(q + h * D + 8 * c);
@@ -119,7 +119,7 @@ static void seg_scores(const float* q, const Seg& s, int64_t KVH, int64_t G, int
   }
   for (; j < s.count; ++j) {
     const float* kt = s.k + j * row;
-    for (int64_t h = 0; h < KVH * G; ++h) {
+    for (int64_t h = g0 * G; h < g1 * G; ++h) {
       const float* kr = kt + (h / G) * D;
       __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q + h * D), _mm256_loadu_ps(kr));
       for (int c = 1; c < DC; ++c) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * D + 8 * c), _mm256_loadu_ps(kr + 8 * c), acc);
@@ -132,14 +132,14 @@ static void seg_scores(const float* q, const Seg& s, int64_t KVH, int64_t G, int
 // while the G query heads of a kv head read them). Consecutive tokens go to NA independent
 // sets of accumulators: one set would wait on the FMA latency every token.
 template <int DC>
-static void seg_values(const float* scores, const Seg& s, int64_t KVH, int64_t G, int64_t row,
+static void seg_values(const float* scores, const Seg& s, int64_t g0, int64_t g1, int64_t G, int64_t row,
                        float* acc, int64_t len) {
   constexpr int64_t D = DC * 8, TILE = 64;
   constexpr int NA = DC >= 8 ? 1 : 8 / DC;
   for (int64_t t0 = 0; t0 < s.count; t0 += TILE) {
     const int64_t t1 = std::min(s.count, t0 + TILE);
     prefetch_rows(s.v + (t0 + TILE) * row, TILE * row);
-    for (int64_t g = 0; g < KVH; ++g) {
+    for (int64_t g = g0; g < g1; ++g) {
       for (int64_t h = g * G; h < (g + 1) * G; ++h) {
         __m256 a[NA][DC];
         for (int c = 0; c < DC; ++c) a[0][c] = _mm256_loadu_ps(acc + h * D + 8 * c);
@@ -168,11 +168,11 @@ static void seg_values(const float* scores, const Seg& s, int64_t KVH, int64_t G
 #endif
 
 // Portable fallback (no AVX2/FMA, or a head_dim the vector path has no instance for).
-static void seg_scores_any(const float* q, const Seg& s, int64_t H, int64_t G, int64_t D, int64_t row,
+static void seg_scores_any(const float* q, const Seg& s, int64_t h0, int64_t h1, int64_t G, int64_t D, int64_t row,
                            float sc, float* scores, int64_t len) {
   for (int64_t j = 0; j < s.count; ++j) {
     const float* kt = s.k + j * row;
-    for (int64_t h = 0; h < H; ++h) {
+    for (int64_t h = h0; h < h1; ++h) {
       const float* kh = kt + (h / G) * D;
       const float* qh = q + h * D;
       float acc = 0.f;
@@ -183,11 +183,11 @@ static void seg_scores_any(const float* q, const Seg& s, int64_t H, int64_t G, i
   }
 }
 
-static void seg_values_any(const float* scores, const Seg& s, int64_t H, int64_t G, int64_t D, int64_t row,
+static void seg_values_any(const float* scores, const Seg& s, int64_t h0, int64_t h1, int64_t G, int64_t D, int64_t row,
                            float* acc, int64_t len) {
   for (int64_t j = 0; j < s.count; ++j) {
     const float* vt = s.v + j * row;
-    for (int64_t h = 0; h < H; ++h) {
+    for (int64_t h = h0; h < h1; ++h) {
       const float p = scores[h * len + s.t0 + j];
       const float* vh = vt + (h / G) * D;
       float* a = acc + h * D;
@@ -213,9 +213,14 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& kc, const at::Ten
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
   const int64_t row = KVH * D;  // one token's K (or V) inside a block
-  tidal_pool::run_tasks(B, [&](int64_t b) {
+  // One task per sequence; with fewer sequences than threads (single-stream decode), one per
+  // sequence and kv head (its GQA group of query heads), so every thread has a share.
+  const int64_t split = B < at::get_num_threads() ? KVH : 1;
+  tidal_pool::run_tasks(B * split, [&](int64_t task) {
     thread_local std::vector<float> scores;
     thread_local std::vector<Seg> segs;
+    const int64_t b = task / split;
+    const int64_t g0 = split == 1 ? 0 : task % split, g1 = split == 1 ? KVH : g0 + 1;
     {
       const int64_t n = cp[b];
       const int64_t first = (window > 0 && n > window) ? n - window : 0;
@@ -223,21 +228,21 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& kc, const at::Ten
       scores.resize(H * len);
       const float* qb = qp + b * H * D;
       float* acc = op + b * H * D;
-      std::fill(acc, acc + H * D, 0.f);
+      std::fill(acc + g0 * G * D, acc + g1 * G * D, 0.f);
       segments(tp + b * NB, first, n, BS, row, kp, vp, segs);
       for (const Seg& s : segs) {
         switch (D) {
 #ifdef TIDAL_AVX2
-          case 8: seg_scores<1>(qb, s, KVH, G, row, sc, scores.data(), len); break;
-          case 16: seg_scores<2>(qb, s, KVH, G, row, sc, scores.data(), len); break;
-          case 32: seg_scores<4>(qb, s, KVH, G, row, sc, scores.data(), len); break;
-          case 64: seg_scores<8>(qb, s, KVH, G, row, sc, scores.data(), len); break;
-          case 128: seg_scores<16>(qb, s, KVH, G, row, sc, scores.data(), len); break;
+          case 8: seg_scores<1>(qb, s, g0, g1, G, row, sc, scores.data(), len); break;
+          case 16: seg_scores<2>(qb, s, g0, g1, G, row, sc, scores.data(), len); break;
+          case 32: seg_scores<4>(qb, s, g0, g1, G, row, sc, scores.data(), len); break;
+          case 64: seg_scores<8>(qb, s, g0, g1, G, row, sc, scores.data(), len); break;
+          case 128: seg_scores<16>(qb, s, g0, g1, G, row, sc, scores.data(), len); break;
 #endif
-          default: seg_scores_any(qb, s, H, G, D, row, sc, scores.data(), len);
+          default: seg_scores_any(qb, s, g0 * G, g1 * G, G, D, row, sc, scores.data(), len);
         }
       }
-      for (int64_t h = 0; h < H; ++h) {
+      for (int64_t h = g0 * G; h < g1 * G; ++h) {
         float* s = scores.data() + h * len;
         float m = -std::numeric_limits<float>::infinity();
         for (int64_t t = 0; t < len; ++t) m = std::max(m, s[t]);
@@ -251,13 +256,13 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& kc, const at::Ten
       for (const Seg& s : segs) {
         switch (D) {
 #ifdef TIDAL_AVX2
-          case 8: seg_values<1>(scores.data(), s, KVH, G, row, acc, len); break;
-          case 16: seg_values<2>(scores.data(), s, KVH, G, row, acc, len); break;
-          case 32: seg_values<4>(scores.data(), s, KVH, G, row, acc, len); break;
-          case 64: seg_values<8>(scores.data(), s, KVH, G, row, acc, len); break;
-          case 128: seg_values<16>(scores.data(), s, KVH, G, row, acc, len); break;
+          case 8: seg_values<1>(scores.data(), s, g0, g1, G, row, acc, len); break;
+          case 16: seg_values<2>(scores.data(), s, g0, g1, G, row, acc, len); break;
+          case 32: seg_values<4>(scores.data(), s, g0, g1, G, row, acc, len); break;
+          case 64: seg_values<8>(scores.data(), s, g0, g1, G, row, acc, len); break;
+          case 128: seg_values<16>(scores.data(), s, g0, g1, G, row, acc, len); break;
 #endif
-          default: seg_values_any(scores.data(), s, H, G, D, row, acc, len);
+          default: seg_values_any(scores.data(), s, g0 * G, g1 * G, G, D, row, acc, len);
         }
       }
     }

@@ -15,7 +15,14 @@ call instead of 3-7 torch ops each:
 - `small_linear(x, w, bias, residual)`: x W^T (+ bias) (+ residual) (o_proj with its residual);
 - `silu_small_linear(gate_up, w, residual)`: silu(gate) * up, then times W^T (+ residual);
 - `rope_qk(qkv, cos, sin, heads, dim)`: the rotary embedding of q and k, read from qkv (models/llama.py's
-  `apply_rope_full` in one call instead of 7 ops).
+  `apply_rope_full` in one call instead of 7 ops);
+- `rms_qkv_rope(x, norm_w, eps, wqkv, bqkv, cos, sin, heads, kv_heads, dim)`: a layer's whole
+  pre-attention (norm, qkv, rope of q and k in place) as q, k, v views of one buffer;
+- `rms_mlp(attn, wo, residual, post_norm, eps, w13, w2)`: a layer's whole post-attention (o_proj +
+  residual, norm, gate|up, SiLU-gate, down + residual), the three calls above in one.
+
+A decode step of SmolLM2 makes 2 calls per layer instead of 5 (and none of the Python slicing
+between them).
 
 fp32, contiguous, at most `MAX_ROWS` rows (more rows are compute-bound: oneDNN/MKL win there).
 The sums run in another order than MKL's, so results differ from `F.linear` in the last bits.
@@ -31,6 +38,7 @@ SOURCE = r"""
 #include <ATen/ops/from_blob.h>
 #include <cstdlib>
 #include <optional>
+#include <tuple>
 #include <sys/mman.h>
 
 // y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) (+ res[m, n]) for rows n in [n0, n1), one weight row
@@ -150,6 +158,46 @@ at::Tensor silu_small_linear(const at::Tensor& gate_up, const at::Tensor& w, con
   return y;
 }
 
+// A decode layer's attention input in one call (models/llama.py's pre_attention): RMSNorm + the
+// fused q|k|v projection (rms_small_linear), then the rotary embedding of q and k in place
+// (rope_qk's arithmetic: x * cos + roll(x, dim / 2) * sin). Returns views of one [T, (H + 2 KVH) D]
+// buffer: q [T, H, D], k and v [T, KVH, D].
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_qkv_rope(
+    const at::Tensor& x, const at::Tensor& norm_w, double eps, const at::Tensor& wqkv,
+    const std::optional<at::Tensor>& bias, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+    int64_t kv_heads, int64_t dim) {
+  auto qkv = rms_small_linear(x, norm_w, eps, wqkv, bias);
+  const int64_t T = qkv.size(0), W = qkv.size(1), half = dim / 2, rot = heads + kv_heads;
+  TORCH_CHECK(W == (heads + 2 * kv_heads) * dim && dim % 2 == 0, "rms_qkv_rope: wqkv must have (heads + 2 kv_heads) * dim rows");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == T * dim && sin.numel() == T * dim,
+              "rms_qkv_rope: cos/sin must be contiguous [T, 1, dim]");
+  float* xp = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  std::vector<float> head(dim);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < rot; ++h) {
+      float* o = xp + t * W + h * dim;
+      const float* c = cp + t * dim;
+      const float* s = sp + t * dim;
+      std::copy(o, o + dim, head.begin());
+      for (int64_t i = 0; i < dim; ++i) o[i] = head[i] * c[i] + head[i < half ? i + half : i - half] * s[i];
+    }
+  return {qkv.narrow(1, 0, heads * dim).view({T, heads, dim}),
+          qkv.narrow(1, heads * dim, kv_heads * dim).view({T, kv_heads, dim}),
+          qkv.narrow(1, (heads + kv_heads) * dim, kv_heads * dim).view({T, kv_heads, dim})};
+}
+
+// A decode layer after its attention in one call (post_attention): hidden = residual + attn Wo^T,
+// then hidden + down(silu(gate) * up) of RMSNorm(hidden): small_linear, rms_small_linear and
+// silu_small_linear in that order, the same bits.
+at::Tensor rms_mlp(const at::Tensor& attn, const at::Tensor& wo, const at::Tensor& residual, const at::Tensor& post_norm,
+                   double eps, const at::Tensor& w13, const at::Tensor& w2) {
+  auto hidden = small_linear(attn, wo, std::nullopt, residual);
+  auto gate_up = rms_small_linear(hidden, post_norm, eps, w13, std::nullopt);
+  return silu_small_linear(gate_up, w2, hidden);
+}
+
 // Copies of `tensors` in one allocation aligned to 2 MiB that the kernel is asked to back with
 // transparent huge pages (madvise): a decode step streams every weight once, and with 4 KiB
 // pages that walk misses the TLB every 4 KiB. Views of one storage, freed with the last of them.
@@ -201,6 +249,8 @@ at::Tensor rope_qk(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
 
 static void register_matvec(torch::Library& m) {
   m.def("rope_qk", &rope_qk);
+  m.def("rms_qkv_rope", &rms_qkv_rope);
+  m.def("rms_mlp", &rms_mlp);
   m.def("to_hugepages", &to_hugepages);
   m.def("small_linear", &small_linear);
   m.def("rms_small_linear", &rms_small_linear);

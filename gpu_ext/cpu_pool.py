@@ -24,6 +24,7 @@ SOURCE = r"""
 #include <ATen/Parallel.h>
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <mutex>
 #include <sched.h>
 #include <thread>
@@ -48,11 +49,13 @@ struct Pool {
   std::atomic<void (*)(void*, int64_t)> fn{nullptr};
   std::atomic<void*> ctx{nullptr};
   std::atomic<int64_t> tasks{0};
+  std::exception_ptr error;           // the first task's exception of the current job
+  std::atomic_flag failed = ATOMIC_FLAG_INIT;
   std::mutex busy;  // one caller at a time; another thread's call runs its tasks alone
   int started = 0;
   pid_t owner = 0;
 
-  // Take and run tasks of job `job` until none is left; returns how many this thread ran.
+  // Take and run tasks of job `job` until none is left.
   void drain(uint32_t job) {
     uint64_t s = state.load(std::memory_order_acquire);
     for (;;) {
@@ -63,7 +66,11 @@ struct Pool {
       void (*f)(void*, int64_t) = fn.load(std::memory_order_relaxed);
       void* c = ctx.load(std::memory_order_relaxed);
       if (state.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
-        f(c, i);
+        try {
+          f(c, i);
+        } catch (...) {
+          if (!failed.test_and_set()) error = std::current_exception();
+        }
         done.fetch_add(1, std::memory_order_release);
         s = state.load(std::memory_order_acquire);
       }
@@ -99,6 +106,8 @@ struct Pool {
     ctx.store(c, std::memory_order_relaxed);
     tasks.store(n, std::memory_order_relaxed);
     done.store(0, std::memory_order_relaxed);
+    failed.clear();
+    error = nullptr;
     const uint32_t job = wake.load(std::memory_order_relaxed) + 1;
     state.store(static_cast<uint64_t>(job) << 32, std::memory_order_release);
     wake.store(job, std::memory_order_seq_cst);
@@ -108,6 +117,7 @@ struct Pool {
     for (int spin = 0; done.load(std::memory_order_acquire) < n; ++spin) {
       if (spin < 4096) cpu_relax(); else sched_yield();
     }
+    if (error) std::rethrow_exception(error);  // raised in the caller, as at::parallel_for does
   }
 };
 

@@ -81,3 +81,31 @@ def test_one_stretch_and_block_by_block_reads_agree():
     b = KERNEL(q, kc, vc, perm[None], ctx, d**-0.5, 0)
     assert (a - b).abs().max() < 1e-6
     assert torch.isfinite(a).all()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("head_dim,heads,kv_heads", [(64, 9, 3), (12, 6, 2)])
+def test_thread_counts_agree_bitwise(batch, head_dim, heads, kv_heads):
+    """Fewer sequences than threads split a sequence by kv head (single-stream decode), more split
+    by sequence: every thread count gives the same bits, and SDPA's answer."""
+    gen = torch.Generator().manual_seed(batch + head_dim)
+    lens = [150, 17, 64][:batch]
+    nbs = [-(-n // BS) for n in lens]
+    total = sum(nbs)
+    kc = torch.randn(total, BS, kv_heads, head_dim, generator=gen)
+    vc = torch.randn(total, BS, kv_heads, head_dim, generator=gen)
+    tables = layout(nbs, "contiguous", total, gen)
+    q = torch.randn(batch, heads, head_dim, generator=gen)
+    ctx = torch.tensor(lens, dtype=torch.long)
+    keys = [kc[tables[b, : nbs[b]]].flatten(0, 1)[:n] for b, n in enumerate(lens)]
+    values = [vc[tables[b, : nbs[b]]].flatten(0, 1)[:n] for b, n in enumerate(lens)]
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for t in (1, 2, 4):
+            torch.set_num_threads(t)
+            outs.append(KERNEL(q, kc, vc, tables, ctx, head_dim**-0.5, 0))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    assert (outs[0] - expected(q, keys, values, 0)).abs().max() < 1e-5

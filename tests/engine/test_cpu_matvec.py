@@ -122,6 +122,32 @@ def _child_small_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return OPS.small_linear(x, w, None, None)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_layer_halves_equal_the_separate_calls(rows):
+    """rms_qkv_rope is rms_small_linear then rope_qk (q, k, v as views); rms_mlp is small_linear,
+    rms_small_linear and silu_small_linear in turn: the same bits."""
+    heads, kv_heads, dim, hidden, inter = 9, 3, 64, 576, 1536
+    gen = torch.Generator().manual_seed(rows)
+    x, norm_w = torch.randn(rows, hidden, generator=gen), torch.rand(hidden, generator=gen) + 0.5
+    wqkv, bqkv = torch.randn((heads + 2 * kv_heads) * dim, hidden, generator=gen), torch.randn((heads + 2 * kv_heads) * dim, generator=gen)
+    ang = torch.rand(rows, 1, dim // 2, generator=gen) * 50
+    cos, sin = torch.cat((ang.cos(), ang.cos()), -1), torch.cat((-ang.sin(), ang.sin()), -1)
+    q, k, v = OPS.rms_qkv_rope(x, norm_w, 1e-5, wqkv, bqkv, cos, sin, heads, kv_heads, dim)
+    qkv = OPS.rms_small_linear(x, norm_w, 1e-5, wqkv, bqkv)
+    qk = OPS.rope_qk(qkv, cos, sin, heads + kv_heads, dim)
+    assert q.shape == (rows, heads, dim) and k.shape == (rows, kv_heads, dim) and v.shape == (rows, kv_heads, dim)
+    assert torch.equal(q, qk[:, :heads]) and torch.equal(k, qk[:, heads:])
+    assert torch.equal(v, qkv[:, (heads + kv_heads) * dim :].view(rows, kv_heads, dim))
+    attn, wo = torch.randn(rows, heads * dim, generator=gen), torch.randn(hidden, heads * dim, generator=gen) * 0.05
+    w13, w2 = torch.randn(2 * inter, hidden, generator=gen) * 0.05, torch.randn(hidden, inter, generator=gen) * 0.05
+    h = OPS.small_linear(attn, wo, None, x)
+    want = OPS.silu_small_linear(OPS.rms_small_linear(h, norm_w, 1e-5, w13, None), w2, h)
+    assert torch.isfinite(want).all()
+    assert torch.equal(OPS.rms_mlp(attn, wo, x, norm_w, 1e-5, w13, w2), want)
+    with pytest.raises(RuntimeError, match="heads"):
+        OPS.rms_qkv_rope(x, norm_w, 1e-5, wqkv, bqkv, cos, sin, heads + 1, kv_heads, dim)
+
+
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 8), (2, 1, 6)])
 def test_rope_qk_matches_apply_rope_full(heads, kv_heads, dim):
     from services.gpu_worker.engine.models.llama import apply_rope_full
@@ -170,8 +196,7 @@ def test_decode_step_runs_the_fused_projections(tmp_path, monkeypatch):
     calls: list[str] = []
     monkeypatch.setattr(model, "cpu_ops", _Spy(OPS, calls))
     fast = model.compute_logits(model.run_layers(0, cfg.num_layers, hidden, torch.tensor([0, 0]), plain_attention))
-    assert sorted(set(calls)) == ["rms_small_linear", "rope_qk", "silu_small_linear", "small_linear"]
-    assert calls.count("rms_small_linear") == 2 * cfg.num_layers + 1  # qkv, gate|up per layer; the head
+    assert calls == ["rms_qkv_rope", "rms_mlp"] * cfg.num_layers + ["rms_small_linear"]  # 2 per layer; the head
     monkeypatch.setattr(model, "cpu_ops", None)
     plain = model.compute_logits(model.run_layers(0, cfg.num_layers, hidden, torch.tensor([0, 0]), plain_attention))
     torch.testing.assert_close(fast, plain, atol=1e-4, rtol=1e-4)

@@ -15,8 +15,9 @@ On CUDA the elementwise stages run as gpu_ext's fused Triton kernels (`fused`: R
 the residual add, rotary embedding of q and k by position, SiLU * up), one kernel each instead
 of torch's ~40 small ones per layer, rounding where torch rounds. On fp32 CPU a step of at most
 `MAX_ROWS` tokens without LoRA (single-stream decode) runs each layer's projections as gpu_ext's
-fused C++ calls (`cpu_ops`, gpu_ext/cpu_matvec.py): norm + qkv, o_proj + residual, norm + gate|up,
-SiLU-gate + down + residual, and the rotary embedding of q and k: 5 calls where torch took ~22 ops.
+fused C++ calls (`cpu_ops`, gpu_ext/cpu_matvec.py): norm + qkv + the rotary embedding of q and k
+(`rms_qkv_rope`), and o_proj + residual + norm + gate|up + SiLU-gate + down + residual (`rms_mlp`):
+2 calls where torch took ~22 ops.
 """
 from __future__ import annotations
 
@@ -181,28 +182,25 @@ class LlamaModel:
         """norm → fused qkv (+LoRA) → rope (`rope_for`). Returns q [T, heads, d], k and v [T, kv_heads, d]."""
         cfg, w = self.cfg, self._layer(i)
         t = hidden.shape[0]
-        if self._cpu_fast(hidden, lora):
-            qkv = self.cpu_ops.rms_small_linear(hidden, w.input_norm, cfg.rms_norm_eps, w.wqkv, w.bqkv)
-            v = qkv[:, cfg.q_size + cfg.kv_size :]
-        else:
-            x = self._norm(hidden, w.input_norm)
-            if lora is not None:
-                lora.start(i, ("q_proj", "k_proj", "v_proj"), x)
-            qkv = linear(x, w.wqkv, w.bqkv)
-            q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-            if lora is not None:
-                lora.add(i, "q_proj", x, q)
-                lora.add(i, "k_proj", x, k)
-                lora.add(i, "v_proj", x, v)
+        if self._cpu_fast(hidden, lora):  # norm, qkv and rope in one C++ call
+            cos, sin = rope  # type: ignore[misc]
+            return self.cpu_ops.rms_qkv_rope(hidden, w.input_norm, cfg.rms_norm_eps, w.wqkv, w.bqkv, cos, sin,
+                                             cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        x = self._norm(hidden, w.input_norm)
+        if lora is not None:
+            lora.start(i, ("q_proj", "k_proj", "v_proj"), x)
+        qkv = linear(x, w.wqkv, w.bqkv)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        if lora is not None:
+            lora.add(i, "q_proj", x, q)
+            lora.add(i, "k_proj", x, k)
+            lora.add(i, "v_proj", x, v)
         if self.fused is not None:
             assert isinstance(rope, torch.Tensor)
             q, k = self.fused.rope_qk(qkv, self.rope.cos, self.rope.sin, rope, cfg.num_heads, cfg.num_kv_heads,
                                       cfg.head_dim)
             return q, k, v.view(t, cfg.num_kv_heads, cfg.head_dim)
         cos, sin = rope  # type: ignore[misc]
-        if self._cpu_fast(hidden, lora):
-            qk = self.cpu_ops.rope_qk(qkv, cos, sin, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
-            return qk[:, : cfg.num_heads], qk[:, cfg.num_heads :], v.view(t, cfg.num_kv_heads, cfg.head_dim)
         # q and k side by side in qkv: one rotation for both (half the ops of a decode step's rope)
         qk = apply_rope_full(qkv[:, : cfg.q_size + cfg.kv_size].view(t, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim),
                         cos, sin)
@@ -214,11 +212,8 @@ class LlamaModel:
         """o_proj (+LoRA) → residual → norm → SwiGLU MLP (+LoRA) → residual."""
         cfg, w = self.cfg, self._layer(i)
         attn = attn.reshape(attn.shape[0], cfg.q_size)
-        if self._cpu_fast(residual, lora):
-            ops = self.cpu_ops
-            hidden = ops.small_linear(attn.contiguous(), w.wo, None, residual)
-            gate_up = ops.rms_small_linear(hidden, w.post_norm, cfg.rms_norm_eps, w.w13, None)
-            return ops.silu_small_linear(gate_up, w.w2, hidden)
+        if self._cpu_fast(residual, lora):  # o_proj + residual, norm, gate|up, SiLU-gate, down + residual: one call
+            return self.cpu_ops.rms_mlp(attn.contiguous(), w.wo, residual, w.post_norm, cfg.rms_norm_eps, w.w13, w.w2)
         if lora is not None:
             lora.start(i, ("o_proj",), attn)
         o = linear(attn, w.wo)
