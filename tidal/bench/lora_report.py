@@ -46,10 +46,10 @@ def print_report(rounds: list[dict], modes: list[str], steps: dict[str, dict[str
 def rule_view(engine, typical: int, rank: int, nbytes: int) -> dict:  # type: ignore[no-untyped-def]
     """An engine's decisions and its measured T_cpu, X, P for the typical prompt and a rank-`rank` adapter."""
     costs = engine.cold.costs
-    t_cpu, p = costs.cpu_s(typical, rank), costs.prefill_s(typical)
     x = costs.links.seconds("pageable", nbytes)
-    return {"choices": dict(costs.counts), "t_cpu_s": t_cpu, "x_s": x, "p_s": p,
-            "rule": None if t_cpu is None else ("cpu_assist" if t_cpu < x + (p or 0.0) else "load"),
+    t_cpu, p = costs.cpu_s(typical, rank, x), costs.prefill_s(typical)
+    return {"choices": dict(costs.counts), "t_cpu_s": t_cpu, "t_cpu_all_chunks_s": costs.cpu_s(typical, rank),
+            "x_s": x, "p_s": p, "rule": None if t_cpu is None else ("cpu_assist" if t_cpu < x + (p or 0.0) else "load"),
             "last": None if costs.last is None else costs.last.reason, "fits": costs.summary()}
 
 
@@ -57,11 +57,12 @@ def print_choices(views: dict[str, dict], typical: int, rank: int, prefill_s: fl
     """Per CPU arm: what the helpers cost the typical prompt (the ratio it ran at, measured) and, for the
     auto arms, what the rule chose."""
     for mode, v in views.items():
-        t, x, p = v["t_cpu_s"], v["x_s"], v["p_s"]
+        t, full, x, p = v["t_cpu_s"], v["t_cpu_all_chunks_s"], v["x_s"], v["p_s"]
         ms = (lambda s: "n/a" if s is None else f"{s * 1000:.1f} ms")
-        ratio = "n/a" if t is None else f"{t / prefill_s:.2f}"
-        line = (f"  {mode}: measured T_cpu {ms(t)} (x{ratio} the calibrated prefill) for a {typical}-token rank-{rank} "
-                f"prompt, X {ms(x)}, P {ms(p)}")
+        ratio = "n/a" if full is None else f"{full / prefill_s:.2f}"
+        line = (f"  {mode}: a {typical}-token rank-{rank} prompt's prefill with every chunk on the helpers "
+                f"{ms(full)} (x{ratio} the calibrated prefill); the rule's T_cpu (the device taking over once the "
+                f"load lands) {ms(t)}, X {ms(x)}, P {ms(p)}")
         if mode.startswith("auto"):
             c = v["choices"]
             line += (f"; the rule chose cpu_assist {c['cpu_assist']}, async {c['async']}, inline {c['inline']} times"
