@@ -70,6 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated CPU-LoRA-to-prefill ratios of a typical prompt the CPU arms run at (helpers "
                         "paced; 'native': unpaced); default the paper server's bf16 and fp32 estimates (lora_stats.py)")
     p.add_argument("--load-bandwidth", help='adapter load rate, e.g. "200MB/s" (default: derived on CPU, unpaced on CUDA)')
+    p.add_argument("--pageable", action="store_true",
+                   help="CUDA: keep adapters' host copies pageable (default: page-locked, lora_page_lock)")
     p.add_argument("--chunk", type=int, default=32, help="tokens per CPU-assisted prefill chunk (0: whole prompts)")
     p.add_argument("--processes", type=int, default=None, help="CPU LoRA helpers (default: one per helper core)")
     p.add_argument("--threads", type=int, default=None, help="engine torch threads (default: the engine's cores)")
@@ -194,6 +196,7 @@ def _run(args, workload, modes, ranks, cold, targets, cuda, split, processes, th
     pool = 2 * ckpt + (1 << 30)
     max_len = args.prompt_len[1] + args.output_len + 16
     common = dict(device=args.device, kernel=args.kernel, processes=processes, cores=split.helpers, chunk=args.chunk,
+                  page_lock=not args.pageable,
                   max_model_len=max(256, max_len), budget=args.budget, max_seqs=64)
     engines: dict[str, ModeEngine] = {}
     try:
@@ -252,7 +255,8 @@ def _run(args, workload, modes, ranks, cold, targets, cuda, split, processes, th
                 f"({calls} calls a step, {processes} helper(s))" for m, p in paces.items() if m.startswith("cpu_assist"))
                   + f" (paper server, lora_stats.py: {CPU_RATIOS[0]} bf16 / {CPU_RATIOS[1]} fp32 on 8 cores)")
         if cuda:
-            how = ("real host-to-device copies, unpaced" if bandwidth is None
+            how = (f"real host-to-device copies from {'pageable' if args.pageable else 'page-locked'} host copies, "
+                   f"unpaced" if bandwidth is None
                    else f"paced to {bandwidth / 1e9:.2f} GB/s (--load-bandwidth)")
             print(f"loads: {how}; rank-64 adapter {big / 1e6:.1f} MB; typical ({typical}-token) prefill "
                   f"{prefill_s * 1000:.1f} ms")

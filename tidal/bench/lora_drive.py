@@ -108,7 +108,7 @@ class ModeEngine:
 
 def make_engine(mode: str, model: Path, *, device: str, kernel: str, bandwidth: float | None, processes: int,
                 cores: tuple[int, ...], chunk: int, pool_bytes: int, max_model_len: int, budget: int,
-                max_seqs: int, cpu_pace: float = 0.0):  # type: ignore[no-untyped-def]
+                max_seqs: int, cpu_pace: float = 0.0, page_lock: bool = True):  # type: ignore[no-untyped-def]
     from services.gpu_worker.engine.engine import EngineConfig, LLMEngine
 
     name = base_mode(mode)
@@ -120,6 +120,7 @@ def make_engine(mode: str, model: Path, *, device: str, kernel: str, bandwidth: 
         lora_load_bandwidth=bandwidth, lora_load_mode=load,
         cpu_lora_assist=helped, cpu_lora_processes=processes if helped else 0,
         cpu_lora_chunk=chunk, cpu_lora_cores=cores if helped else (), cpu_lora_pace=cpu_pace if helped else 0.0,
+        lora_page_lock=page_lock,  # CUDA only: page-locked host copies of adapters
         prefix_caching=False)  # prefill cost is what is measured (the calibration repeats one prompt)
     return LLMEngine(cfg)
 
