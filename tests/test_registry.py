@@ -180,3 +180,27 @@ async def test_registry_restart_and_nats_restart_keep_acknowledged_records(tmp_p
         await bus.close()
         registry.stop()
         server.stop()
+
+
+async def test_a_listing_names_each_key_once_while_records_change(client):
+    """The bucket's keys come from a watch that also delivers updates made while it runs (workers'
+    heartbeats rewrite their records all the time): a listing must still name each key once, in order."""
+    revs = {f"churn-{i:03d}": await client.create(model(f"churn-{i:03d}")) for i in range(60)}
+    stop = asyncio.Event()
+
+    async def churn() -> None:
+        i = 0
+        while not stop.is_set():
+            key = f"churn-{i % 60:03d}"
+            revs[key] = await client.put(model(key, layers=4 + i % 3), revs[key])
+            i += 1
+
+    writers = [asyncio.create_task(churn())]
+    try:
+        for _ in range(30):
+            keys = [e.key for e in await client.list(Bucket.MODELS, prefix="churn-")]
+            assert keys == sorted(set(keys)), [k for k in keys if keys.count(k) > 1]
+            assert len(keys) == 60
+    finally:
+        stop.set()
+        await asyncio.gather(*writers)

@@ -62,7 +62,9 @@ class CatalogStore:
 
     async def list(self, req: RegistryList) -> RegistryListing:
         """One page of a bucket in key order (keys after `req.after` that start with `req.prefix`)."""
-        keys = [k for k in await self.buckets[req.bucket].keys() if k.startswith(req.prefix) and k > req.after]
+        # keys() is a watch: a record rewritten while it runs (a heartbeat) comes again, and the order is the
+        # stream's; a page is keys in order, each once
+        keys = sorted({k for k in await self.buckets[req.bucket].keys() if k.startswith(req.prefix) and k > req.after})
         entries: list[CatalogEntry] = []
         for key in keys:
             if len(entries) == req.limit:
