@@ -36,7 +36,7 @@ CASES: dict[str, tuple[list[str], bool]] = {
     "bench planner": (["bench", "planner", "--devices", "64", "--requests-per-device", "1"], True),
     "bench predictor": (["bench", "predictor", "--days", "2", "--rate", "0.5", "--window", "600"], True),
     "bench lora": (["bench", "lora", "--requests", "2", "--rate", "4", "--prompt-len", "8", "16", "--output-len", "2",
-                    "--rounds", "1", "--modes", "cached,ondemand"], True),
+                    "--rounds", "1", "--modes", "cached,cached_bgmv,ondemand"], True),
     "bench lora-invoke": (["bench", "lora-invoke", "--device", "cpu", "--layers", "1", "--hidden", "64", "--heads", "4",
                            "--tokens", "8", "--processes", "1", "--warmup", "0", "--repeats", "1", "--pool-mib", "64"],
                           True),
