@@ -93,37 +93,46 @@ async def test_kv_pressure_moves_a_request_away_before_requests_queue(bus: Bus, 
 
     await bus.subscribe(CATALOG["plan.event"].wildcard, PlanEvent, on_plan)
     rng = random.Random(7)
-    load = {f"hot-{i}": ([rng.randrange(16, 256) for _ in range(prompt)],
-                         SamplingParams(temperature=0.8, seed=70 + i, max_tokens=max_tokens, ignore_eos=True))
-            for i in range(3)}
-    started = time.time()
-    for rid, (ids, sampling) in load.items():
-        await submit(bus, rid, ids, sampling)
-    await finished(observer, list(load))
+    # The burst lasts ~1-2 s of decode. On a busy box the planner's interval and the stats can come too late
+    # for it (the burst ends, or queues, before a move is decided), or the move is overtaken by its request's
+    # own end (the source refuses it `not_found`): the burst runs again (fresh ids, at most 3 times) until a
+    # pressure move is applied. A planner that never moves still fails; every stream is checked.
+    for attempt in range(3):
+        decided.clear()
+        load = {f"hot{attempt}-{i}": ([rng.randrange(16, 256) for _ in range(prompt)],
+                                      SamplingParams(temperature=0.8, seed=70 + i, max_tokens=max_tokens,
+                                                     ignore_eos=True))
+                for i in range(3)}
+        started = time.time()
+        for rid, (ids, sampling) in load.items():
+            await submit(bus, rid, ids, sampling)
+        await finished(observer, list(load))
+        for rid, (ids, sampling) in load.items():
+            assert_exact(observer, oracle, rid, ids, sampling)
+        pressure = [d for d in decided if d.plan.trigger == "kv_pressure" and isinstance(d.plan.actions[0], Migrate)]
+        try:
+            await observer.wait_for(lambda: any(d.plan.plan_id in applied for d in pressure), timeout=10)
+            break
+        except AssertionError:
+            await asyncio.sleep(1.0)  # the pool drains before the next burst
 
     def timeline() -> str:
         plans = [(round(d.plan.ts - started, 2), d.plan.trigger, d.plan.reason, ended.get(d.plan.plan_id))
                  for d in decided]
         stats = [(round(s.ts - started, 2), s.worker_id, [(i.running, i.waiting, i.kv_blocks_used) for i in s.instances])
-                 for _a, s in observer.stats]
+                 for _a, s in observer.stats if s.ts >= started]
         return f"plans {plans}; stats {stats}"
 
     # wherever the burst went (MELL's hint, or where MELL moved it), the worker holding it crossed the
     # watermark as it grew, and a request was moved away for that reason
-    pressure = [d for d in decided if d.plan.trigger == "kv_pressure" and isinstance(d.plan.actions[0], Migrate)]
-    assert pressure, f"no kv_pressure migration: {timeline()}"
-    try:
-        await observer.wait_for(lambda: any(d.plan.plan_id in applied for d in pressure), timeout=10)
-    except AssertionError:
-        raise AssertionError(f"no kv_pressure migration applied: {timeline()}") from None
+    assert pressure, f"no kv_pressure migration in 3 bursts: {timeline()}"
+    assert any(d.plan.plan_id in applied for d in pressure), f"no kv_pressure migration applied: {timeline()}"
     # before it was decided the source's KV never filled, and nothing waited there when it was decided
     first = min(pressure, key=lambda d: d.plan.ts)
     source = first.plan.actions[0].source  # type: ignore[union-attr]
-    before = [s for _at, s in observer.stats if s.worker_id == source and s.ts <= first.plan.ts]
+    before = [s for _at, s in observer.stats if s.worker_id == source and started <= s.ts <= first.plan.ts]
     assert before and all(i.kv_blocks_used < i.kv_blocks_total for s in before for i in s.instances), timeline()
     assert all(i.waiting == 0 for i in before[-1].instances), timeline()
-    for rid, (ids, sampling) in load.items():
-        assert_exact(observer, oracle, rid, ids, sampling)
 
 
 async def test_a_migration_into_a_full_destination_is_refused_and_the_request_goes_on(
@@ -136,22 +145,32 @@ async def test_a_migration_into_a_full_destination_is_refused_and_the_request_go
     assert 2 * (prompt + max_tokens) < capacity and capacity - 2 * (prompt + max_tokens) < prompt, capacity
     rng = random.Random(11)
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    load = {f"full-{i}": [rng.randrange(16, 256) for _ in range(prompt)] for i in range(3)}
-    for rid, ids in load.items():
-        await submit(bus, rid, ids, greedy)
-    await observer.wait_for(lambda: all(len(observer.chunks(r)) >= 2 for r in load), timeout=60)
-    where = {rid: observer.workers(rid)[0] for rid in load}
-    counts = {w: [r for r in load if where[r] == w] for w in ("w0", "w1")}
-    (source,) = [w for w, rids in counts.items() if len(rids) == 1] or [None]
-    assert source is not None, f"least load did not split three requests two and one: {where}"
-    destination = "w1" if source == "w0" else "w0"
-    (rid,) = counts[source]
-    _, instance = kv_tokens(observer, destination)
-    reply = await bus.request(worker_ctl(source), MigrateOut(
-        idempotency_key=f"full-{rid}", request_id=rid, destination=destination, destination_instance=instance,
-        mode="kv"), CtlReply, timeout=60)
+    # the destination is full only while its two requests run; on a busy box one worker process can get far
+    # more CPU than the other and finish them (or the mover) before the MigrateOut lands: then the premise
+    # is gone (the move rightly succeeds, or is refused not_found) and the three run again with fresh ids
+    # (at most 3 times)
+    for attempt in range(3):
+        load = {f"full{attempt}-{i}": [rng.randrange(16, 256) for _ in range(prompt)] for i in range(3)}
+        for rid, ids in load.items():
+            await submit(bus, rid, ids, greedy)
+        await observer.wait_for(lambda: all(len(observer.chunks(r)) >= 2 for r in load), timeout=60)
+        where = {rid: observer.workers(rid)[0] for rid in load}
+        counts = {w: [r for r in load if where[r] == w] for w in ("w0", "w1")}
+        (source,) = [w for w, rids in counts.items() if len(rids) == 1] or [None]
+        assert source is not None, f"least load did not split three requests two and one: {where}"
+        destination = "w1" if source == "w0" else "w0"
+        (rid,) = counts[source]
+        _, instance = kv_tokens(observer, destination)
+        reply = await bus.request(worker_ctl(source), MigrateOut(
+            idempotency_key=f"full-{rid}", request_id=rid, destination=destination, destination_instance=instance,
+            mode="kv"), CtlReply, timeout=60)
+        still_full = not any(c.final for r in counts[destination] for c in observer.chunks(r))
+        await finished(observer, list(load))
+        for r, ids in load.items():
+            assert_exact(observer, oracle, r, ids, greedy)
+        if isinstance(reply, CtlRefused) and reply.code == "not_found":
+            continue  # the mover itself ended before the move (its refusal is right; not this premise)
+        if still_full or isinstance(reply, CtlRefused):
+            break
     assert isinstance(reply, CtlRefused) and reply.code == "insufficient_memory", reply
-    await finished(observer, list(load))
     assert observer.workers(rid) == [source], "the refused request moved"
-    for r, ids in load.items():
-        assert_exact(observer, oracle, r, ids, greedy)
