@@ -182,7 +182,7 @@ class LlamaModel:
         """norm → fused qkv (+LoRA) → rope (`rope_for`). Returns q [T, heads, d], k and v [T, kv_heads, d]."""
         cfg, w = self.cfg, self._layer(i)
         t = hidden.shape[0]
-        if self._cpu_fast(hidden, lora):  # norm, qkv and rope in one C++ call
+        if self.fused is None and self._cpu_fast(hidden, lora):  # norm, qkv and rope in one C++ call (rope: cos/sin)
             cos, sin = rope  # type: ignore[misc]
             return self.cpu_ops.rms_qkv_rope(hidden, w.input_norm, cfg.rms_norm_eps, w.wqkv, w.bqkv, cos, sin,
                                              cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
