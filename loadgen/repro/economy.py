@@ -14,7 +14,9 @@ start-ups differ).
 from __future__ import annotations
 
 import math
+import multiprocessing as mp
 import time
+from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -58,6 +60,7 @@ class Point:
     seed: int
     gpus: int
     results: dict[str, ArmMetrics] = field(default_factory=dict)
+    wall_s: float = 0.0  # every arm on this trace
 
 
 def ratio(a: float, b: float) -> float:
@@ -165,26 +168,55 @@ def headline(points: list[Point], cfg: EconomyConfig, gpus: dict[str, int | None
                     len({p.seed for p in at}))
 
 
+def _point_task(cfg: EconomyConfig, rate: float, seed: int, full: bool) -> tuple[Point, dict[str, EconomyResult] | None]:
+    keep: dict[str, EconomyResult] | None = {} if full else None
+    started = time.perf_counter()
+    p = run_point(cfg, rate, seed, keep=keep)
+    p.wall_s = time.perf_counter() - started
+    return p, keep
+
+
+def _gpus_task(cfg: EconomyConfig, arm: str) -> int | None:
+    return gpus_needed(cfg, arm, cfg.headline_rate, cfg.seeds[0])
+
+
 def run_repro(cfg: EconomyConfig, progress: Callable[[str], None] = lambda line: None,
-              keep: dict[str, EconomyResult] | None = None) -> tuple[list[Point], dict[str, int | None]]:
+              keep: dict[str, EconomyResult] | None = None, jobs: int = 1) -> tuple[list[Point], dict[str, int | None]]:
     """The sweep (rates x seeds, every arm), then the GPU sweep at the headline rate for the arbiter and
-    the single mechanism best there. `keep` gets the headline rate's first seed's full results."""
-    points = []
-    for rate in cfg.rates:
-        for seed in cfg.seeds:
-            started = time.perf_counter()
-            mine = keep if (keep is not None and rate == cfg.headline_rate and seed == cfg.seeds[0]) else None
-            p = run_point(cfg, rate, seed, keep=mine)
-            points.append(p)
-            cells = " ".join(f"{a}={m.p99_ttft:.2f}s" for a, m in p.results.items())
-            progress(f"rate={rate:g} seed={seed}: p99 ttft {cells} ({time.perf_counter() - started:.0f}s)")
+    the single mechanism best there. `keep` gets the headline rate's first seed's full results. `jobs`: points
+    (one trace, every arm) run over that many processes; the simulator is deterministic, so the figures are
+    the same at any `jobs`."""
+    if jobs < 1:
+        raise ValueError(f"economy repro: jobs must be >= 1, got {jobs}")
+    tasks = [(rate, seed, keep is not None and rate == cfg.headline_rate and seed == cfg.seeds[0])
+             for rate in cfg.rates for seed in cfg.seeds]
+
+    def done(p: Point, full: dict[str, EconomyResult] | None) -> Point:
+        if full is not None and keep is not None:
+            keep.update(full)
+        cells = " ".join(f"{a}={m.p99_ttft:.2f}s" for a, m in p.results.items())
+        progress(f"rate={p.rate:g} seed={p.seed}: p99 ttft {cells} ({p.wall_s:.0f}s)")
+        return p
+
+    if jobs == 1:
+        points = [done(*_point_task(cfg, *t)) for t in tasks]
+    else:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = [pool.submit(_point_task, cfg, *t) for t in tasks]
+            points = [done(*f.result()) for f in futures]
     gpus: dict[str, int | None] = {}
     if cfg.gpu_sweep:
         best = best_single_overall([p for p in points if p.rate == cfg.headline_rate] or points)
-        for arm in ("arbiter", best):
-            gpus[arm] = gpus_needed(cfg, arm, cfg.headline_rate, cfg.seeds[0])
+        arms = ("arbiter", best)
+        if jobs == 1:
+            found = [_gpus_task(cfg, a) for a in arms]
+        else:
+            with ProcessPoolExecutor(max_workers=min(jobs, 2), mp_context=mp.get_context("spawn")) as pool:
+                found = list(pool.map(_gpus_task, [cfg] * 2, arms))
+        for arm, n in zip(arms, found):
+            gpus[arm] = n
             progress(f"gpus for SLO attainment >= {cfg.slo_target:.2f} at rate {cfg.headline_rate:g}: {arm} "
-                     f"{gpus[arm] if gpus[arm] is not None else 'more than ' + str(max(cfg.gpu_sweep))}")
+                     f"{n if n is not None else 'more than ' + str(max(cfg.gpu_sweep))}")
     return points, gpus
 
 

@@ -100,7 +100,8 @@ class EconomyRun:
     def simulate(self, arm: str, gpus: int) -> EconomyResult:
         from loadgen.sim.economy import run_economy
 
-        return run_economy(self.trace, self.profile, arm, gpus=gpus, seed=self.seed, forecasts=self.forecasts)
+        return run_economy(self.trace, self.profile, arm, gpus=gpus, seed=self.seed, forecasts=self.forecasts,
+                           slo=(self.cfg.slo_scale, self.cfg.slo_floor_s))
 
 
 def build_run(cfg: EconomyConfig, rate: float, seed: int) -> EconomyRun:

@@ -44,13 +44,19 @@ class EconomyForecasts:
 class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
     def __init__(self, eprofile: EconomyProfile, trace: Trace, arm: str, *, gpus: int | None = None,
                  forecasts: EconomyForecasts | dict[str, list[LoadForecast]] | None = None,
-                 sample_interval_s: float = 5.0, max_run_s: float = 0.5) -> None:
+                 sample_interval_s: float = 5.0, max_run_s: float = 0.5,
+                 slo: tuple[float, float] = (5.0, 1.0)) -> None:
         config = ARM_CONFIGS.get(arm) or ABLATIONS.get(arm)
         if config is None:
             raise ValueError(f"unknown arm {arm!r}; choose from {', '.join((*ARMS, *ABLATIONS))}")
         spec = eprofile.spec
         self.eprofile, self.arm = eprofile, config
         self.horizon_s, self.hi = spec.horizon_s, spec.kv_high_watermark
+        # the TTFT SLO the prices read (max(scale x unloaded TTFT, floor), as the evaluation): a wait counts past it
+        self.slo_scale, self.slo_floor_s = slo
+        self.slo_costs: dict = {}
+        if not (self.slo_scale > 0 and self.slo_floor_s >= 0):
+            raise ValueError(f"economy sim: the SLO needs scale > 0 and floor >= 0, got {slo}")
         self.ranks = {a.name: a.rank for a in trace.header.adapters}
         self.arrivals: dict[str, deque[float]] = defaultdict(deque)
         self.freed: dict[int, deque[tuple[float, int]]] = defaultdict(deque)
@@ -265,13 +271,14 @@ class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
 
 
 def run_economy(trace: Trace, profile: EconomyProfile, arm: str, *, gpus: int | None = None, seed: int = 0,
-                sample_interval_s: float = 5.0, forecasts=None, max_run_s: float = 0.5) -> EconomyResult:
+                sample_interval_s: float = 5.0, forecasts=None, max_run_s: float = 0.5,
+                slo: tuple[float, float] = (5.0, 1.0)) -> EconomyResult:
     """One arm on one trace. `forecasts`: EconomyForecasts (economy_forecasts) or {model: [LoadForecast]}
     per 300 s window; None: no forecasts (the prewarm planner then places nothing new). The simulator is
     deterministic: `seed` is recorded by the caller, nothing here draws."""
     del seed
     return EconomySim(profile, trace, arm, gpus=gpus, forecasts=forecasts, sample_interval_s=sample_interval_s,
-                      max_run_s=max_run_s).run()
+                      max_run_s=max_run_s, slo=slo).run()
 
 
 def economy_forecasts(profile: EconomyProfile, history: Trace, run: Trace, window_s: float) -> EconomyForecasts:

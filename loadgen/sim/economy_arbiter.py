@@ -8,14 +8,16 @@ plus its waiting requests' prompts, minus its free KV; waiting: its waiting requ
 preempted: the running requests the growth that does not fit would preempt (at a mean context's KV
 each), each recomputing its context (the engine's prefill cost per token); drain: the KV its
 finished requests freed per second over the last horizon, or, if more, what its running requests free
-as they end (each one's KV over the time to its last token).
+as they end (each one's KV over the time to its last token); slack: each waiting request's time left to
+its TTFT SLO (a wait counts past it); duration: until the drain frees the bytes (at least the horizon, at
+most the forecast window).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from loadgen.sim.fleet_state import Instance
-from shared.policy.memory_market import SOURCES, Need, Offer, buy
+from shared.policy.memory_market import SOURCES, Need, Offer, buy, drop_duration_s
 
 if TYPE_CHECKING:
     from loadgen.sim.economy import EconomySim
@@ -62,8 +64,22 @@ class ArbiterMixin:
         # fits whole beside it; while the growth does not fit, every byte spares a preemption
         head = w._blocks(w.waiting[0].to_prefill) * w.bs * m.kv_bytes_per_token if w.waiting else 0
         least = 0 if grow_bytes > free else min(nbytes, max(0, int(grow_bytes + head - free)))
+        # it lasts until the scope drains the bytes itself: at least the horizon, at most the forecast window
+        lasts = drop_duration_s(nbytes, drain, self.horizon_s, max(self.horizon_s, self.window_s))
         return Need(f"worker:i{inst.id}", nbytes, self.horizon_s, max(1, len(w.waiting)), drain,
-                    preempted=preempted, recompute_s=recompute, min_bytes=least)
+                    preempted=preempted, recompute_s=recompute, min_bytes=least,
+                    slack_s=self._slack(w.waiting, now), duration_s=lasts)
+
+    def _slack(self: EconomySim, reqs, now: float) -> tuple[float, ...]:
+        """Each request's time left to its TTFT SLO (max(scale x its unloaded TTFT, floor), as evaluated)."""
+        return tuple(max(self.slo_scale * self._unloaded_ttft(r), self.slo_floor_s) - (now - r.arrival)
+                     for r in reqs)
+
+    def _unloaded_ttft(self: EconomySim, r) -> float:
+        cost = self.slo_costs.get(r.model)
+        if cost is None:
+            cost = self.slo_costs[r.model] = self.profile.step_cost(self.models[r.model])
+        return cost.step_s(0, 0, r.prompt)
 
     def _offers(self: EconomySim, inst: Instance, now: float) -> list[Offer]:
         a, out = self.arm, []

@@ -63,10 +63,11 @@ class Reclaimer:
                     vm, sim.system.engine_pool))
                 evict += sum(sim._eviction_price(r, now) for g in group for r in sim.gpus[g].replicas
                              if r.model != inst.model)
-                price = price_scale_out(drain_s(v) + start, len(w.waiting), evict)
+                lands = drain_s(v) + start
+                price = price_scale_out(lands, len(w.waiting), evict, sim._slack(w.waiting, now))
                 nbytes = sim.profile.kv_blocks(m) * sim.eprofile.block_bytes(m)
                 out.append(Offer("scale_out", f"{inst.model}<-i{inst.id} from i{v.id}/{model}", nbytes, price,
-                                 ("reclaim", inst, v)))
+                                 ("reclaim", inst, v), after_s=lands))
         return out
 
     def take(self, sim: EconomySim, inst: Instance, victim: Instance, now: float) -> bool:

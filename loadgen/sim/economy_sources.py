@@ -93,9 +93,10 @@ class SourcesMixin:
 
     def _eviction_price(self: EconomySim, r: Replica, now: float) -> float:
         """Evicting a prewarmed replica, whichever source evicts it (a release, a start on its GPUs)."""
+        m = self.models[r.model]
         return price_prewarm_eviction(self._chance_needed(r.model), self._rate(r.model, now),
-                                      self.profile.cold_start_s(self.models[r.model], self.system.engine_pool),
-                                      self.profile.hit_start_s(self.system.engine_pool))
+                                      self.profile.cold_start_s(m, self.system.engine_pool),
+                                      self.profile.hit_start_s(self.system.engine_pool, m))
 
     def _adapter_offers(self: EconomySim, inst: Instance, now: float) -> list[Offer]:
         w: EconomyWorker = inst.engine  # type: ignore[assignment]
@@ -111,8 +112,11 @@ class SourcesMixin:
                 cold, stalled = self.eprofile.cpu_assist_extra_s(m.prefill_tokens, rank, m.prefill_s, load), 1
             else:
                 cold, stalled = load, max(1, w.running())
-            price = price_adapter_eviction(self._rate(name, now), self.horizon_s, cold, stalled)
-            out.append(Offer("adapter", f"i{inst.id}/{name}", w.pool.adapters[name], price, ("adapter", inst, name)))
+            rps = self._rate(name, now)
+            price = price_adapter_eviction(rps, self.horizon_s, cold, stalled)
+            # its bytes are free until its next use (Poisson: 1 / its rate on average), when it is loaded again
+            out.append(Offer("adapter", f"i{inst.id}/{name}", w.pool.adapters[name], price, ("adapter", inst, name),
+                             lasts_s=1.0 / rps if rps > 0 else math.inf))
         return out
 
     def _layer_offers(self: EconomySim, inst: Instance, now: float) -> list[Offer]:
@@ -160,8 +164,9 @@ class SourcesMixin:
                 best = d
         if best is None:
             return []
+        # the source's blocks are free once the copy lands (pre-copy, then the last stage), for good
         return [Offer("migrate", req.request_id, -(-ctx // w.bs) * w.pool.block_bytes, price_migration(plan.stall_s),
-                      ("migrate", inst, (req, best, plan)))]
+                      ("migrate", inst, (req, best, plan)), after_s=plan.precopy_s + plan.stall_s)]
 
     def _scale_out_offers(self: EconomySim, inst: Instance, now: float) -> list[Offer]:
         w = inst.engine
@@ -170,7 +175,7 @@ class SourcesMixin:
         m = self.models[inst.model]
         free = {g.index for g in self.gpus if g.instance is None}
         hit = next((r for r in self.replicas if r.model == inst.model and set(r.gpus) <= free and r.loaded(now)), None)
-        start = self.profile.hit_start_s(self.system.engine_pool) if hit else \
+        start = self.profile.hit_start_s(self.system.engine_pool, m) if hit else \
             self.profile.cold_start_s(m, self.system.engine_pool)
         # the GPUs it takes whole (scale_up's choice): other models' replicas there are evicted, at their price
         gpus = hit.gpus if hit is not None else (_cold_group(self, m.parallel, free) or ())
@@ -179,8 +184,9 @@ class SourcesMixin:
         evicted = {r for g in gpus for r in self.gpus[g].replicas if r.model != inst.model}
         eviction = sum(self._eviction_price(r, now) for r in evicted)
         nbytes = self.profile.kv_blocks(m) * self.eprofile.block_bytes(m)
-        return [Offer("scale_out", f"{inst.model}<-i{inst.id}", nbytes, price_scale_out(start, len(w.waiting), eviction),
-                      ("scale_out", inst, None))]
+        price = price_scale_out(start, len(w.waiting), eviction, self._slack(w.waiting, now))
+        # its bytes exist only once it lands
+        return [Offer("scale_out", f"{inst.model}<-i{inst.id}", nbytes, price, ("scale_out", inst, None), after_s=start)]
 
     # --- executing a bought offer (every arm's one path per action) -------------------------
     def _execute(self: EconomySim, offer: Offer, now: float, unbought: str = "") -> bool:

@@ -50,14 +50,33 @@ class Need:
     # the least a purchase must free to help at all: the first waiting prompt (with the growth that must fit
     # beside it), an instance's weights; a purchase short of it buys nothing (0: every byte helps, KV growth)
     min_bytes: int = 0
+    # each waiting request's time left to its TTFT SLO (<= 0: already past it), for the first len(slack_s) of
+    # `waiting`; a wait counts only beyond a request's slack (the unit: delay past the SLO, what moves the tail),
+    # in full for one already past it; () : every wait counts in full (no SLO known: the live planner)
+    slack_s: tuple[float, ...] = ()
+    # how long the need lasts: an offer's bytes count for the part of it they are free (bytes x duration);
+    # 0: the horizon
+    duration_s: float = 0.0
 
     def __post_init__(self) -> None:
         if (self.bytes < 0 or self.horizon_s <= 0 or self.waiting < 0 or self.drain_bytes_per_s < 0
-                or self.preempted < 0 or self.recompute_s < 0 or not 0 <= self.min_bytes <= self.bytes):
-            raise ValueError(f"need {self.scope}: bytes, waiting, drain, preempted and recompute_s must be >= 0, "
-                             f"horizon_s > 0 and min_bytes in [0, bytes] (got {self.bytes}, {self.waiting}, "
-                             f"{self.drain_bytes_per_s}, {self.preempted}, {self.recompute_s}, {self.horizon_s}, "
-                             f"{self.min_bytes})")
+                or self.preempted < 0 or self.recompute_s < 0 or not 0 <= self.min_bytes <= self.bytes
+                or len(self.slack_s) > self.waiting or not math.isfinite(self.duration_s) or self.duration_s < 0
+                or not all(math.isfinite(x) for x in self.slack_s)):
+            raise ValueError(f"need {self.scope}: bytes, waiting, drain, preempted, recompute_s and duration_s must be "
+                             f">= 0, horizon_s > 0, min_bytes in [0, bytes], finite slacks at most one per waiting "
+                             f"request (got {self.bytes}, {self.waiting}, {self.drain_bytes_per_s}, {self.preempted}, "
+                             f"{self.recompute_s}, {self.duration_s}, {self.horizon_s}, {self.min_bytes}, "
+                             f"{len(self.slack_s)} slacks)")
+
+    @property
+    def lasts_s(self) -> float:
+        """How long the need lasts (the horizon unless the caller knows more)."""
+        return self.duration_s or self.horizon_s
+
+    def wait_cost(self, wait_s: float) -> float:
+        """Request-seconds its waiting requests lose if each waits `wait_s` more (`wait_cost`)."""
+        return wait_cost(wait_s, self.waiting, self.slack_s)
 
 
 @dataclass(frozen=True)
@@ -70,11 +89,29 @@ class Offer:
     # True: any part of it can be bought at its price per byte (cached prefix blocks: evict n of them);
     # False: it is bought whole, and pays its whole price for the part a need uses (an adapter, a group)
     divisible: bool = False
+    # bytes x duration: its bytes are free only from `after_s` (a start once it lands, a migration once its copy
+    # hands over) and for `lasts_s` (an offload until the adapter's next use; inf: for good, or until a
+    # restore the price already charges)
+    after_s: float = 0.0
+    lasts_s: float = math.inf
 
     def __post_init__(self) -> None:
-        if self.bytes < 0 or not math.isfinite(self.price) or self.price < 0:
-            raise ValueError(f"offer {self.source} {self.target}: bytes must be >= 0 and price finite >= 0 "
-                             f"(got {self.bytes}, {self.price})")
+        if (self.bytes < 0 or not math.isfinite(self.price) or self.price < 0 or not math.isfinite(self.after_s)
+                or self.after_s < 0 or not self.lasts_s > 0):
+            raise ValueError(f"offer {self.source} {self.target}: bytes must be >= 0, price finite >= 0, after_s "
+                             f"finite >= 0 and lasts_s > 0 (got {self.bytes}, {self.price}, {self.after_s}, "
+                             f"{self.lasts_s})")
+
+    def cover(self, duration_s: float) -> float:
+        """The share of a need lasting `duration_s` during which its bytes are free, in [0, 1]."""
+        if duration_s <= 0:
+            raise ValueError(f"offer {self.target}: a need's duration must be > 0, got {duration_s}")
+        start = min(duration_s, self.after_s)
+        return max(0.0, min(duration_s, self.after_s + self.lasts_s) - start) / duration_s
+
+    def useful_bytes(self, duration_s: float) -> int:
+        """Its bytes weighted by the share of the need they serve (bytes x duration / the need's duration)."""
+        return int(self.bytes * self.cover(duration_s))
 
     @property
     def unit_price(self) -> float:
@@ -105,6 +142,17 @@ class Purchase:
 
 
 # --- the prices (request-seconds) ------------------------------------------------------------
+def wait_cost(wait_s: float, waiting: int, slack_s: Sequence[float] = ()) -> float:
+    """Request-seconds `waiting` requests lose if each waits `wait_s` more: the part of the wait beyond a
+    request's slack to its TTFT SLO (the unit: a request that misses its SLO by x counts x, one within it 0,
+    so the objective reads the tail, not the mean delay); a request already past its SLO (slack <= 0) counts
+    every second; those without a slack given (the rest of `waiting`) count in full."""
+    if wait_s < 0 or waiting < len(slack_s):
+        raise ValueError(f"wait cost: wait_s >= 0 and at most one slack per waiting request "
+                         f"(got {wait_s}, {waiting}, {len(slack_s)})")
+    return sum(max(0.0, wait_s - max(0.0, s)) for s in slack_s) + (waiting - len(slack_s)) * wait_s
+
+
 def queue_price(need: Need, later: float = 0.0) -> float:
     """Waiting (queue or preempt): each waiting request waits until the scope frees the bytes itself;
     each request the engine preempts for want of the bytes waits as long and then recomputes its context
@@ -118,7 +166,7 @@ def queue_price(need: Need, later: float = 0.0) -> float:
         raise ValueError(f"need {need.scope}: later must be >= 0 (got {later})")
 
     def cost(wait: float) -> float:
-        return need.waiting * wait + need.preempted * (wait + need.recompute_s)
+        return need.wait_cost(wait) + need.preempted * (wait + need.recompute_s)
 
     drained = cost(need.bytes / need.drain_bytes_per_s) if need.drain_bytes_per_s > 0 else math.inf
     return min(drained, cost(need.horizon_s) + later)
@@ -199,15 +247,16 @@ def price_migration(stall_s: float, interference_s: float = 0.0) -> float:
     return stall_s + interference_s
 
 
-def price_scale_out(start_s: float, waiting: int, eviction: float = 0.0) -> float:
+def price_scale_out(start_s: float, waiting: int, eviction: float = 0.0, slack_s: Sequence[float] = ()) -> float:
     """A new instance: the waiting requests wait for its start (a prewarm hit, host memory or storage; on GPUs
     taken from an under-loaded model, that instance's drain first); a start that takes a GPU holding another
     model's prewarmed replica or live instance evicts it, and pays that eviction's own price (`eviction`:
     `price_eviction`, the evicted model's chance and arrivals included, so an eviction costs the same
-    whichever source causes it)."""
+    whichever source causes it). The wait is counted as waiting's is (`wait_cost`: past each request's SLO,
+    `slack_s` the waiting requests' slacks), one rule for both."""
     if start_s < 0 or waiting < 0 or not (math.isfinite(eviction) and eviction >= 0):
         raise ValueError("scale out: start, waiting and the eviction's price must be >= 0")
-    return waiting * start_s + eviction
+    return wait_cost(start_s, waiting, slack_s) + eviction
 
 
 def _prob(p: float) -> None:
@@ -217,44 +266,51 @@ def _prob(p: float) -> None:
 
 # --- buying -------------------------------------------------------------------------------
 def buy(need: Need, offers: Sequence[Offer]) -> Purchase:
-    """Greedy by price per *useful* byte (an offer bigger than what is still missing pays its whole
-    price for the part used, unless it is divisible: then only the part used is bought, at its price per
-    byte), while that beats waiting for the same bytes, until the need is covered. Waiting's price is
-    `queue_price(need, later)`, `later` the same greedy cover bought with no reserve (what deferring the
-    purchase to the re-plan costs on top of the horizon's wait). Ties go to the order of SOURCES, then
-    the target (deterministic). A need with `min_bytes` is bought all or nothing: a purchase short of it
-    is not made (a 0.9 GiB offer does not admit a 1 GiB prompt). A divisible offer cut to what was missing is in `bought` as a copy with
-    those bytes and their price (the same payload); `offers` keeps it whole."""
-    ranked = tuple(sorted((o for o in offers if o.bytes > 0),
-                          key=lambda o: (o.unit_price, SOURCES.index(o.source), o.target)))
-    later = sum(o.price for o in _greedy(need, ranked, math.inf))
+    """Greedy by price per *useful* byte while that beats waiting for the same bytes, until the need is
+    covered. Useful: an offer's bytes x the share of the need's duration they are free (`Offer.cover`: a start
+    only once it lands, an offload until the adapter's next use), and at most what is still missing (an offer
+    bigger than that pays its whole price for the part used, unless it is divisible: then only the part used
+    is bought, at its price per byte). Waiting's price is `queue_price(need, later)`, `later` the same greedy
+    cover bought with no reserve (what deferring the purchase to the re-plan costs on top of the horizon's
+    wait). Ties go to the order of SOURCES, then the target (deterministic). A need with `min_bytes` is bought
+    all or nothing: a purchase whose bytes fall short of it is not made (a 0.9 GiB offer does not admit a
+    1 GiB prompt). A divisible offer cut to what was missing is in `bought` as a copy with those bytes and
+    their price (the same payload); `offers` keeps it whole."""
+    useful = {id(o): o.useful_bytes(need.lasts_s) for o in offers}
+    ranked = tuple(sorted((o for o in offers if useful[id(o)] > 0),
+                          key=lambda o: (o.price / useful[id(o)], SOURCES.index(o.source), o.target)))
+    later = sum(o.price for o in _greedy(need, ranked, math.inf, useful))
     reserve = queue_price(need, later) / need.bytes if need.bytes else 0.0
-    return Purchase(need, ranked, _greedy(need, ranked, reserve), reserve)
+    return Purchase(need, ranked, _greedy(need, ranked, reserve, useful), reserve)
 
 
-def _greedy(need: Need, ranked: tuple[Offer, ...], reserve: float) -> tuple[Offer, ...]:
+def _greedy(need: Need, ranked: tuple[Offer, ...], reserve: float, useful: dict[int, int]) -> tuple[Offer, ...]:
     left, bought, missing = list(ranked), [], need.bytes
+
+    def used_price(o: Offer) -> float:
+        u = useful[id(o)]
+        return o.price * min(u, missing) / u if o.divisible else o.price
+
     while missing > 0 and left:
-        best = min(left, key=lambda o: (_used_price(o, missing) / min(o.bytes, missing), SOURCES.index(o.source),
+        best = min(left, key=lambda o: (used_price(o) / min(useful[id(o)], missing), SOURCES.index(o.source),
                                         o.target))
-        if _used_price(best, missing) >= reserve * min(best.bytes, missing):
+        if used_price(best) >= reserve * min(useful[id(best)], missing):
             break  # waiting for these bytes is no dearer
         left.remove(best)
-        if best.divisible and best.bytes > missing:
-            best = replace(best, bytes=missing, price=best.unit_price * missing)
+        got = useful[id(best)]
+        if best.divisible and got > missing:
+            share = missing / got
+            best = replace(best, bytes=max(1, round(best.bytes * share)), price=best.price * share)
+            got = missing
         bought.append(best)
-        missing -= best.bytes
-    if need.bytes - missing < need.min_bytes:
+        missing -= got
+    if sum(o.bytes for o in bought) < need.min_bytes:
         return ()  # all or nothing: short of the indivisible part, nothing bought helps
     return tuple(bought)
-
-
-def _used_price(o: Offer, missing: int) -> float:
-    return o.unit_price * min(o.bytes, missing) if o.divisible else o.price
 
 
 __all__ = [
     "NO_FORECAST_CHANCE", "Need", "Offer", "Purchase", "SOURCES", "Source", "UNIT", "buy", "drop_duration_s", "drop_slowdown", "price_adapter_eviction", "price_layer_drop",
     "price_capacity_eviction", "price_eviction", "price_migration", "price_prewarm_eviction", "price_scale_out",
-    "queue_price",
+    "queue_price", "wait_cost",
 ]

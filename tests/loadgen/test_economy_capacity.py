@@ -58,7 +58,13 @@ def test_a_start_on_an_idle_models_gpu_is_offered_at_the_one_eviction_price():
     m, vm = sim.models[A], sim.models[B]
     # B's forecast is 0: one instance fewer is still enough (chance 0), so only the wait for A's start is paid
     start = sim.profile.cold_start_s(m, sim.system.engine_pool)
-    assert offers[0].price == pytest.approx(price_scale_out(start, 3, 0.0)) == pytest.approx(3 * start)
+    # each waiting request counts the wait past its TTFT SLO (max(5 x its unloaded TTFT, 1 s); all arrived at 0)
+    slo = max(5.0 * sim.profile.step_cost(m).step_s(0, 0, 500), 1.0)
+    assert 0 < start - slo < start
+    assert offers[0].price == pytest.approx(price_scale_out(start, 3, 0.0, (slo,) * 3)) == \
+        pytest.approx(3 * (start - slo))
+    # its bytes exist once it lands (the victim holds nothing: no drain first)
+    assert offers[0].after_s == pytest.approx(start)
     assert price_capacity_eviction(0.0, 5.0, sim.profile.cold_start_s(vm)) == 0.0
 
 

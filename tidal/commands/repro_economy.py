@@ -35,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also run the arbiter's ablations: each source left out, and its needs bought in the fixed "
                         "order (prices ignored)")
     p.add_argument("--no-gpu-sweep", action="store_true", help="skip the fewest-GPUs-to-SLO sweep")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="run the points (one trace, every arm) over N processes (same figures; default 1)")
     p.add_argument("--no-plots", action="store_true", help="do not draw the PNG figures")
     p.add_argument("--live", action="store_true",
                    help="instead: a local cluster of CPU workers, arbiter vs fixed order on a short mixed trace")
@@ -97,7 +99,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out) if args.out else default_out("economy")
     full: dict = {}
-    points, gpus = run_repro(cfg, progress=lambda line: print(line, flush=True), keep=full)
+    if args.jobs < 1:
+        print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
+    points, gpus = run_repro(cfg, progress=lambda line: print(line, flush=True), keep=full, jobs=args.jobs)
     head = headline(points, cfg, gpus)
     argv = sys.argv[3:] if sys.argv[1:3] == ["repro", "economy"] else []
     command = ("tidal repro economy " + shlex.join(argv)).strip()
