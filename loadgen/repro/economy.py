@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import multiprocessing as mp
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -201,9 +201,12 @@ def run_repro(cfg: EconomyConfig, progress: Callable[[str], None] = lambda line:
     if jobs == 1:
         points = [done(*_point_task(cfg, *t)) for t in tasks]
     else:
+        # the headline rate's points first (a run cut short has them), each reported as it ends
+        first = sorted(tasks, key=lambda t: t[0] != cfg.headline_rate)
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = [pool.submit(_point_task, cfg, *t) for t in tasks]
-            points = [done(*f.result()) for f in futures]
+            futures = [pool.submit(_point_task, cfg, *t) for t in first]
+            got = [done(*f.result()) for f in as_completed(futures)]
+        points = sorted(got, key=lambda p: (cfg.rates.index(p.rate), cfg.seeds.index(p.seed)))
     gpus: dict[str, int | None] = {}
     if cfg.gpu_sweep:
         best = best_single_overall([p for p in points if p.rate == cfg.headline_rate] or points)
