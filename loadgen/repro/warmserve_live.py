@@ -1,22 +1,21 @@
-"""`tidal repro warmserve --live`: WarmServe on a local cluster of 4 CPU workers, prewarm on vs off, one run.
+"""`tidal repro warmserve --live`: WarmServe on a local cluster of 4 CPU workers, prewarm on vs off, N runs.
 
 1. Five small generated models of different sizes (random weights, a real tokenizer).
 2. A seeded trace whose popularity shifts: the run is cut into phases; in each, two models are hot
    (Poisson, `hot_rps` each) and the others see a trickle (`cold_rps`), the hot pair moving on each
    phase — so models scale to zero and come back, the case prewarming is for.
-3. The same trace through the gateway twice, each on a fresh cluster: `[policies] prewarm = true`
+3. The same trace through the gateway twice per run, each on a fresh cluster: `[policies] prewarm = true`
    (grace-period weights kept, Alg. 1 prewarms, proactive prewarming) and `prewarm = false` (every
-   start reads the checkpoint). In both the planner's autoscaler follows each model's load and the
+   start reads the checkpoint); `runs` such pairs, the order alternating (on, off, off, on, ...) so the
+   box's drift hits both arms alike; the ratio is reported per pair, as a median and its range. In both the planner's autoscaler follows each model's load and the
    predictor's forecasts (short windows) drive the prewarms; a model with no instance queues its
    requests until one starts (scale from zero), so the start is part of their TTFT.
-4. Per run: P50/P99 TTFT over all requests, requests lost (not ok, or short of their tokens), and the
-   prewarm hit rate: the share of scale-ups (the autoscaler's or a capacity request's) decided onto a
-   worker whose latest stats held the model's weights warm.
-5. Then, on the prewarm run's cluster, the autoscaler probe: the first model (idle by then) is driven
-   hard (`probe_rps` for `probe_s`) while the others idle; reported: how long after the drive began the
-   autoscaler (shared/policy/autoscaler.py: 0.8 x B per instance over its 5 s window) decided and applied
-   a scale-out of it, onto which worker and what that worker held before, and the scale-ups decided for
-   it (one LoadModel per decision: none refused).
+4. Per cluster run: P50/P99 TTFT over all requests, requests lost (not ok, or short of their tokens),
+   the prewarm hit rate: the share of scale-ups (the autoscaler's or a capacity request's) decided onto a
+   worker whose latest stats held the model's weights warm; and each request's timeline (the worker
+   that served it, the starts and prewarms that touched its wait: warmserve_live_timeline.py), written
+   as `timeline-<arm>-<run>.json` beside the summary, the slowest three printed.
+5. Then, on the first prewarm run's cluster, the autoscaler probe (warmserve_live_probe.py).
 """
 from __future__ import annotations
 
@@ -33,6 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from loadgen.repro.warmserve_live_cluster import WarmLiveCluster, WarmLiveClusterSpec
+from loadgen.repro.warmserve_live_probe import ScaleOutProbe, probe_trace, run_probe
+from loadgen.repro.warmserve_live_timeline import LiveWatch, describe, slowest, timeline
 from loadgen.traces.schema import TraceRecord
 from shared.nats_server import free_port
 
@@ -51,6 +52,7 @@ class WarmLiveConfig:
     output_tokens: tuple[int, int] = (8, 16)
     seed: int = 0
     workers: int = 4
+    runs: int = 3  # prewarm / no-prewarm pairs, the order alternating
     probe_rps: float = 8.0  # the autoscaler probe: the first model at this rate ...
     probe_s: float = 15.0  # ... for this long
     probe_output_tokens: tuple[int, int] = (48, 64)
@@ -69,6 +71,8 @@ class RunResult:
     scale_downs: int
     wall_s: float
     lost_reasons: list[str] = field(default_factory=list)  # "<request id> <status> <error>"
+    run: int = 0  # which pair
+    slowest: list[str] = field(default_factory=list)  # the slowest requests' timelines, described
 
     @property
     def hit_rate(self) -> float:
@@ -76,42 +80,31 @@ class RunResult:
 
 
 @dataclass
-class ScaleOutProbe:
-    model: str
-    rps: float
-    batch: int
-    window_s: float
-    requests: int
-    lost: int
-    decided_s: float | None  # the autoscaler's first scale-out of the model, from the drive's start
-    applied_s: float | None
-    worker: str = ""
-    worker_held: str = ""  # what that worker served or held warm just before
-    scale_ups: int = 0  # of the model during the probe, both paths
-    refused: int = 0  # of them, failed (e.g. a duplicate LoadModel refused busy)
-
-    def line(self) -> str:
-        if self.decided_s is None:
-            return (f"live autoscale: {self.model} at {self.rps:g} rps (B={self.batch}): no scale-out in "
-                    f"{self.requests} requests")
-        applied = f"{self.applied_s:.1f}" if self.applied_s is not None else "-"
-        return (f"live autoscale: {self.model} at {self.rps:g} rps (B={self.batch}, window {self.window_s:g} s): "
-                f"scale-out decided {self.decided_s:.1f} s after the drive began, applied at {applied} s, onto "
-                f"{self.worker} ({self.worker_held}); {self.scale_ups} scale-ups, {self.refused} refused; "
-                f"{self.requests - self.lost}/{self.requests} complete")
-
-
-@dataclass
 class WarmLiveRun:
     config: WarmLiveConfig
-    runs: dict[str, RunResult] = field(default_factory=dict)
+    pairs: list[dict[str, RunResult]] = field(default_factory=list)  # per run: "prewarm" / "no-prewarm"
     wall_s: float = 0.0
     probe: ScaleOutProbe | None = None
 
+    def ratios(self) -> list[float]:
+        """No-prewarm P99 over prewarm P99, per complete pair."""
+        out = []
+        for pair in self.pairs:
+            on, off = pair.get("prewarm"), pair.get("no-prewarm")
+            if on is not None and off is not None:
+                out.append(off.ttft_p99_s / on.ttft_p99_s if on.ttft_p99_s > 0 else float("inf"))
+        return out
+
+    def hit_rate(self) -> float:
+        ons = [p["prewarm"] for p in self.pairs if "prewarm" in p]
+        ups = sum(r.scale_ups for r in ons)
+        return sum(r.warm_scale_ups for r in ons) / ups if ups else 0.0
+
     def line(self) -> str:
-        on, off = self.runs["prewarm"], self.runs["no-prewarm"]
-        ratio = off.ttft_p99_s / on.ttft_p99_s if on.ttft_p99_s > 0 else float("inf")
-        line = f"repro warmserve (live): live_p99_ttft_vs_no_prewarm={ratio:.1f}x prewarm_hit={on.hit_rate * 100:.0f}%"
+        ratios = self.ratios()
+        spread = (f"{statistics.median(ratios):.1f}x({min(ratios):.1f}–{max(ratios):.1f})" if ratios else "n/a")
+        line = (f"repro warmserve (live): live_p99_ttft_vs_no_prewarm={spread} runs={len(ratios)} "
+                f"prewarm_hit={self.hit_rate() * 100:.0f}%")
         if self.probe is not None:
             out = f"{self.probe.decided_s:.1f}" if self.probe.decided_s is not None else "none"
             line += f" scale_out_s={out}"
@@ -151,7 +144,8 @@ def make_models(root: Path) -> dict[str, Path]:
     return out
 
 
-def run_live(cfg: WarmLiveConfig, *, root: Path | None = None, progress: Callable[[str], None] = print) -> WarmLiveRun:
+def run_live(cfg: WarmLiveConfig, *, root: Path | None = None, timelines: Path | None = None,
+             progress: Callable[[str], None] = print) -> WarmLiveRun:
     started = time.perf_counter()
     tmp = None if root is not None else tempfile.TemporaryDirectory(prefix="tidal-repro-warmserve-live-")
     base = root or Path(tmp.name)  # type: ignore[union-attr]
@@ -163,23 +157,37 @@ def run_live(cfg: WarmLiveConfig, *, root: Path | None = None, progress: Callabl
         spec = WarmLiveClusterSpec(models=models, workers=workers)
         run = WarmLiveRun(cfg)
         progress(f"live: {len(trace)} requests over {cfg.duration_s:.0f} s, {len(names)} models, {cfg.workers} CPU "
-                 f"workers; hot pair shifts every {cfg.duration_s / cfg.phases:.0f} s")
-        for name, prewarm in (("prewarm", True), ("no-prewarm", False)):
-            cluster = WarmLiveCluster(base / f"cluster-{name}", spec, free_port())
-            try:
-                cluster.start(prewarm)
-                run.runs[name] = asyncio.run(_run(cluster, trace, prewarm))
-                if prewarm:
-                    run.probe = asyncio.run(_probe(cluster, cfg, names[0], spec.batch))
-                    progress(run.probe.line())
-            finally:
-                cluster.stop()
-            r = run.runs[name]
-            progress(f"live [{name}]: TTFT p50 {r.ttft_p50_s * 1e3:.0f} ms p99 {r.ttft_p99_s * 1e3:.0f} ms; "
-                     f"{r.requests - r.lost}/{r.requests} complete; scale-ups {r.scale_ups} ({r.warm_scale_ups} warm), "
-                     f"prewarms {r.prewarms}, scale-downs {r.scale_downs} ({r.wall_s:.0f} s)")
-            for why in r.lost_reasons:
-                progress(f"live [{name}]: lost {why}")
+                 f"workers; hot pair shifts every {cfg.duration_s / cfg.phases:.0f} s; {cfg.runs} runs of both arms")
+        for i in range(cfg.runs):
+            pair: dict[str, RunResult] = {}
+            run.pairs.append(pair)
+            order = (("prewarm", True), ("no-prewarm", False))
+            for name, prewarm in (order if i % 2 == 0 else order[::-1]):
+                cluster = WarmLiveCluster(base / f"cluster-{name}-{i}", spec, free_port())
+                try:
+                    cluster.start(prewarm)
+                    r, lines = asyncio.run(_run(cluster, trace, prewarm))
+                    r.run = i
+                    pair[name] = r
+                    if timelines is not None:
+                        timelines.mkdir(parents=True, exist_ok=True)
+                        (timelines / f"timeline-{name}-{i}.json").write_text(json.dumps(lines, indent=1))
+                    if prewarm and run.probe is None:
+                        run.probe = asyncio.run(run_probe(cluster, cfg, names[0], spec.batch))
+                        progress(run.probe.line())
+                finally:
+                    cluster.stop()
+                progress(f"live [{name} {i + 1}/{cfg.runs}]: TTFT p50 {r.ttft_p50_s * 1e3:.0f} ms p99 "
+                         f"{r.ttft_p99_s * 1e3:.0f} ms; {r.requests - r.lost}/{r.requests} complete; scale-ups "
+                         f"{r.scale_ups} ({r.warm_scale_ups} warm), prewarms {r.prewarms}, scale-downs {r.scale_downs} "
+                         f"({r.wall_s:.0f} s)")
+                for why in r.lost_reasons:
+                    progress(f"live [{name} {i + 1}]: lost {why}")
+                for slow in r.slowest:
+                    progress(f"live [{name} {i + 1}]: slow {slow}")
+            ratios = run.ratios()
+            if len(ratios) > i:
+                progress(f"live run {i + 1}: p99 no-prewarm / prewarm = {ratios[i]:.2f}x")
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -187,125 +195,33 @@ def run_live(cfg: WarmLiveConfig, *, root: Path | None = None, progress: Callabl
     return run
 
 
-async def _run(cluster: WarmLiveCluster, trace: list[TraceRecord], prewarm: bool) -> RunResult:
+async def _run(cluster: WarmLiveCluster, trace: list[TraceRecord], prewarm: bool) -> tuple[RunResult, dict]:
     from loadgen.runner.runner import LoadRunner, RunnerConfig, served_context
-    from shared.bus import Bus, BusSettings, Delivery
-    from shared.events import WorkerStats
-    from shared.events.plan import PlacePrewarm, PlanDecided, ScaleDown, ScaleUp
-    from shared.planner.view import prewarmed_models
-    from shared.subjects import plan_event, worker_stats
 
-    latest: dict[str, WorkerStats] = {}
-    counts = {"up": 0, "warm": 0, "prewarm": 0, "down": 0}
-
-    async def on_stats(msg: WorkerStats, _ctx: Delivery) -> None:
-        latest[msg.worker_id] = msg
-
-    async def on_plan(msg: PlanDecided, _ctx: Delivery) -> None:
-        action = msg.plan.actions[0]
-        if isinstance(action, ScaleUp):
-            counts["up"] += 1
-            stats = latest.get(action.worker_id)
-            counts["warm"] += bool(stats is not None and prewarmed_models(stats).get(action.model, 0) > 0)
-        elif isinstance(action, PlacePrewarm):
-            counts["prewarm"] += 1
-        elif isinstance(action, ScaleDown):
-            counts["down"] += 1
-
-    bus = await Bus.connect(BusSettings(url=cluster.nats_url), service="cli")
+    watch = await LiveWatch().start(cluster.nats_url)
     started = time.perf_counter()
     try:
-        await bus.subscribe(worker_stats(), WorkerStats, on_stats)
-        await bus.subscribe(plan_event("decided"), PlanDecided, on_plan)
         context = await asyncio.to_thread(served_context, cluster.url)
         outcome = await LoadRunner(trace, RunnerConfig(url=cluster.url, request_timeout_s=120.0), context=context).run()
+        await asyncio.sleep(0.5)  # the last plan events on their way
     finally:
-        await bus.close()
+        await watch.stop()
     want = {r.request_id: r.output_tokens for r in trace}
     records = outcome.records
     ok = [r for r in records if r.status == "ok" and r.output_tokens == want.get(r.request_id)]
     ttft = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
-    return RunResult(prewarm=prewarm, ttft_p50_s=statistics.median(ttft) if ttft else math.nan,
-                     ttft_p99_s=_quantile(ttft, 0.99), requests=len(trace), lost=len(trace) - len(ok),
-                     scale_ups=counts["up"], warm_scale_ups=counts["warm"], prewarms=counts["prewarm"],
-                     scale_downs=counts["down"], wall_s=time.perf_counter() - started,
-                     lost_reasons=[f"{r.request_id} {r.status} {r.output_tokens}/{want.get(r.request_id)} {r.error}"
-                                   for r in records if r not in ok][:20])
-
-
-def probe_trace(cfg: WarmLiveConfig, model: str) -> list[TraceRecord]:
-    """`probe_rps` of one model for `probe_s` (seeded Poisson): the load the autoscaler must scale out for."""
-    rng = np.random.default_rng(cfg.seed + 7)
-    out, t = [], float(rng.exponential(1 / cfg.probe_rps))
-    while t < cfg.probe_s:
-        out.append(TraceRecord(arrival_s=round(t, 4), model=model, request_id=f"probe-{len(out)}",
-                               prompt_tokens=int(rng.integers(*cfg.prompt_tokens)),
-                               output_tokens=int(rng.integers(*cfg.probe_output_tokens))))
-        t += float(rng.exponential(1 / cfg.probe_rps))
-    return out
-
-
-async def _probe(cluster: WarmLiveCluster, cfg: WarmLiveConfig, model: str, batch: int) -> ScaleOutProbe:
-    from loadgen.runner.runner import LoadRunner, RunnerConfig, served_context
-    from shared.bus import Bus, BusSettings, Delivery
-    from shared.events import WorkerStats
-    from shared.events.plan import PlanApplied, PlanDecided, PlanEvent, PlanFailed, ScaleUp
-    from shared.planner.view import prewarmed_models
-    from shared.policy.autoscaler import AutoscaleParams
-    from shared.subjects import CATALOG, worker_stats
-
-    latest: dict[str, WorkerStats] = {}
-    ups: dict[str, tuple[float, ScaleUp, str, bool]] = {}  # plan id -> (decided at, action, held, autoscaler)
-    applied: dict[str, float] = {}
-    failed: set[str] = set()
-
-    async def on_stats(msg: WorkerStats, _ctx: Delivery) -> None:
-        latest[msg.worker_id] = msg
-
-    async def on_plan(msg: PlanEvent, _ctx: Delivery) -> None:
-        now = time.perf_counter()
-        if isinstance(msg, PlanDecided) and isinstance(msg.plan.actions[0], ScaleUp):
-            action = msg.plan.actions[0]
-            if action.model == model:
-                stats = latest.get(action.worker_id)
-                held = "idle"
-                if stats is not None:
-                    serving = sorted({i.model for i in stats.instances})
-                    warm = sorted(prewarmed_models(stats))
-                    held = (f"serving {', '.join(serving)}" if serving else "") + \
-                        ("; " if serving and warm else "") + (f"warm: {', '.join(warm)}" if warm else "")
-                ups[msg.plan.plan_id] = (now, action, held or "idle", msg.plan.reason.startswith("autoscaler:"))
-        elif isinstance(msg, PlanApplied):
-            applied[msg.plan_id] = now
-        elif isinstance(msg, PlanFailed):
-            failed.add(msg.plan_id)
-
-    trace = probe_trace(cfg, model)
-    bus = await Bus.connect(BusSettings(url=cluster.nats_url), service="cli")
-    try:
-        await bus.subscribe(worker_stats(), WorkerStats, on_stats)
-        await bus.subscribe(CATALOG["plan.event"].wildcard, PlanEvent, on_plan)
-        await asyncio.sleep(2.0)  # the latest stats of every worker
-        context = await asyncio.to_thread(served_context, cluster.url)
-        started = time.perf_counter()
-        outcome = await LoadRunner(trace, RunnerConfig(url=cluster.url, request_timeout_s=120.0),
-                                   context=context).run()
-        await asyncio.sleep(1.0)  # outcomes still on their way
-    finally:
-        await bus.close()
-    want = {r.request_id: r.output_tokens for r in trace}
-    ok = [r for r in outcome.records if r.status == "ok" and r.output_tokens == want.get(r.request_id)]
-    mine = {pid: u for pid, u in ups.items() if u[0] >= started}
-    first = min((u for pid, u in mine.items() if u[3]), key=lambda u: u[0], default=None)
-    first_id = next((pid for pid, u in mine.items() if u is first), None)
-    probe = ScaleOutProbe(model=model, rps=cfg.probe_rps, batch=batch, window_s=AutoscaleParams().window_s,
-                          requests=len(trace), lost=len(trace) - len(ok), decided_s=None, applied_s=None,
-                          scale_ups=len(mine), refused=len(set(mine) & failed))
-    if first is not None and first_id is not None:
-        probe.decided_s = first[0] - started
-        probe.applied_s = applied[first_id] - started if first_id in applied else None
-        probe.worker, probe.worker_held = first[1].worker_id, first[2]
-    return probe
+    lines, actions = timeline(watch, outcome, outcome.t0_unix)
+    ups = [a for a in actions if a["kind"] == "scale_up"]
+    result = RunResult(prewarm=prewarm, ttft_p50_s=statistics.median(ttft) if ttft else math.nan,
+                       ttft_p99_s=_quantile(ttft, 0.99), requests=len(trace), lost=len(trace) - len(ok),
+                       scale_ups=len(ups), warm_scale_ups=sum(a["warm_bytes"] > 0 for a in ups),
+                       prewarms=sum(a["kind"] == "prewarm" for a in actions),
+                       scale_downs=sum(a["kind"] == "scale_down" for a in actions),
+                       wall_s=time.perf_counter() - started,
+                       lost_reasons=[f"{r.request_id} {r.status} {r.output_tokens}/{want.get(r.request_id)} {r.error}"
+                                     for r in records if r not in ok][:20],
+                       slowest=[describe(line) for line in slowest(lines)])
+    return result, {"requests": [asdict(line) for line in lines], "actions": actions}
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -318,7 +234,8 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 def write_summary(out: Path, run: WarmLiveRun, command: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     data = {"command": command, "config": asdict(run.config), "wall_s": round(run.wall_s, 1), "line": run.line(),
-            "runs": {k: {**asdict(v), "hit_rate": v.hit_rate} for k, v in run.runs.items()},
+            "ratios": run.ratios(),
+            "runs": [{k: {**asdict(v), "hit_rate": v.hit_rate} for k, v in pair.items()} for pair in run.pairs],
             "probe": asdict(run.probe) if run.probe is not None else None}
     path = out / "summary-live.json"
     path.write_text(json.dumps(data, indent=2))

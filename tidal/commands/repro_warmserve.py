@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="directory of the Azure LLM 2023 CSVs (default ../shared/data/azure-llm-2023)")
     p.add_argument("--duration", type=float, default=None, metavar="S",
                    help="--live: seconds of the shifting trace (default 60)")
+    p.add_argument("--runs", type=int, default=None, metavar="N",
+                   help="--live: prewarm / no-prewarm pairs, each arm on a fresh cluster, the order alternating "
+                        "(default 3); the ratio is printed as the median and range over them")
     p.add_argument("--live", action="store_true",
                    help="instead: a local cluster of 4 CPU workers and 5 small models under a shifting trace, "
                         "prewarm on vs off (P50/P99 TTFT, prewarm hit rate), then one model driven hard while "
@@ -115,13 +118,19 @@ def _run_live(args: argparse.Namespace) -> int:
     if args.duration is not None and args.duration <= 0:
         print(f"error: --duration must be > 0 seconds, got {args.duration}", file=sys.stderr)
         return 2
+    if args.runs is not None and args.runs < 1:
+        print(f"error: --runs must be >= 1, got {args.runs}", file=sys.stderr)
+        return 2
     cfg = WarmLiveConfig(seed=args.seed if args.seed is not None else 0)
+    if args.runs is not None:
+        cfg = dataclasses.replace(cfg, runs=args.runs)
     if args.duration is not None:
         cfg = dataclasses.replace(cfg, duration_s=args.duration)
     out = Path(args.out) if args.out else default_out("warmserve-live")
-    run = run_live(cfg, root=out / "work", progress=lambda line: print(line, flush=True))  # models, cluster logs
+    run = run_live(cfg, root=out / "work", timelines=out,  # work/: models, cluster logs
+                   progress=lambda line: print(line, flush=True))
     argv = sys.argv[3:] if sys.argv[1:3] == ["repro", "warmserve"] else []
     print(f"summary: {write_summary(out, run, ('tidal repro warmserve ' + shlex.join(argv)).strip())}")
     print(run.line())
-    lost = sum(r.lost for r in run.runs.values())
+    lost = sum(r.lost for pair in run.pairs for r in pair.values())
     return 0 if lost == 0 else 1
