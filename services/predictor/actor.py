@@ -6,7 +6,8 @@ ended and late stats from other dispatchers can no longer come (two stats interv
 closed: each known model's avg and peak rate and concurrency are appended to its history, the
 history is written to JetStream, and then the ensemble's forecast (shared/policy/forecast_outlook.py:
 CSP, last value, seasonal naive and EWMAs weighted by their recent errors, with P50/P90) of the
-window now starting is published on `tidal.v1.predict.<model>`. Known models: the config's,
+window now starting, spike-guarded (shared/policy/forecast_guard.py: toward the last value when the
+ensemble's last error jumps; the forecast the simulator reads), is published on `tidal.v1.predict.<model>`. Known models: the config's,
 those with a stored history, those seen in stats. The windows still filling are flushed every
 second while they change, and at shutdown, so a restart (or a crash, less the last second)
 loses nothing; several windows that ended while the predictor was down are recorded missing.
@@ -26,8 +27,10 @@ from shared.events.predict import Forecast, LoadQuantiles, MemberWeight
 from shared.events.worker import WorkerStats
 from shared.logging import get_logger
 from shared.policy.forecast_ensemble import EnsembleForecast, EnsembleParams
+from shared.policy.forecast_guard import GuardParams, guarded_at
 from shared.policy.forecast_members import MemberParams
-from shared.policy.forecast_outlook import LoadOutlook, outlook
+from shared.policy.forecast_outlook import LoadOutlook, at_least
+from shared.policy.warmserve_predictor import Series
 from shared.policy.warmserve_predictor import CspParams
 from shared.subjects import dispatch_stats, predict_forecast, worker_stats
 from shared.wire import TidalError
@@ -49,8 +52,8 @@ class Predictor(Actor):
         self.window_s = float(p.window)
         self.keep = int(p.history_windows)
         self.replicas = int(config.registry.replicas)
-        csp = CspParams.for_windows(self.window_s, float(p.season), lookback=int(p.lookback))
-        self.params = EnsembleParams(MemberParams(windows_per_season=csp.windows_per_season, lookback=csp.lookback))
+        self.params = ensemble_params(config)
+        self.guard = GuardParams()
         stats_interval = float(config.dispatcher.stats_interval)
         self.book = WindowBook(self.window_s, float(p.peak_slot), grace_s=2 * stats_interval)
         if float(p.peak_slot) < stats_interval:
@@ -143,14 +146,22 @@ class Predictor(Actor):
         return True
 
     def _outlooks(self, w: int) -> dict[str, tuple[LoadOutlook, LoadOutlook | None]]:
-        """Each model's rate and concurrency outlook for window w (pure CPU: run off the event loop)."""
+        """Each model's guarded rate and concurrency outlook for window w (pure CPU: run off the event loop)."""
         out = {}
         for model, h in self.histories.items():
             k = w - h.first_window
-            rate = outlook(h.avg, h.peak, k, self.params)
+            rate = self._outlook(model, "rps", h.avg, h.peak, k)
             seen = any(v is not None for v in h.conc_avg)
-            out[model] = (rate, outlook(h.conc_avg, h.conc_peak, k, self.params) if seen else None)
+            out[model] = (rate, self._outlook(model, "concurrency", h.conc_avg, h.conc_peak, k) if seen else None)
         return out
+
+    def _outlook(self, model: str, load: str, avg_series: Series, peak_series: Series, k: int) -> LoadOutlook:
+        """`forecast_outlook.outlook` with each series spike-guarded on its own errors (peak >= avg after)."""
+        avg, lam = guarded_at(avg_series, k, self.params, self.guard)
+        peak, lam_peak = guarded_at(peak_series, k, self.params, self.guard)
+        metrics.GUARD_WEIGHT.labels(model, f"{load}_avg").set(lam)
+        metrics.GUARD_WEIGHT.labels(model, f"{load}_peak").set(lam_peak)
+        return LoadOutlook(avg=avg, peak=at_least(peak, avg))
 
     async def _publish(self, w: int, now: float) -> list[Forecast]:
         out = []
@@ -175,6 +186,13 @@ class Predictor(Actor):
         return out
 
 
+def ensemble_params(config: ClusterConfig) -> EnsembleParams:
+    """The ensemble the predictor runs for `[predictor]` (its windows per season, Eq. 3's lookback)."""
+    p = config.predictor
+    csp = CspParams.for_windows(float(p.window), float(p.season), lookback=int(p.lookback))
+    return EnsembleParams(MemberParams(windows_per_season=csp.windows_per_season, lookback=csp.lookback))
+
+
 def _quantiles(fc: EnsembleForecast) -> LoadQuantiles:
     return LoadQuantiles(p50=fc.quantile(0.5), p90=fc.quantile(0.9))
 
@@ -195,4 +213,4 @@ def _forecast(model: str, instance: str, now: float, w: int, window_s: float, ra
         observed_concurrency=last_conc, members=members)
 
 
-__all__ = ["Predictor"]
+__all__ = ["Predictor", "ensemble_params"]

@@ -30,3 +30,9 @@ FORECAST_CONCURRENCY = Gauge(
     "The latest forecast per model: avg requests in the system over the next window",
     ["model", "kind"], registry=REGISTRY,
 )
+GUARD_WEIGHT = Gauge(
+    "tidal_predictor_guard_weight",
+    "The spike guard's lam in the latest forecast per model and series (rps_avg, rps_peak, concurrency_avg, "
+    "concurrency_peak): 0 the ensemble as it is, 1 moved all the way to the last window's value",
+    ["model", "series"], registry=REGISTRY,
+)

@@ -179,12 +179,20 @@ def ensemble_series(series: Series, p: EnsembleParams, end: int | None = None) -
 
 def ensemble_at(series: Series, w: int, p: EnsembleParams) -> EnsembleForecast:
     """The ensemble's forecast of window w (w may be len(series): the next window)."""
-    origin = max(0, w - lookback_windows(p))
-    fcs = {n: [member_forecast(n, series, v, p.members) for v in range(origin, w + 1)] for n in p.members.members}
-    return _run(series, fcs, origin, w, w + 1, p)[0]
+    return ensemble_range(series, w, w + 1, p)[0]
+
+
+def ensemble_range(series: Series, first: int, end: int, p: EnsembleParams) -> list[EnsembleForecast]:
+    """The ensemble's forecasts of windows first..end-1 (each as `ensemble_at` gives it), in one pass."""
+    if not 0 <= first < end:
+        raise ValueError(f"need 0 <= first < end, got {first} and {end}")
+    origin = max(0, first - lookback_windows(p))
+    fcs = {n: [member_forecast(n, series, v, p.members) for v in range(origin, end)] for n in p.members.members}
+    return _run(series, fcs, origin, first, end, p)
 
 
 __all__ = [
-    "EnsembleForecast", "EnsembleParams", "MemberForecast", "empirical_quantile", "ensemble_at", "ensemble_series",
+    "EnsembleForecast", "EnsembleParams", "MemberForecast", "empirical_quantile", "ensemble_at", "ensemble_range",
+    "ensemble_series",
     "lookback_windows",
 ]

@@ -24,9 +24,9 @@ forecaster's.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from shared.policy.forecast_ensemble import EnsembleParams, ensemble_series
+from shared.policy.forecast_ensemble import EnsembleForecast, EnsembleParams, ensemble_range, ensemble_series
 from shared.policy.warmserve_predictor import Series, last_value
 
 
@@ -91,4 +91,22 @@ def guarded_ensemble_series(series: Series, ensemble: EnsembleParams, p: GuardPa
     return guard_series(series, points, p)
 
 
-__all__ = ["GuardParams", "guard_series", "guarded_ensemble_series", "spike_weight"]
+def guarded_at(series: Series, w: int, ensemble: EnsembleParams, p: GuardParams) -> tuple[EnsembleForecast, float]:
+    """The ensemble's forecast of window w (w may be len(series): the next window), spike-guarded, and its
+    lam: the point as `guarded_ensemble_series` gives it for w (what the simulator reads), computed from
+    the ensemble's forecasts of w and the `baseline_windows` + 1 windows before it only (the live
+    predictor's cost: one pass, not one per window). Each quantile moves with the point (by the same
+    amount, never below 0): the guard moves the level, not the spread of the ensemble's residuals."""
+    first = max(0, w - 1 - p.baseline_windows)
+    fcs = ensemble_range(series, first, w + 1, ensemble)
+    points = [0.0] * first + [f.point for f in fcs]  # only windows first..w are read
+    lam = spike_weight(series, points, w, p)
+    raw = fcs[-1]
+    if lam == 0:
+        return raw, 0.0
+    point = lam * last_value(series, w) + (1.0 - lam) * raw.point
+    delta = point - raw.point
+    return replace(raw, point=point, quantiles=tuple((q, max(0.0, v + delta)) for q, v in raw.quantiles)), lam
+
+
+__all__ = ["GuardParams", "guard_series", "guarded_at", "guarded_ensemble_series", "spike_weight"]

@@ -78,3 +78,24 @@ def test_bad_parameters_are_refused() -> None:
         GuardParams(baseline_windows=0)
     with pytest.raises(ValueError, match="min_error"):
         GuardParams(min_error=-0.1)
+
+
+def test_guarded_at_is_the_series_forecast_of_one_window_and_moves_its_quantiles_with_the_point() -> None:
+    from shared.policy.forecast_ensemble import ensemble_at
+    from shared.policy.forecast_guard import guarded_at
+
+    series = FLAT[:30] + [60.0 + 2.5 * math.sin(1.7 * k) for k in range(8)] + [None, 61.0]
+    params = EnsembleParams(MemberParams(windows_per_season=12), error_windows=8, residual_windows=10)
+    guard = GuardParams(baseline_windows=4)
+    whole = guarded_ensemble_series(series, params, guard)
+    acted = 0
+    for w in range(len(series) + 1):
+        fc, lam = guarded_at(series, w, params, guard)
+        raw = ensemble_at(series, w, params)
+        assert fc.point == pytest.approx(whole[w], abs=1e-9), w
+        assert lam == pytest.approx(spike_weight(series, [e.point for e in ensemble_series(series, params)], w, guard))
+        delta = fc.point - raw.point
+        for (q, v), (q0, v0) in zip(fc.quantiles, raw.quantiles):
+            assert q == q0 and v == pytest.approx(max(0.0, v0 + delta))
+        acted += lam > 0
+    assert acted >= 1  # the shift at window 30 moved at least one forecast
