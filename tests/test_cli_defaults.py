@@ -51,7 +51,7 @@ CASES: dict[str, tuple[list[str], bool]] = {
     "repro caraserve --live": (["repro", "caraserve", "--live", "--workers", "1", "--adapters", "4", "--rate", "1",
                                 "--duration", "5"], True),
     "repro kunserve --live": (["repro", "kunserve", "--live", "--workers", "2"], True),
-    "repro warmserve --live": (["repro", "warmserve", "--live", "--duration", "16"], True),
+    "repro warmserve --live": (["repro", "warmserve", "--live", "--duration", "16", "--runs", "1"], True),
     "repro economy": (["repro", "economy", "--scale", "tiny", "--no-plots"], True),
     "repro economy --live": (["repro", "economy", "--live", "--duration", "10"], True),
     "repro prefix": (["repro", "prefix", "--minutes", "1"], False),
