@@ -181,11 +181,12 @@ def _gpus_task(cfg: EconomyConfig, arm: str) -> int | None:
 
 
 def run_repro(cfg: EconomyConfig, progress: Callable[[str], None] = lambda line: None,
-              keep: dict[str, EconomyResult] | None = None, jobs: int = 1) -> tuple[list[Point], dict[str, int | None]]:
+              keep: dict[str, EconomyResult] | None = None, jobs: int = 1,
+              checkpoint: Callable[[Point], None] = lambda point: None) -> tuple[list[Point], dict[str, int | None]]:
     """The sweep (rates x seeds, every arm), then the GPU sweep at the headline rate for the arbiter and
     the single mechanism best there. `keep` gets the headline rate's first seed's full results. `jobs`: points
     (one trace, every arm) run over that many processes; the simulator is deterministic, so the figures are
-    the same at any `jobs`."""
+    the same at any `jobs`. `checkpoint` gets each point as it ends (a run cut short keeps them)."""
     if jobs < 1:
         raise ValueError(f"economy repro: jobs must be >= 1, got {jobs}")
     tasks = [(rate, seed, keep is not None and rate == cfg.headline_rate and seed == cfg.seeds[0])
@@ -196,6 +197,7 @@ def run_repro(cfg: EconomyConfig, progress: Callable[[str], None] = lambda line:
             keep.update(full)
         cells = " ".join(f"{a}={m.p99_ttft:.2f}s" for a, m in p.results.items())
         progress(f"rate={p.rate:g} seed={p.seed}: p99 ttft {cells} ({p.wall_s:.0f}s)")
+        checkpoint(p)
         return p
 
     if jobs == 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import pickle
 import shlex
 import sys
 import time
@@ -102,7 +103,12 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
         return 2
-    points, gpus = run_repro(cfg, progress=lambda line: print(line, flush=True), keep=full, jobs=args.jobs)
+    def checkpoint(point) -> None:  # each point as it ends, so a run cut short keeps what it had
+        (out / "points").mkdir(parents=True, exist_ok=True)
+        (out / "points" / f"rate{point.rate:g}-seed{point.seed}.pickle").write_bytes(pickle.dumps(point))
+
+    points, gpus = run_repro(cfg, progress=lambda line: print(line, flush=True), keep=full, jobs=args.jobs,
+                             checkpoint=checkpoint)
     head = headline(points, cfg, gpus)
     argv = sys.argv[3:] if sys.argv[1:3] == ["repro", "economy"] else []
     command = ("tidal repro economy " + shlex.join(argv)).strip()
