@@ -51,8 +51,11 @@ def build_policies(config: ClusterConfig, *, group_prefix: str, scale_up: ScaleU
     if pol.buddy_groups:  # false: not constructed, so nothing of KunServe runs
         policies.append(KunServePolicy(load_pipeline_profile(pol.kunserve_profile), kv_block_tokens=pol.kv_block_tokens,
                                        unsplit_max_batch=pol.max_batch_size, group_prefix=group_prefix))
+    # MELL's bins must keep decoding within [slo] tpot: a move goes only where it keeps the destination's
+    # projected step within it (shared/planner/mell_compute.py)
     policies.append(MellPolicy(migration=pol.migration, kv_high_watermark=p.kv_high_watermark,
-                               max_migrations_per_op=p.max_migrations_per_op, packer=p.packer))
+                               max_migrations_per_op=p.max_migrations_per_op, packer=p.packer,
+                               tpot_s=config.slo.tpot.absolute_s, tpot_factor=config.slo.tpot.factor))
     if p.autoscale:
         # the public code's autoscaler (shared/policy/autoscaler.py: 0.8 / 0.5 of B per instance over a 5 s
         # window, 5 s protect period), the rule the fleet simulator runs; B = max_batch_size

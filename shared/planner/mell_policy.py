@@ -15,7 +15,11 @@ Every interval (`decide`):
    where MELL's placement differs from where it runs, that difference is a move.
 2. Moves: every request not on its MELL device is a candidate; candidates leaving a worker above the
    watermark come first (KV pressure: they move before requests queue there), then the others
-   (fragmentation: consolidation). `mell_migration.choose_migration_modes` packs them into the links'
+   (fragmentation: consolidation). With a TPOT SLO (`tpot_s` / `tpot_factor`: the live planner passes
+   `[slo] tpot`), each goes only where the destination's projected decode step stays within it
+   (shared/planner/mell_compute.py: MELL's bins must keep serving at the SLO; on a compute-bound CPU
+   worker packing by bytes alone piled every request onto one worker); one that does not waits, and
+   `skipped` says why. Then `mell_migration.choose_migration_modes` packs them into the links'
    spare bytes (KV mode) and the destinations' spare prefill tokens (token mode) for this interval,
    honouring `[policies] migration`; what fits neither is tried again next interval.
 3. A usable worker with no request, and none on its way to it, is reported idle (once per idle spell).
@@ -36,6 +40,7 @@ from typing import Literal
 
 from shared.events.plan import Migrate, PlacementHints, PlanApplied, PlanFailed, PlanOutcome, ReportIdle
 from shared.planner.effects import Decision, Effect, action_of
+from shared.planner.mell_compute import ComputeGate, TpotSlo
 from shared.planner.mell_hints import HINT_INTERVALS, model_hints
 from shared.planner.policy import Busy
 from shared.planner.view import ClusterView, WorkerView
@@ -68,7 +73,8 @@ class MellPolicy:
 
     def __init__(self, *, migration: MigrationSetting = "auto", kv_high_watermark: float = 0.9,
                  max_migrations_per_op: int = 10, max_attempts: int = 3, batching: bool = True,
-                 operator_hold_s: float = OPERATOR_HOLD_S, packer: PackerSetting = "mell") -> None:
+                 operator_hold_s: float = OPERATOR_HOLD_S, packer: PackerSetting = "mell",
+                 tpot_s: float | None = None, tpot_factor: float | None = None) -> None:
         if not 0 < kv_high_watermark <= 1:
             raise ValueError(f"kv_high_watermark must be in (0, 1], got {kv_high_watermark}")
         if migration not in ("auto", "kv", "tokens", "off"):
@@ -90,12 +96,27 @@ class MellPolicy:
         self.seen_on: dict[str, str] = {}  # request -> the worker it ran on at the last interval
         self.planned_to: dict[str, str] = {}  # request -> the destination of this planner's applied move
         self.held_until: dict[str, float] = {}  # request moved by someone else -> not moved before this time
+        # the compute boundary: no SLO given (both None), no gate (MELL's own packing, as the simulator runs it)
+        no_slo = tpot_s is None and tpot_factor is None
+        self.gate = None if no_slo else ComputeGate(TpotSlo(tpot_s=tpot_s, factor=tpot_factor))
+        self.en_route: dict[str, tuple[str, str]] = {}  # request -> (destination, model) of this policy's move
+        self.skipped: dict[str, str] = {}  # request -> why its move waits (the last interval's, by the gate)
+        self.skips: Counter[str] = Counter()  # moves the gate held back, by trigger (all intervals)
+        self._notes: dict[str, str] = {}  # request -> the projection its move was admitted on (this interval)
 
     # --- the Policy protocol ----------------------------------------------------------------
     def decide(self, view: ClusterView, busy: Busy) -> list[Decision]:
         pressure: list[tuple[MigrationCandidate, str]] = []
         other: list[tuple[MigrationCandidate, str]] = []
         targets: set[str] = set()
+        if self.gate is not None:
+            self.gate.observe(view)
+            for rid, (dest, _) in list(self.en_route.items()):
+                where = view.location(rid)
+                # arrived (its destination's stats count it now), or no longer on its way (neither in flight nor
+                # an applied move still missing from the views)
+                if (where is not None and where[0] == dest) or not (busy.request(rid) or rid in self.moved_at):
+                    del self.en_route[rid]
         for model, workers in sorted(_serving(view).items()):
             state = self._state_for(model, workers)
             self._sync(state, view, model, busy)
@@ -120,7 +141,9 @@ class MellPolicy:
                 self.failures.pop(action.request_id, None)
                 self.moved_at[action.request_id] = outcome.ts
                 self.planned_to[action.request_id] = action.destination
-            elif isinstance(outcome, PlanFailed):  # a stale view's cancellation is not the request's failure
+            else:
+                self.en_route.pop(action.request_id, None)  # it did not go: not on its way to the destination
+            if isinstance(outcome, PlanFailed):  # a stale view's cancellation is not the request's failure
                 self.failures[action.request_id] += 1
         elif isinstance(action, ReportIdle) and not isinstance(outcome, PlanApplied):
             self.reported_idle.discard(action.worker_id)  # not reported after all: report it again
@@ -247,7 +270,7 @@ class MellPolicy:
     # --- decisions ------------------------------------------------------------------------
     def _migrations(self, view: ClusterView, pressure: list[tuple[MigrationCandidate, str]],
                     other: list[tuple[MigrationCandidate, str]]) -> list[Decision]:
-        ordered = pressure + other
+        ordered = self._compute_gate(view, pressure, other)
         if not ordered:
             return []
         candidates = [c for c, _ in ordered]
@@ -255,6 +278,7 @@ class MellPolicy:
         prefill = {c.destination: view.prefill_budget(c.destination) for c in candidates}
         model_of = {c.request_id: m for c, m in ordered}
         hot = {c.request_id for c, _ in pressure}
+        notes = self._notes
         decisions = []
         for choice in choose_migration_modes(candidates, links, prefill, self.migration):
             if choice.mode == "defer":
@@ -265,12 +289,35 @@ class MellPolicy:
             trigger = "kv_pressure" if choice.request_id in hot else "fragmentation"
             why = (f"{choice.source} is above the KV high watermark" if trigger == "kv_pressure"
                    else f"MELL consolidates onto {choice.destination}")
+            if choice.request_id in notes:
+                why += f"; {notes[choice.request_id]}"
+                self.en_route[choice.request_id] = (choice.destination, model_of[choice.request_id])
             decisions.append(Decision(
                 action=Migrate(request_id=choice.request_id, source=choice.source, destination=choice.destination,
                                destination_instance=inst.instance_id, mode=choice.mode),
                 trigger=trigger, reason=f"{why}; by {choice.mode}",
             ))
         return decisions
+
+    def _compute_gate(self, view: ClusterView, pressure: list[tuple[MigrationCandidate, str]],
+                      other: list[tuple[MigrationCandidate, str]]) -> list[tuple[MigrationCandidate, str]]:
+        """The moves whose destinations keep decoding within the TPOT SLO (all of them without a gate), in
+        order; `_notes` the projection each was admitted on, `skipped` why the others wait."""
+        self._notes, self.skipped = {}, {}
+        if self.gate is None:
+            return pressure + other
+        arriving = Counter(self.en_route.values())
+        moves = [(c, m, True) for c, m in pressure] + [(c, m, False) for c, m in other]
+        admitted = []
+        for verdict in self.gate.judge(view, moves, arriving):
+            rid = verdict.candidate.request_id
+            if verdict.ok:
+                self._notes[rid] = verdict.note
+                admitted.append((verdict.candidate, verdict.model))
+            else:
+                self.skipped[rid] = verdict.note
+                self.skips["kv_pressure" if verdict.hot else "fragmentation"] += 1
+        return admitted
 
     def _idle(self, view: ClusterView, targets: set[str]) -> list[Decision]:
         decisions = []
