@@ -3,11 +3,14 @@
 A `CapacityRequest` (the dispatcher holds requests for a model no live instance serves) becomes one
 `ScaleUp` effect — `LoadModel` on the chosen worker. The choice, on the view alone (pure):
 * candidates are usable workers with no accepting instance of the model;
-* a worker holding prewarmed bytes of the model comes first, the most warm bytes first (its start
-  reads little or nothing from the checkpoint: WarmServe's prewarm hit);
-* then the one with the most room, where room = free bytes + every prewarmed byte (warm weights of
-  other models are given up for a serving instance) + KV reserved but unused; a worker whose room
-  cannot hold the model's weights (less what is warm there) is no candidate.
+* the one whose instance would serve soonest comes first (shared/planner/start_cost.py: the cold part
+  of its start at the measured load rate, plus the requests of its other models it would queue behind):
+  a worker holding the model warm wins among idle ones (its start reads little or nothing from the
+  checkpoint: WarmServe's prewarm hit), but not when its other models' queue costs more than the cold
+  start it saves;
+* then the most warm bytes, then the one with the most room, where room = free bytes + every prewarmed
+  byte (warm weights of other models are given up for a serving instance) + KV reserved but unused; a
+  worker whose room cannot hold the model's weights (less what is warm there) is no candidate.
 One scale-up per model is in flight at a time: a second request meanwhile gets the first plan's id.
 
 `StartTracker` holds every start decided (this path's and WarmServe's autoscaler's) until the view
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from shared.events.plan import PlanApplied, PlanOutcome, ScaleUp
 from shared.planner.effects import Decision, Effect, action_of
 from shared.planner.policy import Busy
+from shared.planner.start_cost import StartCosts
 from shared.planner.view import ClusterView, WorkerView
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -45,17 +49,19 @@ class _Start:
     plan_id: str
     decided_at: float
     applied_at: float | None = None
+    cold_bytes: int = 0  # what it reads from the checkpoint (its weights less what was warm there)
 
 
 class StartTracker:
     """Starts decided and not yet visible as an instance in the view (pure: time is the view's)."""
 
-    def __init__(self, seen_timeout_s: float = 30.0) -> None:
+    def __init__(self, seen_timeout_s: float = 30.0, costs: StartCosts | None = None) -> None:
         self.seen_timeout_s = seen_timeout_s  # an applied start whose instance never shows up is dropped then
         self._starts: dict[str, _Start] = {}  # instance id -> its start
+        self.costs = costs or StartCosts()  # the measured cold-start rate both paths rank workers by
 
-    def add(self, action: ScaleUp, plan_id: str, now: float) -> None:
-        self._starts[action.instance_id] = _Start(action.model, action.worker_id, plan_id, now)
+    def add(self, action: ScaleUp, plan_id: str, now: float, cold_bytes: int = 0) -> None:
+        self._starts[action.instance_id] = _Start(action.model, action.worker_id, plan_id, now, cold_bytes=cold_bytes)
 
     def named(self, effect: Effect) -> None:
         """The core gave a decided start its effect id (the plan a capacity request is answered with)."""
@@ -71,6 +77,7 @@ class StartTracker:
             return
         if isinstance(outcome, PlanApplied):
             start.applied_at = outcome.ts
+            self.costs.observe(start.cold_bytes, outcome.duration_s)
         else:
             del self._starts[action.instance_id]
 
@@ -109,6 +116,7 @@ class ScaleUpPolicy:
     def __init__(self, tracker: StartTracker | None = None) -> None:
         self.pending: dict[str, str] = {}  # model -> plan id of its scale-up in flight
         self.tracker = tracker or StartTracker()  # every start in flight, both paths
+        self._cold: dict[str, int] = {}  # instance id -> cold bytes of a start decided, until `started`
 
     def decide(self, view: ClusterView, busy: Busy) -> list[Decision]:
         return []  # decides only on a capacity request (`for_capacity`), never on the interval
@@ -121,7 +129,7 @@ class ScaleUpPolicy:
         need = record.weight_bytes
         self.tracker.refresh(view)
         starting = self.tracker.workers(model)
-        best: tuple[tuple[int, int, str], WorkerView] | None = None
+        best: tuple[tuple[float, int, int, str], WorkerView] | None = None
         for worker in view.usable_workers():
             if any(i.model == model for i in worker.instances) or worker.worker_id in starting:
                 continue  # it serves the model already (or is evicting or starting it: it would refuse busy)
@@ -129,7 +137,7 @@ class ScaleUpPolicy:
             room = room_bytes(worker)
             if room + warm < need:
                 continue
-            rank = (-warm, -room, worker.worker_id)
+            rank = (self.tracker.costs.wait_s(worker, model, need), -warm, -room, worker.worker_id)
             if best is None or rank < best[0]:
                 best = (rank, worker)
         if best is None:
@@ -138,15 +146,17 @@ class ScaleUpPolicy:
         warm = worker.prewarmed.get(model, 0)
         why = (f"{model} has queued requests and no instance; {worker.worker_id} holds {warm} B of it warm"
                if warm else f"{model} has queued requests and no instance; {worker.worker_id} has the most room")
-        return Decision(action=ScaleUp(model=model, worker_id=worker.worker_id,
-                                       instance_id=scale_up_instance_id(worker.worker_id, model, int(view.now))),
-                        trigger="capacity_request", reason=why, ttl_s=SCALE_UP_TTL_S)
+        action = ScaleUp(model=model, worker_id=worker.worker_id,
+                         instance_id=scale_up_instance_id(worker.worker_id, model, int(view.now)))
+        self._cold[action.instance_id] = max(0, need - warm)
+        return Decision(action=action, trigger="capacity_request", ttl_s=SCALE_UP_TTL_S,
+                        reason=f"{why} (serves in ~{best[0][0]:.1f} s)")
 
     def started(self, effect: Effect) -> None:
         action = action_of(effect)
         assert isinstance(action, ScaleUp)
         self.pending[action.model] = effect.plan_id
-        self.tracker.add(action, effect.plan_id, effect.ts)
+        self.tracker.add(action, effect.plan_id, effect.ts, self._cold.pop(action.instance_id, 0))
 
     def on_outcome(self, effect: Effect, outcome: PlanOutcome) -> None:
         action = action_of(effect)

@@ -88,6 +88,8 @@ class WarmServePolicy:
         self.params = settings.autoscale
         self.capacity = capacity  # the capacity-request path: its starts in flight count here too
         self.starts = capacity.tracker if capacity is not None else StartTracker(settings.start_seen_timeout_s)
+        costs = self.starts.costs  # shared with the capacity path: its rates and loads rank both paths' workers
+        costs.default_bytes_per_s, costs.request_s = settings.load_bytes_per_s, settings.mean_request_s
         self.demand_settings = DemandSettings(settings.batch_size, settings.mean_request_s, settings.load_bytes_per_s,
                                               settings.prewarm_fraction)
         self.pending_prewarm: dict[tuple[str, str], int] = {}  # (worker, model) -> bytes, in flight
@@ -155,6 +157,7 @@ class WarmServePolicy:
         window.record(view.now, now_load)
         load = window.mean(view.now)
         accepting = [i for i in mine if i.accepting]
+        self.starts.costs.model_load[model] = load / len(accepting) if accepting else 0.0
         kept = self.s.keep_alive_s
         members = [Member(i.instance_id, self.first_seen.get(i.instance_id, view.now), i.running + i.waiting,
                           stoppable=not (i.running or i.waiting or i.requests)
@@ -182,7 +185,7 @@ class WarmServePolicy:
                 break
             warm = worker.prewarmed.get(model, 0)
             self.counts["scale_up_warm" if warm else "scale_up_cold"] += 1
-            self.starts.add(action, "", view.now)
+            self.starts.add(action, "", view.now, max(0, view.models[model].weight_bytes - warm))
             taken.add(worker.worker_id)
             # trigger: the autoscaler asks for capacity, as a dispatcher's capacity request does (PlanTrigger has
             # no "load"); the reason says which
@@ -216,7 +219,7 @@ class WarmServePolicy:
                          lives: dict[str, WorkerLife], taken: set[str]) -> WorkerView | None:
         need = view.models[model].weight_bytes
         starting = self.starts.workers(model)
-        best: tuple[tuple[int, bool, int, int, str], WorkerView] | None = None
+        best: tuple[tuple[float, int, bool, int, int, str], WorkerView] | None = None
         for w in workers:
             if w.worker_id in taken or w.worker_id in starting or any(i.model == model for i in w.instances):
                 continue
@@ -224,8 +227,10 @@ class WarmServePolicy:
             if room < need:
                 continue
             others = sum(b for m, b in w.prewarmed.items() if m != model)  # what dedication evicts
-            rank = (-w.prewarmed.get(model, 0), lives[w.worker_id].role is WorkerRole.DEDICATED, others, -room,
-                    w.worker_id)
+            # the soonest to serve (start_cost.py: a warm worker whose other models queue more than the cold
+            # start it saves is passed over), then the most warm, universal before dedicated, least to evict
+            rank = (self.starts.costs.wait_s(w, model, need), -w.prewarmed.get(model, 0),
+                    lives[w.worker_id].role is WorkerRole.DEDICATED, others, -room, w.worker_id)
             if best is None or rank < best[0]:
                 best = (rank, w)
         return None if best is None else best[1]
