@@ -42,7 +42,7 @@ from services.gpu_worker.engine.preloaded import PreloadedWeights, model_weight_
 from services.gpu_worker.instance import ModelInstance
 from services.gpu_worker.instance_snapshot import InstanceSnapshot
 from services.gpu_worker.loading import LoadError, load_instance
-from services.gpu_worker.prewarm import PREWARM_TENANT, PrewarmStore
+from services.gpu_worker.prewarm import PREWARM_TENANT, PrewarmStore, ServingGate
 from shared.bus import Delivery
 from shared.config import ClusterConfig, WorkerSpec
 from shared.events.ctl import CtlDone, CtlRefused, CtlRefusedCode, CtlReply, EvictModel, LoadModel, Prewarm
@@ -63,6 +63,7 @@ COMMANDS = Counter("tidal_worker_model_commands_total", "LoadModel / EvictModel 
 CHECKPOINT_READS = Counter("tidal_worker_checkpoint_opens_total", "safetensors files opened to start or prewarm "
                            "a model (0 for a start on warm weights)", registry=REGISTRY)
 DRAIN_POLL_S = 0.05
+PREWARM_YIELD_MAX_S = 10.0  # a prewarm read waits for the worker's requests this long at most (ctl_timeout: 30 s)
 MAX_DETAIL = 1000
 
 
@@ -301,8 +302,11 @@ class ModelControl:
         self.busy.add(msg.model)
         try:
             opens = CHECKPOINT_OPENS[0]
+            gate = ServingGate(lambda: bool(self.worker.active),
+                               min(PREWARM_YIELD_MAX_S, float(self.cfg.planner.ctl_timeout) / 3))
             try:
-                weights = await asyncio.to_thread(PreloadedWeights.read, str(spec.path), mcfg, layers, self.spec.device)
+                weights = await asyncio.to_thread(PreloadedWeights.read, str(spec.path), mcfg, layers, self.spec.device,
+                                                  gate)
             except (CheckpointError, OSError) as exc:
                 return self._refused(msg, "invalid", f"{msg.model!r} from {spec.path}: {exc}")
             CHECKPOINT_READS.inc(CHECKPOINT_OPENS[0] - opens)
@@ -313,7 +317,8 @@ class ModelControl:
         finally:
             self.busy.discard(msg.model)
         await self.worker.publish_stats()
-        log.info("model prewarmed", model=msg.model, layers=layers.stop, bytes=nbytes, plan_id=msg.plan_id)
+        log.info("model prewarmed", model=msg.model, layers=layers.stop, bytes=nbytes, plan_id=msg.plan_id,
+                 yielded_s=round(gate.waited_s, 3), paused_layers=gate.pauses)
         return self._done(msg, f"{msg.model!r} layers [0, {layers.stop}) warm: {nbytes} B")
 
     def _cap_kv(self, msg: Prewarm) -> CtlRefused | int:

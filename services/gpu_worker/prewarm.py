@@ -15,10 +15,17 @@ Switching costs nothing on either side:
   KV blocks, and no live KV is ever copied (KV regions are reserved for the whole pool).
 
 Thread-safe: the engine threads reclaim through the pool, so every method holds the pool's lock.
+
+A `Prewarm`'s checkpoint read yields to serving (`ServingGate`): it reads layer by layer on its own
+thread, and before each layer waits while the worker has requests (the read's CPU, and on CPU workers
+the interpreter, would otherwise be taken from their steps), for at most `max_wait_s` in all; then it
+reads on, so a prewarm on a worker that never idles still lands.
 """
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.gpu_worker.engine.memory_pool import ChargeHandle, MemoryKind, MemoryPool
@@ -123,4 +130,24 @@ class PrewarmStore:
         return given
 
 
-__all__ = ["PREWARM_TENANT", "PrewarmStore", "Warm"]
+class ServingGate:
+    """Called on the reading thread before each layer: waits while `serving()` holds, `max_wait_s` in all."""
+
+    def __init__(self, serving: Callable[[], bool], max_wait_s: float, poll_s: float = 0.02) -> None:
+        if max_wait_s < 0 or poll_s <= 0:
+            raise ValueError(f"need max_wait_s >= 0 and poll_s > 0, got {max_wait_s} and {poll_s}")
+        self.serving, self.max_wait_s, self.poll_s = serving, max_wait_s, poll_s
+        self.waited_s = 0.0  # how long the read yielded, in all
+        self.pauses = 0  # layers read only after a wait
+
+    def __call__(self) -> None:
+        if not self.serving() or self.waited_s >= self.max_wait_s:
+            return
+        self.pauses += 1
+        started = time.monotonic()
+        while self.serving() and time.monotonic() - started + self.waited_s < self.max_wait_s:
+            time.sleep(self.poll_s)
+        self.waited_s += time.monotonic() - started
+
+
+__all__ = ["PREWARM_TENANT", "PrewarmStore", "ServingGate", "Warm"]

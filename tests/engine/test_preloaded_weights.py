@@ -105,3 +105,32 @@ def test_first_layers_serve_while_the_rest_load(model: Path) -> None:
     assert reached.is_set() and engine.runner.loading is None
     assert sorted(engine.runner.model.layers) == [0, 1, 2, 3]
     assert got == expected
+
+
+def test_a_prewarm_read_waits_before_each_layer_while_the_worker_serves_and_no_longer_than_its_budget(
+        model: Path) -> None:
+    from services.gpu_worker.prewarm import ServingGate
+
+    cfg = load_model_config(model)
+    served = threading.Event()  # the "worker" serves until this is set
+    calls: list[bool] = []
+
+    def serving() -> bool:
+        calls.append(not served.is_set())
+        return not served.is_set()
+
+    gate = ServingGate(serving, max_wait_s=60.0, poll_s=0.005)
+    result: list[PreloadedWeights] = []
+    reader = threading.Thread(target=lambda: result.append(PreloadedWeights.read(model, cfg, range(0, 2), "cpu", gate)))
+    reader.start()
+    reader.join(timeout=0.3)
+    assert reader.is_alive() and not result  # no layer read while requests run
+    served.set()
+    reader.join(timeout=30)
+    assert result and sorted(result[0].layers) == [0, 1] and gate.pauses == 1 and gate.waited_s > 0
+    # a worker that never idles: the read waits its budget once, then reads every layer on
+    never = ServingGate(lambda: True, max_wait_s=0.05, poll_s=0.005)
+    warm = PreloadedWeights.read(model, cfg, range(0, 4), "cpu", never)
+    assert sorted(warm.layers) == [0, 1, 2, 3] and never.pauses == 1 and 0.05 <= never.waited_s < 5
+    with pytest.raises(ValueError):
+        ServingGate(lambda: False, max_wait_s=-1)

@@ -83,12 +83,16 @@ class PreloadedWeights:
                    final_norm=m.final_norm, lm_head=m.lm_head)
 
     @classmethod
-    def read(cls, model_dir: str | Path, cfg: ModelConfig, layers: range, device: str | torch.device) -> PreloadedWeights:
-        """Read `layers` (and the stage ends they touch) from the checkpoint, as a runner would."""
+    def read(cls, model_dir: str | Path, cfg: ModelConfig, layers: range, device: str | torch.device,
+             before_layer: Callable[[], None] | None = None) -> PreloadedWeights:
+        """Read `layers` (and the stage ends they touch) from the checkpoint, as a runner would;
+        `before_layer` is called before each layer is read (a prewarm yields to serving there)."""
         reader = CheckpointReader(model_dir, cfg)
         try:
             out = cls(model_dir=str(model_dir))
             for i in layers:
+                if before_layer is not None:
+                    before_layer()
                 out.layers[i] = LayerWeights.from_hf(reader.read_layer(i), device)
             if layers.start == 0:
                 out.embed = reader.read_embedding().to(device)
