@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from gpu_ext import cpu_kernel_build, cpu_matvec, cpu_pool
+from gpu_ext import cpu_decode, cpu_kernel_build, cpu_matvec, cpu_pool
 
 if TYPE_CHECKING:  # torch is imported when the kernel is used: `tidal up` asks `pending()` without it
     import torch
@@ -270,10 +270,11 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& kc, const at::Ten
   return out;
 }
 
-""" + cpu_matvec.SOURCE + r"""
+""" + cpu_matvec.SOURCE + cpu_decode.SOURCE + r"""
 TORCH_LIBRARY(NAMESPACE, m) {
   m.def("paged_decode", &paged_decode);
   register_matvec(m);
+  register_decode(m);
 }
 """
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"]

@@ -27,6 +27,7 @@ from gpu_ext.cpu_attention import paged_decode_kernel
 from .attention_metadata import DecodeGroup, StepLayout, build_step_layout
 from .batch import ScheduledChunk
 from .kv_cache import PagedKVCache
+from .models.llama import DecodeKV
 
 
 class PagedAttention:
@@ -56,6 +57,20 @@ class PagedAttention:
             self.cache.block_bytes, split_decode=self._kernel is None,
         )
         return self.layout
+
+    def decode_kv(self, layers: range) -> DecodeKV | None:
+        """This step's KV for `LlamaModel.decode_layers` over `layers`: where every token decodes, the
+        fp32 CPU kernel attends, and those layers' KV is here in consecutive rows; else None."""
+        lay = self.layout
+        if lay is None or not lay.all_decode or self._kernel is None or self.cache.blocks.device.type != "cpu":
+            return None
+        first = lay.layer_rows.get(layers.start)
+        if first is None or any(lay.layer_rows.get(i) != first + n for n, i in enumerate(layers)):
+            return None
+        assert lay.slots is not None
+        group, rows = lay.decode_groups[0], slice(first, first + len(layers))
+        return DecodeKV(self.cache.keys, self.cache.values, lay.slots[rows], group.tables[rows], group.ctx_lens,
+                        self.cache.cfg.head_dim**-0.5, self.sliding_window or 0)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         lay = self.layout

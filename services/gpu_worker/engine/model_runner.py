@@ -256,7 +256,9 @@ class ModelRunner:
         if loading is not None:
             hidden = loading.run(stage.start, stage.stop, hidden, layout.positions, self._attend, lora)
         else:
-            hidden = self.model.run_layers(stage.start, stage.stop, hidden, layout.positions, self._attend, lora)
+            fused = self._decode_layers(stage, hidden, layout.positions) if lora is None else None
+            hidden = fused if fused is not None else self.model.run_layers(
+                stage.start, stage.stop, hidden, layout.positions, self._attend, lora)
         if not last:
             return StepOutput(None, hidden, [])
         rows, seq_ids, end = [], [], 0
@@ -269,6 +271,14 @@ class ModelRunner:
             return StepOutput(None, None, [])
         last = hidden if len(rows) == hidden.shape[0] else hidden[torch.tensor(rows).to(self.device, non_blocking=True)]
         return StepOutput(self.model.compute_logits(last).float(), None, seq_ids)
+
+    def _decode_layers(self, stage: range, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
+        """The stage in one C++ call (LlamaModel.decode_layers) where every layer's attention is ours
+        and the step decodes on the fp32 CPU kernel; None: run the layers one by one."""
+        if self.model.cpu_ops is None or any(i in self._attention_override for i in stage):
+            return None
+        kv = self.attention.decode_kv(stage)
+        return self.model.decode_layers(stage.start, stage.stop, hidden, positions, kv) if kv is not None else None
 
     def _replayable(self, chunks: list) -> bool:
         """A plain decode of the whole model with every layer's KV here (cuda_graphs.py)."""

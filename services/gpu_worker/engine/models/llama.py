@@ -42,6 +42,21 @@ class LayerAttention(Protocol):
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
 
 
+@dataclass(slots=True)
+class DecodeKV:
+    """What `decode_layers` needs of the KV cache for a step (PagedAttention.decode_kv): the caches
+    [blocks, block_size, kv_heads, d], per layer row the tokens' slots [L, T] and block tables
+    [L, T, NB], each token's context length [T], the softmax scale and the sliding window (0: none)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    slots: torch.Tensor
+    tables: torch.Tensor
+    ctx_lens: torch.Tensor
+    scale: float
+    window: int
+
+
 class LoRAHook(Protocol):
     """Adds the step's per-token LoRA deltas in place: out += scale * x @ A^T @ B^T.
     `start` comes first, before the base matmul of the same input, so deltas computed
@@ -154,6 +169,7 @@ class LlamaModel:
         self.lm_head: torch.Tensor | None = None
         self.rope = RotaryTable(cfg, self.device)
         self.fused = None  # gpu_ext.triton_fused on CUDA (imports Triton: CUDA paths only)
+        self._lists: tuple | None = None  # `_decode_lists`' (range, layers, lists) of the last call
         # gpu_ext's fused few-row projections on fp32 CPU (None: not built, TIDAL_CPU_MATVEC=0, packed weights)
         self.cpu_ops = None if packing_enabled(self.device, cfg.dtype) else small_ops(self.device, cfg.dtype)
         if self.device.type == "cuda":
@@ -262,6 +278,34 @@ class LlamaModel:
             q, k, v = self.pre_attention(i, hidden, rope, lora)
             hidden = self.post_attention(i, attention(i, q, k, v), hidden, lora)
         return hidden
+
+    def decode_layers(self, start: int, end: int, hidden: torch.Tensor, positions: torch.Tensor,
+                      kv: DecodeKV) -> torch.Tensor | None:
+        """Layers [start, end) of an all-decode step in one C++ call (gpu_ext/cpu_decode.py: norm, qkv,
+        rope, the KV write, paged attention and the MLP of every layer, the same ops as `run_layers`
+        with the C++ attention kernel, the same bits). None where it does not apply (no such op built,
+        too many rows): the caller runs `run_layers`."""
+        ops = self.cpu_ops
+        if ops is None or self.fused is not None or not self._cpu_fast(hidden, None) or not hasattr(ops, "decode_layers"):
+            return None
+        lists = self._decode_lists(start, end)
+        cos, sin = self.rope.lookup_full(positions)
+        cfg = self.cfg
+        return ops.decode_layers(hidden, *lists, cfg.rms_norm_eps, cos, sin, cfg.num_heads, cfg.num_kv_heads,
+                                 cfg.head_dim, kv.keys, kv.values, kv.slots, kv.tables, kv.ctx_lens, kv.scale, kv.window)
+
+    def _decode_lists(self, start: int, end: int) -> tuple[list[torch.Tensor], ...]:
+        """Per-weight lists of layers [start, end) for `decode_layers`, kept while those layers' weights are."""
+        layers = tuple(self._layer(i) for i in range(start, end))
+        cached = self._lists
+        if cached is not None and cached[0] == (start, end) and all(a is b for a, b in zip(cached[1], layers)):
+            return cached[2]
+        biases = [w.bqkv for w in layers]
+        lists = ([w.input_norm for w in layers], [w.wqkv for w in layers],
+                 [] if any(b is None for b in biases) else biases, [w.wo for w in layers],
+                 [w.post_norm for w in layers], [w.w13 for w in layers], [w.w2 for w in layers])
+        self._lists = ((start, end), layers, lists)
+        return lists
 
     def _cpu_fast(self, x: torch.Tensor, lora: LoRAHook | None) -> bool:
         """The fused C++ projections apply: fp32 CPU ops built, no LoRA, a few contiguous rows."""
