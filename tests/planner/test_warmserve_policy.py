@@ -206,3 +206,19 @@ def test_never_scales_down_while_requests_run_or_wait() -> None:
         assert actions(queued.decide(view(float(t), *one_idle, queued=1), Busy(())), ScaleDown) == []
     downs = actions(queued.decide(view(140.0, *one_idle), Busy(())), ScaleDown)
     assert [d.instance_id for d in downs] == ["w0-a"]  # once the queue is gone: the idle one only
+
+
+def test_the_autoscaler_passes_over_a_warm_worker_busy_with_another_hot_model_when_a_cold_start_is_cheaper() -> None:
+    # B's instance on w2 runs 3 requests (x 1 s each) where a is warm; a cold start of a (1000 B) at the setting's
+    # 2 GB/s is ~0: the idle cold w1 serves sooner. With a's weights 1000 B at 100 B/s (10 s), the warm w2 wins.
+    def scale_up_target(load_bytes_per_s: float) -> str:
+        policy = WarmServePolicy(WarmServeSettings(batch_size=4, mean_request_s=1.0, load_bytes_per_s=load_bytes_per_s))
+        workers = (wv("w0", inst("w0", "a", running=4, waiting=2)), wv("w1"),
+                   wv("w2", inst("w2", "b", running=2, waiting=1), warm={"a": 1000}))
+        for t in (100.0, 101.0, 102.0):
+            policy.decide(view(t, *workers), Busy(()))
+        (up,) = actions(policy.decide(view(103.0, *workers), Busy(())), ScaleUp)
+        return up.worker_id
+
+    assert scale_up_target(2e9) == "w1"
+    assert scale_up_target(100.0) == "w2"
