@@ -67,10 +67,10 @@ def test_layout_rows_per_layer_and_the_all_decode_flag() -> None:
     decode = [_chunk("a", 20, 1, tables), _chunk("b", 5, 1, {0: [1], 1: [2]})]
     lay = build_step_layout(decode, [0, 1], 16, torch.device("cpu"), split_decode=False)
     assert lay.all_decode
-    assert lay.slots is not None and all(torch.equal(lay.layer_slots[r], lay.slots[r]) for r in range(2))
+    assert lay.slots is not None and all(torch.equal(lay.slots_of(r), lay.slots[r]) for r in range(2))
     g = lay.decode_groups[0]
-    assert all(torch.equal(g.layer_tables[r], g.tables[r]) for r in range(2))
-    assert lay.layer_slots[1].tolist() == [8 * 16 + 4, 2 * 16 + 5]
+    assert all(torch.equal(g.table_of(r), g.tables[r]) for r in range(2))
+    assert lay.slots_of(1).tolist() == [8 * 16 + 4, 2 * 16 + 5]
     mixed = [_chunk("a", 20, 1, tables), _chunk("c", 0, 3, {0: [5], 1: [6]})]
     assert not build_step_layout(mixed, [0, 1], 16, torch.device("cpu"), split_decode=False).all_decode
     # split into groups (the torch path): no single call makes every row
@@ -100,3 +100,23 @@ def test_f32_gguf_holds_the_dequantized_weights_and_every_field(tmp_path: Path) 
         assert t1.name == t0.name and t1.tensor_type == gguf.GGMLQuantizationType.F32
         np.testing.assert_array_equal(np.asarray(t1.data), gguf.quants.dequantize(t0.data, t0.tensor_type))
     assert not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_all_decode_layout_equals_the_general_one(window: int | None) -> None:
+    """The all-decode shortcut (one pass of Python ints) builds the general path's tensors."""
+    from services.gpu_worker.engine import attention_metadata as am
+
+    chunks = [_chunk("a", 37, 1, {0: [9, 4, 6, 2], 2: [1, 3, 5]}), _chunk("b", 3, 1, {0: [8], 2: [7]}),
+              _chunk("c", 16, 1, {0: [10, 11], 2: [12, 13, 14]})]
+    cpu = torch.device("cpu")
+    fast = am.build_step_layout(chunks, [0, 2], 16, cpu, window, split_decode=False)
+    slow = am._general_layout(chunks, [0, 2], 16, cpu, window, 0, False)
+    assert fast.all_decode and slow.all_decode and fast.layer_rows == slow.layer_rows and not fast.prefills
+    assert torch.equal(fast.positions, slow.positions) and torch.equal(fast.slots, slow.slots)
+    (f,), (s,) = fast.decode_groups, slow.decode_groups
+    assert f.rows == s.rows == slice(0, 3)
+    for name in ("tables", "key_mask", "ctx_lens"):
+        assert torch.equal(getattr(f, name), getattr(s, name)), name
+    with pytest.raises(ValueError, match="needs 3 for 37 tokens"):
+        am.build_step_layout([_chunk("a", 36, 1, {0: [1, 2]})], [0], 16, cpu, split_decode=False)

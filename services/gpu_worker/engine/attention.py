@@ -80,7 +80,7 @@ class PagedAttention:
             raise ValueError(f"attention got {q.shape[0]} tokens, the step has {lay.num_tokens}")
         row = lay.layer_row(layer)
         assert lay.slots is not None
-        self.cache.write(lay.layer_slots[row], k, v)
+        self.cache.write(lay.slots_of(row), k, v)
         groups = lay.decode_groups
         if lay.all_decode:  # one call makes every row: no output buffer to fill
             return self._decode(row, q, groups[0])
@@ -105,7 +105,7 @@ class PagedAttention:
     def _decode(self, row: int, q: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
         batch, heads, d = q.shape
         if self._kernel is not None:  # reads the blocks in place: no gather, no padding
-            return self._kernel(q.contiguous(), self.cache.keys, self.cache.values, group.layer_tables[row],
+            return self._kernel(q.contiguous(), self.cache.keys, self.cache.values, group.table_of(row),
                                 group.ctx_lens, d**-0.5, self.sliding_window or 0)
         kv_heads = self.cache.cfg.num_kv_heads
         table = group.tables[row]

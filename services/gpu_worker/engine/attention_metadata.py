@@ -39,7 +39,13 @@ class DecodeGroup:
     tables: torch.Tensor  # [L, B, n_blocks] padded block tables
     key_mask: torch.Tensor  # [B, 1, 1, n_blocks * block_size] True where attending is allowed
     ctx_lens: torch.Tensor  # [B] keys per sequence (int64), for kernels that skip the padding
-    layer_tables: tuple[torch.Tensor, ...] = ()  # tables[row] for each layer row (made once per step)
+    layer_tables: tuple[torch.Tensor, ...] = ()  # tables[row] for each layer row (made at the first `table_of`)
+
+    def table_of(self, row: int) -> torch.Tensor:
+        """tables[row], the views made once per step (a step of one C++ call for every layer needs none)."""
+        if not self.layer_tables:
+            self.layer_tables = tuple(self.tables.unbind(0))
+        return self.layer_tables[row]
 
 
 # Padding (in blocks, summed over a group's sequences) worth one more SDPA call: below it,
@@ -82,9 +88,16 @@ class StepLayout:
     prefills: list[PrefillChunk]
     prefill_tables: list[torch.Tensor]  # per prefill chunk: [L, n_blocks]
     block_size: int
-    layer_slots: tuple[torch.Tensor, ...] = ()  # slots[row] for each layer row (made once per step)
+    layer_slots: tuple[torch.Tensor, ...] = ()  # slots[row] for each layer row (made at the first `slots_of`)
     # every token decodes, in one group over rows [0, T) in order: attention's output is the group's
     all_decode: bool = False
+
+    def slots_of(self, row: int) -> torch.Tensor:
+        """slots[row], the views made once per step, at the first call."""
+        if not self.layer_slots:
+            assert self.slots is not None
+            self.layer_slots = tuple(self.slots.unbind(0))
+        return self.layer_slots[row]
 
     def layer_row(self, layer: int) -> int:
         row = self.layer_rows.get(layer)
@@ -104,6 +117,15 @@ def build_step_layout(
 ) -> StepLayout:
     """`layers`: the layers whose KV this object holds (their block tables are read).
     `split_decode=False`: one decode group (for a kernel that does not pay for padding)."""
+    if not split_decode and layers and chunks and all(len(c.token_ids) == 1 for c in chunks):
+        return _all_decode_layout(chunks, layers, block_size, device, sliding_window)
+    return _general_layout(chunks, layers, block_size, device, sliding_window, block_bytes, split_decode)
+
+
+def _general_layout(
+    chunks: Sequence[ScheduledChunk], layers: Sequence[int], block_size: int, device: torch.device,
+    sliding_window: int | None, block_bytes: int, split_decode: bool,
+) -> StepLayout:
     q_lens = [len(c.token_ids) for c in chunks]
     starts = [c.start_pos for c in chunks]
     total = sum(q_lens)
@@ -168,7 +190,6 @@ def build_step_layout(
         prefills=prefills,
         prefill_tables=prefill_tables,
         block_size=block_size,
-        layer_slots=tuple(slots.unbind(0)) if slots is not None else (),
         all_decode=whole,
     )
 
@@ -197,5 +218,47 @@ def _decode_group(
         tables=tables,
         key_mask=mask[:, None, None, :].to(device, non_blocking=True),
         ctx_lens=ctx[:, 0].to(device, non_blocking=True),
-        layer_tables=tuple(tables.unbind(0)),
+    )
+
+
+def _all_decode_layout(
+    chunks: Sequence[ScheduledChunk], layers: Sequence[int], block_size: int, device: torch.device,
+    sliding_window: int | None,
+) -> StepLayout:
+    """`build_step_layout` of a step where every chunk decodes one token, into one group (a kernel's):
+    the same tensors from the block tables in one pass of Python ints (a single-stream decode step of
+    30 layers took ~0.7 ms of tensor ops the general path needs for prefill chunks)."""
+    starts = [c.start_pos for c in chunks]
+    nbs = [s // block_size + 1 for s in starts]
+    width = max(nbs)
+    slots, tables = array("q"), array("q")  # [L, B] and [L, B, width], padding: the sequence's first block
+    for layer in layers:
+        for c, nb, start in zip(chunks, nbs, starts):
+            table = c.block_tables.get(layer)
+            if table is None:
+                raise ValueError(f"chunk of {c.seq_id!r} has no block table for layer {layer}")
+            if len(table) < nb:
+                raise ValueError(
+                    f"block table of {c.seq_id!r} layer {layer} has {len(table)} blocks, "
+                    f"needs {nb} for {start + 1} tokens"
+                )
+            slots.append(table[nb - 1] * block_size + start % block_size)
+            tables.extend(table[:nb])
+            if nb < width:
+                tables.extend([table[0]] * (width - nb))
+    n_layers, batch = len(layers), len(chunks)
+    positions = torch.tensor(starts, dtype=torch.long)
+    ctx = positions + 1
+    key_pos = torch.arange(width * block_size)
+    mask = key_pos[None, :] < ctx[:, None]
+    if sliding_window is not None:
+        mask &= key_pos[None, :] > ctx[:, None] - 1 - sliding_window
+    slots_t = torch.frombuffer(slots, dtype=torch.long).view(n_layers, batch).to(device, non_blocking=True)
+    tables_t = torch.frombuffer(tables, dtype=torch.long).view(n_layers, batch, width).to(device, non_blocking=True)
+    group = DecodeGroup(rows=slice(0, batch), tables=tables_t, key_mask=mask[:, None, None, :].to(device, non_blocking=True),
+                        ctx_lens=ctx.to(device, non_blocking=True))
+    return StepLayout(
+        num_tokens=batch, positions=positions.to(device, non_blocking=True),
+        layer_rows={layer: i for i, layer in enumerate(layers)}, slots=slots_t, decode_groups=[group], prefills=[],
+        prefill_tables=[], block_size=block_size, all_decode=True,
     )
