@@ -167,10 +167,11 @@ def test_a_start_that_evicts_a_warm_replica_pays_that_evictions_full_price() -> 
     from shared.events.plan import ScaleUp
     from shared.planner.arbiter_offers import load_s, scale_out
     view, p = cluster(p_forecast=LIKELY), pricing()
-    nbytes, price = scale_out(view, p, ScaleUp(model="m", worker_id="w1", instance_id="w1-m2"), waiting=3)
+    nbytes, price, lands = scale_out(view, p, ScaleUp(model="m", worker_id="w1", instance_id="w1-m2"), waiting=3)
     eviction = prewarm_price(view, p, view.workers["w1"], "p")
     assert eviction > 0
     assert price == pytest.approx(3 * load_s(p, 512 * MIB) + eviction)
+    assert lands == pytest.approx(load_s(p, 512 * MIB))  # its bytes exist once it lands
 
 
 def test_a_layer_drop_is_priced_from_the_groups_slowdown_live_as_in_the_simulator() -> None:

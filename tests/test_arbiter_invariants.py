@@ -65,7 +65,12 @@ def test_arbiter_invariants(scenario) -> None:  # type: ignore[no-untyped-def]
         bought = [p for p in purchase.prices if p.bought]
         bought_targets += [(p.source, p.target) for p in bought]
         assert purchase.bought_bytes == sum(p.bytes for p in bought)
-        if bought:  # still short without the biggest one bought (so without the last): never more than needed
+        # still short without the biggest one bought (so without the last): never more than needed — in bytes
+        # when every one bought is free for the whole need; an offload of an adapter used again before the need
+        # ends covers only that share of it (bytes x duration, issue 32), so more bytes than the need can be bought
+        timeless = all(not (p.source == "adapter" and view.adapter_rps.get(p.target.partition("/")[2], 0.0) > 0)
+                       and p.source != "scale_out" for p in bought)
+        if bought and timeless:
             assert purchase.bought_bytes - max(p.bytes for p in bought) < purchase.need_bytes
         for p in bought:
             assert p.price_request_s < purchase.reserve_request_s_per_byte * min(p.bytes, purchase.need_bytes)

@@ -28,6 +28,7 @@ go to and come from the wrapped policy that proposed the effect.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -39,6 +40,7 @@ from shared.events.plan import (
     ScaleUp, SourcePrice,
 )
 from shared.planner import arbiter_offers as price
+from shared.planner.arbiter_capacity import capacity_offers
 from shared.planner.arbiter_drain import DrainMeter
 from shared.planner.arbiter_offers import Pricing
 from shared.planner.arbiter_prefix import cut_prefix, prefix_offers
@@ -193,9 +195,10 @@ class ArbiterPolicy:
                                 {scope: req.kv_bytes} if req is not None and scope in needs else {},
                                 price.migration_price(view, self.pricing, a))
         if isinstance(a, ScaleUp) and (need := needs.get(f"model:{a.model}")) is not None:
-            made = price.scale_out(view, self.pricing, a, need.waiting)
+            made = price.scale_out(view, self.pricing, a, need.waiting, need.slack_s)
             return self._offers(view, policy, d, "scale_out", f"{a.worker_id}/{a.model}",
-                                {need.scope: made[0]} if made else {}, made[1] if made else None)
+                                {need.scope: made[0]} if made else {}, made[1] if made else None,
+                                after_s=made[2] if made else 0.0)
         if isinstance(a, ReleasePrewarm) and f"worker:{a.worker_id}" in needs:
             return self._offers(view, policy, d, "prewarm", f"{a.worker_id}/{a.model}",
                                 {f"worker:{a.worker_id}": view.workers[a.worker_id].prewarmed.get(a.model, 0)},
@@ -205,12 +208,13 @@ class ArbiterPolicy:
             held = next((x for x in worker.adapters if x.adapter == a.adapter), None)
             return self._offers(view, policy, d, "adapter", f"{a.worker_id}/{a.adapter}",
                                 {f"worker:{a.worker_id}": held.bytes} if held else {},
-                                price.adapter_price(view, self.pricing, worker, held) if held else None)
+                                price.adapter_price(view, self.pricing, worker, held) if held else None,
+                                lasts_s=price.until_next_use(view, a.adapter))
         return None
 
     def _offers(self, view: ClusterView, policy: Policy | None, d: Decision, source: Source, target: str,
-                bytes_by_scope: dict[str, int], cost: float | None,
-                divisible: bool = False) -> str | list[tuple[str, Offer]]:
+                bytes_by_scope: dict[str, int], cost: float | None, divisible: bool = False,
+                after_s: float = 0.0, lasts_s: float = math.inf) -> str | list[tuple[str, Offer]]:
         if any(not view.alive(w) for w in workers_of(d.action)):
             return "not bought: a worker it needs is dead"
         if (source, target) in self.cooldown:
@@ -218,13 +222,21 @@ class ArbiterPolicy:
         if cost is None or not bytes_by_scope:
             return "not bought: no need it serves, or no price for it"
         prop = Proposal(policy, d, source, target)
-        return [(scope, Offer(source, target, b, cost, prop, divisible)) for scope, b in sorted(bytes_by_scope.items())
-                if b > 0]
+        return [(scope, Offer(source, target, b, cost, prop, divisible, after_s, lasts_s))
+                for scope, b in sorted(bytes_by_scope.items()) if b > 0]
 
     def _own_offers(self, view: ClusterView, need: Need, busy: Busy, taken: set[EffectKey]) -> list[Offer]:
         """What the fixed order leaves to the worker's pool: its prewarmed replicas and cold adapters; and its
         instances' cached-free prefix blocks."""
         kind, _, wid = need.scope.partition(":")
+        if kind == "model":  # capacity on the market: an under-loaded model's instance scaled down
+            out: list[Offer] = []
+            for co in capacity_offers(view, self.pricing, need):
+                if key(co.decision.action) not in taken and not busy.has(key(co.decision.action)):
+                    made = self._offers(view, None, co.decision, "scale_out", co.target, {need.scope: co.bytes},
+                                        co.price, after_s=co.after_s)
+                    out += [o for _, o in made] if isinstance(made, list) else []
+            return out
         if kind != "worker":
             return []
         worker, out = view.workers[wid], []
@@ -240,7 +252,8 @@ class ArbiterPolicy:
                          freed_bytes=held.bytes, reason=f"the arbiter evicts adapter {held.adapter} on {wid}")
             if key(d.action) not in taken and not busy.has(key(d.action)):
                 made = self._offers(view, None, d, "adapter", f"{wid}/{held.adapter}", {need.scope: held.bytes},
-                                    price.adapter_price(view, self.pricing, worker, held))
+                                    price.adapter_price(view, self.pricing, worker, held),
+                                    lasts_s=price.until_next_use(view, held.adapter))
                 out += [o for _, o in made] if isinstance(made, list) else []
         for po in prefix_offers(view, self.pricing, need):
             if key(po.decision.action) not in taken and not busy.has(key(po.decision.action)):

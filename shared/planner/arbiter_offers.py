@@ -39,10 +39,15 @@ class ArbiterSettings:
     kv_block_tokens: int = 16  # [policies] kv_block_tokens: tokens per KV block
     batch_size: int = 64  # [policies] max_batch_size: requests one instance serves (B)
     request_time_s: float = 2.0  # [planner] request_time: a request's mean time in the system
+    # how long a need may last at most (a scope that frees nothing keeps it this long): the forecast window
+    # (WarmServe's 5 minutes, the simulator's too); offers' bytes count for the share of it they are free
+    window_s: float = 300.0
 
     def __post_init__(self) -> None:
-        if self.horizon_s <= 0 or self.request_time_s <= 0 or self.kv_block_tokens < 1 or self.batch_size < 1:
-            raise ValueError("arbiter: horizon_s and request_time_s must be > 0, kv_block_tokens and batch_size >= 1")
+        if (self.horizon_s <= 0 or self.request_time_s <= 0 or self.kv_block_tokens < 1 or self.batch_size < 1
+                or self.window_s < self.horizon_s):
+            raise ValueError("arbiter: horizon_s and request_time_s must be > 0, kv_block_tokens and batch_size >= 1, "
+                             "window_s >= horizon_s")
         if not 0 < self.kv_high_watermark <= 1:
             raise ValueError(f"arbiter: kv_high_watermark must be in (0, 1], got {self.kv_high_watermark}")
 
@@ -104,7 +109,7 @@ def worker_need(view: ClusterView, worker: WorkerView, s: ArbiterSettings,
         recompute = prefill.reprefill_s(round(sum(r.tokens for r in running) / len(running)))
     drain = live / s.request_time_s if drains is None else _drain(worker.instances, s, drains)
     return Need(f"worker:{worker.worker_id}", short, s.horizon_s, max(1, waiting), drain,
-                preempted=preempted, recompute_s=recompute)
+                preempted=preempted, recompute_s=recompute, duration_s=_lasts(short, drain, s))
 
 
 def model_need(view: ClusterView, model: str, queued: int, needy: set[str], s: ArbiterSettings,
@@ -123,7 +128,13 @@ def model_need(view: ClusterView, model: str, queued: int, needy: set[str], s: A
         return None
     drain = sum(i.kv_used_bytes for _, i in instances) / s.request_time_s if drains is None else \
         _drain([i for _, i in instances], s, drains)
-    return Need(f"model:{model}", short, s.horizon_s, queued, drain, min_bytes=least)
+    return Need(f"model:{model}", short, s.horizon_s, queued, drain, min_bytes=least,
+                duration_s=_lasts(short, drain, s))
+
+
+def _lasts(nbytes: int, drain: float, s: ArbiterSettings) -> float:
+    """A need lasts until the scope's drain frees its bytes: at least the horizon, at most the window."""
+    return market.drop_duration_s(nbytes, drain, s.horizon_s, s.window_s)
 
 
 def find_needs(view: ClusterView, s: ArbiterSettings, prefill: PrefillCost | None = None,
@@ -144,13 +155,14 @@ def load_s(p: Pricing, nbytes: int) -> float:
     return p.costs.load_s(max(0, nbytes), in_host_memory=p.costs.disk is None)
 
 
-def chance_needed(view: ClusterView, model: str, s: ArbiterSettings) -> float:
-    """P(the model needs more instances than it has) over the forecast's concurrency quantiles;
-    `NO_FORECAST_CHANCE` without them (the simulator's default too)."""
+def chance_needed(view: ClusterView, model: str, s: ArbiterSettings, fewer: int = 0) -> float:
+    """P(the model needs more instances than it has, `fewer` less: after one is taken) over the forecast's
+    concurrency quantiles; `NO_FORECAST_CHANCE` without them (the simulator's default too)."""
     fc = view.forecasts.get(model)
     if fc is None or fc.concurrency_quantiles is None:
         return market.NO_FORECAST_CHANCE
     serving = sum(1 for w in view.usable_workers() for i in w.instances if i.model == model and i.accepting)
+    serving = max(0, serving - fewer)
     q = fc.concurrency_quantiles
     return chance_above(q.p50, q.p90, serving * s.batch_size)
 
@@ -213,9 +225,11 @@ def layer_price(view: ClusterView, p: Pricing, action: FormGroup) -> float | Non
     return market.price_layer_drop(market.drop_slowdown(p.pipeline.efficiency(stages)), running, p.settings.horizon_s, restore)
 
 
-def scale_out(view: ClusterView, p: Pricing, action: ScaleUp, waiting: int) -> tuple[int, float] | None:
-    """(KV bytes the new instance gets, price): its start (less what is warm there) for every waiting
-    request, and the price of evicting the warm replica of another model it takes (as `prewarm_price`)."""
+def scale_out(view: ClusterView, p: Pricing, action: ScaleUp, waiting: int,
+              slack_s: tuple[float, ...] = ()) -> tuple[int, float, float] | None:
+    """(KV bytes the new instance gets, price, when it lands): its start (less what is warm there) for every
+    waiting request, and the price of evicting the warm replica of another model it takes (as
+    `prewarm_price`)."""
     worker = view.workers.get(action.worker_id)
     if worker is None or action.model not in view.models:
         return None
@@ -223,11 +237,19 @@ def scale_out(view: ClusterView, p: Pricing, action: ScaleUp, waiting: int) -> t
     missing = max(0, view.models[action.model].weight_bytes - warm)
     # the dearest warm replica of another model the start may evict, priced as any prewarm eviction
     eviction = max((prewarm_price(view, p, worker, m) for m in worker.prewarmed if m != action.model), default=0.0)
-    price = market.price_scale_out(load_s(p, missing), waiting, eviction)
-    return max(0, room_bytes(worker) - missing), price
+    start = load_s(p, missing)
+    return max(0, room_bytes(worker) - missing), market.price_scale_out(start, waiting, eviction, slack_s), start
+
+
+def until_next_use(view: ClusterView, adapter: str) -> float:
+    """How long an offloaded adapter's bytes stay free: until its next use, 1 / its arrival rate (Poisson);
+    inf when nothing asks for it."""
+    rps = view.adapter_rps.get(adapter, 0.0)
+    return 1.0 / rps if rps > 0 else math.inf
 
 
 __all__ = [
     "ArbiterSettings", "Pricing", "adapter_price", "chance_needed", "find_needs", "group_freed", "kv_bytes_per_token",
-    "layer_price", "load_s", "migration_price", "model_need", "prewarm_price", "scale_out", "worker_need",
+    "layer_price", "load_s", "migration_price", "model_need", "prewarm_price", "scale_out", "until_next_use",
+    "worker_need",
 ]
