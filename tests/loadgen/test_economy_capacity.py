@@ -98,3 +98,19 @@ def test_a_model_with_one_live_instance_is_never_taken():
         sim.evict(r)
     # two GPUs free now: a plain start needs no victim, and B's last instance is never offered
     assert sim.reclaim.offers(sim, sim.instances[A][0], 0.0) == []
+
+
+def test_the_need_carries_its_waiting_requests_slack_and_lasts_until_its_drain_frees_it():
+    # issue 32 item 2: the wait counts past each request's TTFT SLO, and the need lasts until it drains
+    sim = _full_sim()
+    a = sim.instances[A][0]
+    need = sim._need(a, 3.0)
+    m = sim.models[A]
+    slo = max(5.0 * sim.profile.step_cost(m).step_s(0, 0, 500), 1.0)
+    assert need.slack_s == pytest.approx((slo - 3.0,) * 3)  # each arrived at 0, seen at 3 s
+    assert sim.horizon_s <= need.duration_s <= max(sim.horizon_s, sim.window_s)
+    if need.drain_bytes_per_s == 0:
+        assert need.duration_s == max(sim.horizon_s, sim.window_s)  # nothing drains: the whole window
+    # a start's bytes exist once it lands, and the waiting requests' wait past their SLO is its price
+    start = next(o for o in sim.reclaim.offers(sim, a, 3.0))
+    assert start.after_s > 0 and start.cover(need.lasts_s) < 1.0
