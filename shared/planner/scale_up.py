@@ -3,11 +3,11 @@
 A `CapacityRequest` (the dispatcher holds requests for a model no live instance serves) becomes one
 `ScaleUp` effect — `LoadModel` on the chosen worker. The choice, on the view alone (pure):
 * candidates are usable workers with no accepting instance of the model;
-* the one whose instance would serve soonest comes first (shared/planner/start_cost.py: the cold part
-  of its start at the measured load rate, plus the requests of its other models it would queue behind):
-  a worker holding the model warm wins among idle ones (its start reads little or nothing from the
-  checkpoint: WarmServe's prewarm hit), but not when its other models' queue costs more than the cold
-  start it saves;
+* the one where the start costs least comes first (shared/planner/start_cost.py: the cold part of its
+  start at the measured load rate, plus the requests of its other models, which the new instance's
+  first request waits behind and which share their worker with it until the autoscaler can act): a
+  worker holding the model warm wins among idle ones (its start reads little or nothing from the
+  checkpoint: WarmServe's prewarm hit), but not when sharing it costs more than the cold start it saves;
 * then the most warm bytes, then the one with the most room, where room = free bytes + every prewarmed
   byte (warm weights of other models are given up for a serving instance) + KV reserved but unused; a
   worker whose room cannot hold the model's weights (less what is warm there) is no candidate.
@@ -150,7 +150,7 @@ class ScaleUpPolicy:
                          instance_id=scale_up_instance_id(worker.worker_id, model, int(view.now)))
         self._cold[action.instance_id] = max(0, need - warm)
         return Decision(action=action, trigger="capacity_request", ttl_s=SCALE_UP_TTL_S,
-                        reason=f"{why} (serves in ~{best[0][0]:.1f} s)")
+                        reason=f"{why} (start cost ~{best[0][0]:.1f} s)")
 
     def started(self, effect: Effect) -> None:
         action = action_of(effect)

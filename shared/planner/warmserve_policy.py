@@ -90,6 +90,7 @@ class WarmServePolicy:
         self.starts = capacity.tracker if capacity is not None else StartTracker(settings.start_seen_timeout_s)
         costs = self.starts.costs  # shared with the capacity path: its rates and loads rank both paths' workers
         costs.default_bytes_per_s, costs.request_s = settings.load_bytes_per_s, settings.mean_request_s
+        costs.horizon_s = self.params.window_s
         self.demand_settings = DemandSettings(settings.batch_size, settings.mean_request_s, settings.load_bytes_per_s,
                                               settings.prewarm_fraction)
         self.pending_prewarm: dict[tuple[str, str], int] = {}  # (worker, model) -> bytes, in flight

@@ -25,13 +25,14 @@ def worker(worker_id: str, *, warm: int = 0, serves: str | None = None, running:
     return worker_view(stats)
 
 
-def test_the_wait_is_the_cold_part_at_the_measured_rate_plus_the_other_models_queue() -> None:
-    costs = StartCosts(default_bytes_per_s=100.0, request_s=2.0)
+def test_the_cost_is_the_cold_part_at_the_measured_rate_plus_sharing_the_worker_with_its_busy_requests() -> None:
+    costs = StartCosts(default_bytes_per_s=100.0, request_s=2.0, horizon_s=5.0)
     idle_cold, warm_idle = worker("a"), worker("b", warm=1000)
     warm_busy = worker("c", warm=600, serves="d", running=2, waiting=1)
     assert costs.wait_s(idle_cold, "e", 1000) == pytest.approx(10.0)  # 1000 B at 100 B/s, nothing queued
     assert costs.wait_s(warm_idle, "e", 1000) == 0.0
-    assert costs.wait_s(warm_busy, "e", 1000) == pytest.approx(400 / 100 + 3 * 2.0)
+    # 400 B cold at 100 B/s; 3 busy requests: the first request waits 3 x 2 s, the 3 share the worker 5 s more
+    assert costs.wait_s(warm_busy, "e", 1000) == pytest.approx(400 / 100 + 3 * (2.0 + 5.0))
     assert costs.busy_requests(warm_busy, "d") == 0.0  # its own instance does not count against it
     # a hot model holding nothing this instant still counts by its recent load per instance
     costs.model_load["d"] = 1.5
@@ -45,6 +46,8 @@ def test_the_wait_is_the_cold_part_at_the_measured_rate_plus_the_other_models_qu
     assert costs.bytes_per_s == 100.0  # only the last SAMPLES count
     with pytest.raises(ValueError):
         StartCosts(request_s=0)
+    with pytest.raises(ValueError):
+        StartCosts(horizon_s=-1)
 
 
 def cluster(*workers: WorkerView) -> ClusterView:
@@ -52,13 +55,13 @@ def cluster(*workers: WorkerView) -> ClusterView:
 
 
 def test_capacity_path_passes_over_a_warm_worker_whose_queue_costs_more_than_the_cold_start() -> None:
-    policy = ScaleUpPolicy(StartTracker(costs=StartCosts(default_bytes_per_s=500.0, request_s=1.0)))
-    cold = worker("a")  # a cold start: 1000 B at 500 B/s = 2 s
-    # warm but 3 requests of another model ahead: 3 s > 2 s -> the cold idle one
+    policy = ScaleUpPolicy(StartTracker(costs=StartCosts(default_bytes_per_s=250.0, request_s=1.0, horizon_s=1.0)))
+    cold = worker("a")  # a cold start: 1000 B at 250 B/s = 4 s
+    # warm but 3 requests of another model there: 3 x (1 + 1) = 6 s > 4 s -> the cold idle one
     d = policy.for_capacity(cluster(cold, worker("b", warm=1000, serves="d", running=2, waiting=1)), "e")
     assert d is not None and isinstance(d.action, ScaleUp) and d.action.worker_id == "a"
-    assert "serves in ~2.0 s" in d.reason
-    # warm with 1 request ahead: 1 s < 2 s -> the warm one (the hit still wins where it is cheaper)
+    assert "start cost ~4.0 s" in d.reason
+    # warm with 1 request there: 2 s < 4 s -> the warm one (the hit still wins where it is cheaper)
     d = policy.for_capacity(cluster(cold, worker("b", warm=1000, serves="d", running=1)), "e")
     assert d is not None and d.action.worker_id == "b"
     # warm and idle: always
@@ -69,7 +72,7 @@ def test_capacity_path_passes_over_a_warm_worker_whose_queue_costs_more_than_the
 def test_an_applied_cold_start_teaches_the_rate_both_paths_rank_by() -> None:
     from shared.planner import PlannerCore
 
-    tracker = StartTracker(costs=StartCosts(default_bytes_per_s=1e9, request_s=1.0))
+    tracker = StartTracker(costs=StartCosts(default_bytes_per_s=1e9, request_s=1.0, horizon_s=1.0))
     policy, core = ScaleUpPolicy(tracker), PlannerCore([], id_prefix="t")
     busy_warm = worker("b", warm=1000, serves="d", running=1)
     view = cluster(worker("a"), busy_warm)
@@ -80,4 +83,4 @@ def test_an_applied_cold_start_teaches_the_rate_both_paths_rank_by() -> None:
     core.on_outcome(PlanApplied(plan_id=effect.plan_id, ts=14.0, duration_s=4.0, commands=1))
     assert tracker.costs.bytes_per_s == 250.0  # it read 1000 B in 4 s
     d = policy.for_capacity(cluster(worker("c"), busy_warm), "e")
-    assert d is not None and d.action.worker_id == "b"  # now 1 s of queue beats a 4 s cold start
+    assert d is not None and d.action.worker_id == "b"  # now 2 s of sharing beats a 4 s cold start

@@ -209,8 +209,8 @@ def test_never_scales_down_while_requests_run_or_wait() -> None:
 
 
 def test_the_autoscaler_passes_over_a_warm_worker_busy_with_another_hot_model_when_a_cold_start_is_cheaper() -> None:
-    # B's instance on w2 runs 3 requests (x 1 s each) where a is warm; a cold start of a (1000 B) at the setting's
-    # 2 GB/s is ~0: the idle cold w1 serves sooner. With a's weights 1000 B at 100 B/s (10 s), the warm w2 wins.
+    # B's instance on w2 runs 3 requests where a is warm: 3 x (1 s request + 5 s window) = 18 s of sharing; a cold
+    # start of a (1000 B) at the setting's 2 GB/s is ~0: the idle cold w1. At 10 B/s (100 s) the warm w2 wins.
     def scale_up_target(load_bytes_per_s: float) -> str:
         policy = WarmServePolicy(WarmServeSettings(batch_size=4, mean_request_s=1.0, load_bytes_per_s=load_bytes_per_s))
         workers = (wv("w0", inst("w0", "a", running=4, waiting=2)), wv("w1"),
@@ -221,4 +221,4 @@ def test_the_autoscaler_passes_over_a_warm_worker_busy_with_another_hot_model_wh
         return up.worker_id
 
     assert scale_up_target(2e9) == "w1"
-    assert scale_up_target(100.0) == "w2"
+    assert scale_up_target(10.0) == "w2"
