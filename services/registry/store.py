@@ -8,6 +8,7 @@ the one they hold, so a late or duplicated event is harmless).
 """
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -25,6 +26,7 @@ from shared.subjects import kv_bucket, registry_changed
 from shared.wire import RevisionConflict
 
 log = get_logger("tidal.registry.store")
+STREAM_KEYS_ATTEMPTS = 5  # pagings of a bucket's keys before giving up on a key set that keeps changing
 
 
 class CatalogStore:
@@ -61,18 +63,53 @@ class CatalogStore:
         return CatalogEntry(bucket=bucket, key=key, revision=entry.revision, record=entry.value)
 
     async def list(self, req: RegistryList) -> RegistryListing:
-        """One page of a bucket in key order (keys after `req.after` that start with `req.prefix`)."""
-        # keys() is a watch: a record rewritten while it runs (a heartbeat) comes again, and the order is the
-        # stream's; a page is keys in order, each once
-        keys = sorted({k for k in await self.buckets[req.bucket].keys() if k.startswith(req.prefix) and k > req.after})
+        """One page of a bucket in key order (keys after `req.after` that start with `req.prefix`).
+
+        The keys come from the stream's own per-subject state (one snapshot the server takes when asked),
+        not from nats-py's `keys()`: that is a watch, which sees a record rewritten while it runs twice
+        or not at all. So every key present before the listing started, and not deleted since, is listed
+        exactly once, whatever heartbeats rewrite meanwhile."""
+        kv = self.buckets[req.bucket]
+        keys = sorted(k for k in await self._stream_keys(kv) if k.startswith(req.prefix) and k > req.after)
         entries: list[CatalogEntry] = []
         for key in keys:
             if len(entries) == req.limit:
                 return RegistryListing(bucket=req.bucket, entries=entries, more=True)
             entry = await self.get(req.bucket, key)
-            if entry is not None:  # deleted between keys() and get()
+            if entry is not None:  # None: only a delete marker is left, or deleted since the snapshot
                 entries.append(entry)
         return RegistryListing(bucket=req.bucket, entries=entries, more=False)
+
+    async def _stream_keys(self, kv: KVBucket[Any]) -> set[str]:
+        """Every key that has a message in the bucket's stream (live or deleted): JetStream `STREAM.INFO`
+        with `subjects_filter`, paged by `offset` (the server sends at most 100,000 subjects a reply). A
+        key created between two pages shifts the paging, so a listing whose total changed is taken again."""
+        prefix = f"$KV.{kv.name}."
+        for _ in range(STREAM_KEYS_ATTEMPTS):
+            subjects: set[str] = set()
+            total: int | None = None
+            while True:
+                reply = await self._stream_info(kv, {"subjects_filter": f"{prefix}>", "offset": len(subjects)})
+                page = (reply.get("state") or {}).get("subjects") or {}
+                subjects.update(page)
+                page_total = int(reply.get("total") or len(subjects))
+                if total is not None and page_total != total:
+                    break  # keys came or went between pages: start again
+                total = page_total
+                if not page or len(subjects) >= total:
+                    return {subject[len(prefix):] for subject in subjects}
+        raise RuntimeError(f"{kv.name}: the key set kept changing while it was paged ({STREAM_KEYS_ATTEMPTS} attempts)")
+
+    async def _stream_info(self, kv: KVBucket[Any], request: dict[str, Any]) -> dict[str, Any]:
+        # nats-py's stream_info() drops the paging fields (total, offset), so the API is asked directly
+        msg = await self.bus.nc.request(
+            f"$JS.API.STREAM.INFO.KV_{kv.name}", json.dumps(request).encode(), timeout=self.bus.settings.request_timeout_s,
+        )
+        reply = json.loads(msg.data)
+        if "error" in reply:
+            error = reply["error"]
+            raise RuntimeError(f"{kv.name}: stream info refused: {error.get('description')} (code {error.get('err_code')})")
+        return reply
 
     async def put(self, record: Record, expected_revision: int, *, publish: bool = True) -> RegistryWritten | RegistryConflict:
         """Create (`expected_revision` 0) or compare-and-set update; the loser gets RegistryConflict."""
