@@ -155,6 +155,16 @@ def local_cluster(directory: Path) -> Iterator[LocalCluster]:
         cluster.stop()
 
 
+@contextmanager
+def registry_and_worker(directory: Path, config: Path, *, timeout: float = 60.0) -> Iterator[str]:
+    """A registry and one real gpu_worker `w0` (one thread) on `config`; yields the NATS url."""
+    with local_cluster(directory) as services:
+        services.start("registry", config, "registry-t")
+        services.start("gpu_worker", config, "worker-w0", "--worker-id", "w0", "--threads", "1")
+        services.wait_ready(timeout=timeout)
+        yield services.url
+
+
 async def eventually(check, timeout: float = 10.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
     """Poll the async `check()` until it returns a truthy value; returns it."""
     deadline = time.monotonic() + timeout

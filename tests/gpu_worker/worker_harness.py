@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service_procs import FAST_LIVENESS, local_cluster
+from service_procs import FAST_LIVENESS, registry_and_worker
 from services.gpu_worker.engine.checkpoint_gen import make_lora, make_model
 from shared.bus import Bus, Delivery, Subscription
 from shared.events import Assignment, SamplingParams, StreamError, TokenChunk
@@ -58,12 +58,8 @@ def make_assets(directory: Path) -> Path:
 @contextmanager
 def one_worker(directory: Path) -> Iterator[str]:
     """A registry and one real worker `w0` on the harness's assets; yields the NATS url."""
-    config = make_assets(directory)
-    with local_cluster(directory) as services:
-        services.start("registry", config, "registry-t")
-        services.start("gpu_worker", config, "worker-w0", "--worker-id", "w0", "--threads", "1")
-        services.wait_ready(timeout=60)
-        yield services.url
+    with registry_and_worker(directory, make_assets(directory)) as url:
+        yield url
 
 
 def assignment(request_id: str, prompt: list[int], *, attempt: int = 0, adapter: str | None = None,

@@ -23,7 +23,7 @@ from shared.policy.kunserve_monitor import Phase
 from shared.profiles import load_pipeline_profile
 from shared.registry_client import RegistryClient
 
-from service_procs import FAST_LIVENESS, local_cluster
+from service_procs import FAST_LIVENESS, registry_and_worker
 from services.gpu_worker.engine.checkpoint_gen import make_model
 from services.planner.apply import apply_effect
 
@@ -84,12 +84,8 @@ def test_effects_map_to_typed_ctl_commands() -> None:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     directory: Path = tmp_path_factory.mktemp("kunserve-apply")
-    config = make_assets(directory)
-    with local_cluster(directory) as services:
-        services.start("registry", config, "registry-t")
-        services.start("gpu_worker", config, "worker-w0", "--worker-id", "w0", "--threads", "1")
-        services.wait_ready(timeout=90)
-        yield services.url
+    with registry_and_worker(directory, make_assets(directory), timeout=90) as url:
+        yield url
 
 
 @pytest.fixture
