@@ -8,7 +8,8 @@ plus its waiting requests' prompts, minus its free KV; waiting: its waiting requ
 preempted: the running requests the growth that does not fit would preempt (at a mean context's KV
 each), each recomputing its context (the engine's prefill cost per token); drain: the KV its
 finished requests freed per second over the last horizon, or, if more, what its running requests free
-as they end (each one's KV over the time to its last token); slack: each waiting request's time left to
+as they end (each one's KV over the time to its last token, or over the horizon if it ends within it);
+slack: each waiting request's time left to
 its TTFT SLO (a wait counts past it); duration: until the drain frees the bytes (at least the horizon, at
 most the forecast window).
 """
@@ -40,8 +41,9 @@ class ArbiterMixin:
                 left = r.output - r.gen_at_start - (w.step - r.start_step)
                 ctxs.append(ctx)
                 grow += min(per_req, m.max_model_len - ctx, left)
-                # what it frees when it ends, spread over the time until then: the running set's expected drain
-                expected += (ctx + max(0, left)) * m.kv_bytes_per_token / (max(1, left) * step)
+                # what it frees when it ends, spread over the time until then, or over the horizon if it ends
+                # within it (it frees its KV once: a request one step from its end is not a drain of KV / step)
+                expected += (ctx + max(0, left)) * m.kv_bytes_per_token / max(max(1, left) * step, self.horizon_s)
         waiting = sum(w._blocks(r.to_prefill) for r in w.waiting) * w.bs
         block = w.pool.block_bytes  # type: ignore[attr-defined]
         free = (w.total - w.used) * block
