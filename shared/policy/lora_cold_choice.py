@@ -11,20 +11,26 @@ Pure: no I/O, no clock. The engine (services/gpu_worker/engine/cold_start.py) me
   (`LinkRates`); for a copy already in flight, what is left of it;
 * P — seconds of the prompt's prefill on the device (`LinearFit` over the device steps: seconds
   against tokens);
-* the step time and the number of other sequences an inline load would stall.
+* O — what CPU assist costs the other sequences of the step, summed: while the cold rows are on the
+  helpers (until the load lands, or the prompt is through) every step runs at the measured assisted
+  rate, not the measured mean step, and each other sequence waits the difference (0 with none);
+* the number of other sequences an inline load would stall, and what the asynchronous load costs the
+  cold request beyond X (`async_extra_s`: measured, from each async load's landing to the start of
+  the step its request then runs in; before any such load, half the measured step).
 
 The rule (`choose`):
 
 1. CPU assist when the helpers are ready, the request has produced no token yet (decoding never runs
-   on the helpers), and T_cpu < X + P — or when T_cpu is not measured yet, or was last measured
+   on the helpers), and T_cpu + O < X + P — or when T_cpu is not measured yet, or was last measured
    `PROBE_EVERY` decisions ago (assisting one request is how it is measured again). The assisted
    prefill then beats waiting X for the load and prefilling in P on the device. (Where the helpers'
    x·A·B hides under the device's base projections, as §4 intends, a one-step prompt's T_cpu is
-   max(P, its CPU LoRA time), and the rule reads: CPU LoRA time < X + P.)
+   max(P, its CPU LoRA time), O is 0, and the rule reads: CPU LoRA time < X + P. Where the device
+   takes a prompt over inside a step, T_cpu <= X + P always: O is what tells the arms apart.)
 2. Otherwise an inline load (the step copies the adapter first, every sequence of the step waits X)
    when the copy cannot run beside the steps at all, or when it is not in flight and stalling the
    others costs less than what the asynchronous load costs the cold request beyond X — waiting for
-   the next step boundary after the copy lands, half a step on average: X x others <= step / 2.
+   the next step boundary after the copy lands, as measured: X x others <= async_extra_s.
    With nothing else running that always holds.
 3. Otherwise the asynchronous load: only the cold request waits, its KV kept.
 """
@@ -46,6 +52,7 @@ class ColdCosts:
     cpu_s: float | None  # T_cpu
     load_s: float  # X
     prefill_s: float | None  # P
+    others_s: float = 0.0  # O: what assisting costs the step's other sequences, summed
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +62,7 @@ class ColdSituation:
     load_beside: bool  # loads can run beside the steps (CUDA, or a paced CPU worker)
     in_flight: bool  # the adapter's copy has already started
     others: int  # sequences of the step an inline load would stall
-    step_s: float  # the measured step time (0: none measured)
+    async_extra_s: float  # measured wait of an async-loaded request beyond X (landing -> its next step)
     since_cpu: int = 0  # cold decisions since T_cpu was last measured
 
 
@@ -68,27 +75,28 @@ class Choice:
 
 def choose(costs: ColdCosts, at: ColdSituation) -> Choice:
     """The rule above. Unmeasured P counts as 0 (assist must then beat the load alone)."""
-    if costs.load_s < 0 or at.others < 0 or at.step_s < 0:
-        raise ValueError(f"choose: load_s, others and step_s must be >= 0, got {costs.load_s}, {at.others}, {at.step_s}")
+    if costs.load_s < 0 or costs.others_s < 0 or at.others < 0 or at.async_extra_s < 0:
+        raise ValueError(f"choose: load_s, others and async_extra_s must be >= 0, got {costs.load_s}, {at.others}, "
+                         f"{at.async_extra_s}")
     p = costs.prefill_s or 0.0
     if at.helpers_ready and at.prefilling and at.load_beside:
         if costs.cpu_s is None:
             return Choice(CPU_ASSIST, "T_cpu not measured yet: assisting measures it", costs)
         if at.since_cpu >= PROBE_EVERY:
             return Choice(CPU_ASSIST, f"T_cpu last measured {at.since_cpu} cold requests ago: re-measuring", costs)
-        if costs.cpu_s < costs.load_s + p:
-            return Choice(CPU_ASSIST, f"T_cpu {_ms(costs.cpu_s)} < X {_ms(costs.load_s)} + P {_ms(p)}", costs)
-        else:
-            why = f"T_cpu {_ms(costs.cpu_s)} >= X {_ms(costs.load_s)} + P {_ms(p)}"
+        o = f" + O {_ms(costs.others_s)}" if costs.others_s else ""
+        if costs.cpu_s + costs.others_s < costs.load_s + p:
+            return Choice(CPU_ASSIST, f"T_cpu {_ms(costs.cpu_s)}{o} < X {_ms(costs.load_s)} + P {_ms(p)}", costs)
+        why = f"T_cpu {_ms(costs.cpu_s)}{o} >= X {_ms(costs.load_s)} + P {_ms(p)}"
     elif not at.load_beside:
         why = "no link to hide"
     else:
         why = "no helper ready" if not at.helpers_ready else "decoding"
     if not at.load_beside:
         return Choice(INLINE, f"{why}: the load runs in the step", costs)
-    if not at.in_flight and costs.load_s * at.others <= at.step_s / 2:
-        return Choice(INLINE, f"{why}; X {_ms(costs.load_s)} x {at.others} others <= half a step "
-                              f"{_ms(at.step_s / 2)}", costs)
+    if not at.in_flight and costs.load_s * at.others <= at.async_extra_s:
+        return Choice(INLINE, f"{why}; X {_ms(costs.load_s)} x {at.others} others <= async's wait beyond X "
+                              f"{_ms(at.async_extra_s)}", costs)
     return Choice(ASYNC, f"{why}; the load beside the steps" + (" (in flight)" if at.in_flight else ""), costs)
 
 

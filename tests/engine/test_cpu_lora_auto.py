@@ -4,29 +4,15 @@ and others run, an inline load when nothing else runs; each decision in the requ
 equal to the warm run whichever path ran. Real helpers, real loads (paced: a CPU worker's link)."""
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
-import pytest
-import torch
-
-from services.gpu_worker.engine.checkpoint_gen import make_lora, make_model
+from services.gpu_worker.engine.checkpoint_gen import make_lora
 from services.gpu_worker.engine.engine import EngineConfig, LLMEngine
 from services.gpu_worker.engine.sampling_params import SamplingParams
 from shared.policy.lora_cold_choice import LinearFit
+from lora_fixtures import GREEDY, base_assets, finish, hold_loads, prompt
 
-GREEDY = SamplingParams(max_tokens=4, temperature=0)
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("cold-auto")
-    base = make_model(root / "base", layers=3, hidden=64, heads=4, kv_heads=2, seed=7)
-    return base, root
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(1, 1000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+assets = base_assets("cold-auto")
 
 
 def _engine(base: Path, bandwidth: float) -> LLMEngine:
@@ -35,18 +21,10 @@ def _engine(base: Path, bandwidth: float) -> LLMEngine:
                                   lora_load_mode="auto"))
 
 
-def _finish(eng: LLMEngine) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    while eng.has_unfinished:
-        for d in eng.step():
-            out.setdefault(d.request_id, []).extend(d.new_token_ids)
-    return out
-
-
 def _warm(eng: LLMEngine, rid: str, ids: list[int], adapter: str) -> list[int]:
     eng.runner.lora.ensure_resident([adapter])
     eng.add_request(rid, ids, GREEDY, adapter=adapter)
-    return _finish(eng)[rid]
+    return finish(eng)[rid]
 
 
 def test_unmeasured_t_cpu_assists_and_measures_it(assets):
@@ -55,9 +33,8 @@ def test_unmeasured_t_cpu_assists_and_measures_it(assets):
     try:
         eng.add_lora("a", make_lora(root / "a", base, rank=8, targets=["q", "v"], seed=4))
         eng.cold.start_helpers(wait=True)
-        gate = threading.Event()
-        eng.cold.loads._sleep = lambda _s: gate.wait(60)  # noqa: SLF001 - the load lands when the test says
-        ids = _prompt(60, 5)
+        gate = hold_loads(eng)
+        ids = prompt(60, 5)
         eng.add_request("r", ids, GREEDY, adapter="a")
         assert eng.cold.costs.cpu.n == 0
         eng.step()
@@ -66,7 +43,7 @@ def test_unmeasured_t_cpu_assists_and_measures_it(assets):
         assert eng.cold.cpu_chunks == 1 and eng.cold.costs.cpu.n == 1  # the assisted step measured T_cpu
         assert eng.cold.costs.cpu_s(60, 8) > 0
         gate.set()
-        cold = _finish(eng)["r"]
+        cold = finish(eng)["r"]
         assert eng.cold.costs.prefill.n >= 1  # device steps measured P
         assert cold == _warm(eng, "w", ids, "a")
         assert eng.cold.costs.counts == {"cpu_assist": 1, "async": 0, "inline": 0}
@@ -83,7 +60,7 @@ def _slow_helpers(eng: LLMEngine) -> None:
     eng.cold.costs.cpu, eng.cold.costs.prefill = cpu, pre
 
 
-def test_measured_slow_helpers_load_instead_async_beside_others_inline_alone(assets):
+def test_slow_helpers_assist_alone_load_async_beside_others_and_inline_without_a_helper(assets):
     base, root = assets
     path = make_lora(root / "b", base, rank=8, targets=["q", "v"], seed=6)
     eng = _engine(base, 1e9)  # replaced below: the link is what makes X
@@ -93,35 +70,46 @@ def test_measured_slow_helpers_load_instead_async_beside_others_inline_alone(ass
         nbytes = eng.runner.lora.host["probe"].nbytes
     finally:
         eng.cold.close()
-    eng = _engine(base, nbytes / 1.0)  # X = 1 s for this adapter: 10 s of helpers lose to X + P
+    eng = _engine(base, nbytes / 1.0)  # X = 1 s for this adapter, against helpers at 10 s a step
     try:
-        eng.add_lora("alone", path)
-        eng.add_lora("busy", path)
+        for name in ("solo", "busy", "nohelp"):
+            eng.add_lora(name, path)
         eng.cold.start_helpers(wait=True)
+        ids = prompt(40, 9)
+        # alone: the device takes the prompt over when the load lands (inside the step), so starting on
+        # the helpers costs the request nothing: T_cpu = X + what P is left < X + P, and no one else waits
         _slow_helpers(eng)
-        ids = _prompt(40, 9)
-        # nothing else runs: inline (no one to stall), in this very step
-        eng.add_request("r1", ids, GREEDY, adapter="alone")
-        head = [t for d in eng.step() for t in d.new_token_ids]  # loaded and prefilled in this step
-        c = eng.cold.costs.trace["r1"]
-        assert c.kind == "inline" and ">=" in c.reason and "0 others" in c.reason
-        assert "alone" in eng.runner.lora.resident and eng.cold.inline_loads == 1 and eng.cold.cpu_chunks == 0
-        first = head + _finish(eng)["r1"]
-        # a base request decodes beside: 1 s x 1 other > half a step, so the asynchronous load
-        gate = threading.Event()
-        eng.cold.loads._sleep = lambda _s: gate.wait(60)  # noqa: SLF001
-        eng.add_request("base", _prompt(8, 1), SamplingParams(max_tokens=64, temperature=0, ignore_eos=True))
+        gate = hold_loads(eng)
+        eng.add_request("r0", ids, GREEDY, adapter="solo")
+        head = [t for d in eng.step() for t in d.new_token_ids]
+        c = eng.cold.costs.trace["r0"]
+        assert c.kind == "cpu_assist" and " < X 1000.0 ms" in c.reason and "O " not in c.reason
+        gate.set()
+        first = head + finish(eng).get("r0", [])
+        # a base request decodes beside: assisting would slow its steps to the helpers' 10 s for X (O ~ 1 s),
+        # T_cpu + O >= X + P; 1 s x 1 other > async's wait beyond X: the asynchronous load
+        _slow_helpers(eng)
+        gate = hold_loads(eng)
+        eng.add_request("base", prompt(8, 1), SamplingParams(max_tokens=64, temperature=0, ignore_eos=True))
         eng.step()
         eng.add_request("r2", ids, GREEDY, adapter="busy")
         eng.step()
         c = eng.cold.costs.trace["r2"]
-        assert c.kind == "async" and eng.cold.loads.loading("busy") and eng.cold.cpu_chunks == 0
-        assert eng.cold.inline_loads == 1  # the base request was not stalled by a copy
+        assert c.kind == "async" and "+ O " in c.reason and ">=" in c.reason and eng.cold.loads.loading("busy")
+        assert eng.cold.cpu_chunks == 1 and eng.cold.inline_loads == 0  # the base request was not stalled
         gate.set()
-        second = _finish(eng)["r2"]
-        assert first == second  # same weights, same prompt: whichever path, the same greedy tokens
-        assert eng.cold.costs.counts == {"cpu_assist": 0, "async": 1, "inline": 1}
-        # the landed copy was timed: it took the test's gate (ms), not the prior's 1 s, and X follows it
+        second = finish(eng)["r2"]
+        # its helpers failed (no helper for it) and nothing else runs: inline, in this very step
+        eng.cold.no_assist.add("r3")
+        eng.add_request("r3", ids, GREEDY, adapter="nohelp")
+        head = [t for d in eng.step() for t in d.new_token_ids]  # loaded and prefilled in this step
+        c = eng.cold.costs.trace["r3"]
+        assert c.kind == "inline" and "no helper ready" in c.reason and "0 others" in c.reason
+        assert "nohelp" in eng.runner.lora.resident and eng.cold.inline_loads == 1
+        third = head + finish(eng)["r3"]
+        assert first == second == third  # same weights, same prompt: whichever path, the same greedy tokens
+        assert eng.cold.costs.counts == {"cpu_assist": 1, "async": 1, "inline": 1}
+        # the landed copies were timed: they took the test's gate (ms), not the prior's 1 s, and X follows
         assert eng.cold.costs.links.rate("pageable") > 1.5 * nbytes
     finally:
         eng.cold.close()
@@ -150,13 +138,12 @@ def test_paced_helpers_make_t_cpu_at_least_the_pace(assets):
     try:
         eng.add_lora("p", make_lora(root / "p", base, rank=8, targets=["q", "v"], seed=3))
         eng.cold.start_helpers(wait=True)
-        gate = threading.Event()
-        eng.cold.loads._sleep = lambda _s: gate.wait(60)  # noqa: SLF001
-        eng.add_request("r", _prompt(40, 2), GREEDY, adapter="p")
+        gate = hold_loads(eng)
+        eng.add_request("r", prompt(40, 2), GREEDY, adapter="p")
         eng.step()
         assert eng.cold.cpu_chunks == 1
         assert eng.cold.costs.cpu.predict(16 * 8) >= 3 * 16 * 8 * pace  # one measured step: the origin line
         gate.set()
-        _finish(eng)
+        finish(eng)
     finally:
         eng.cold.close()

@@ -4,40 +4,21 @@ taking over mid-prefill (CPU chunks), and OnDemand's inline load that stalls the
 from __future__ import annotations
 
 import shutil
-import threading
-from pathlib import Path
 
 import pytest
 import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from services.gpu_worker.engine.checkpoint_gen import make_lora, make_model
+from services.gpu_worker.engine.checkpoint_gen import make_lora
 from services.gpu_worker.engine.cpu_lora_wire import Kind, decode
 from services.gpu_worker.engine.engine import EngineConfig, LLMEngine
 from services.gpu_worker.engine.lora_shared import SharedLayout, attach, share
 from services.gpu_worker.engine.lora_adapter import load_adapter
 from services.gpu_worker.engine.model_config import load_model_config
-from services.gpu_worker.engine.sampling_params import SamplingParams
+from lora_fixtures import GREEDY, base_assets, hold_loads, prompt
 
-GREEDY = SamplingParams(max_tokens=4, temperature=0)
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("cold-start")
-    base = make_model(root / "base", layers=3, hidden=64, heads=4, kv_heads=2, seed=7)
-    return base, root
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(1, 1000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _held(engine) -> threading.Event:
-    gate = threading.Event()
-    engine.cold.loads._sleep = lambda _s: gate.wait(60)  # noqa: SLF001 - the load lands when the test says
-    return gate
+assets = base_assets("cold-start")
 
 
 def test_shared_host_copy_round_trips_and_helpers_map_the_same_file(assets):
@@ -70,8 +51,8 @@ def test_helpers_never_read_adapter_files_and_call_once_per_layer_for_qkv(assets
         shutil.rmtree(copy)  # the directory is gone: the helpers hold the shared copy
         sent: list[tuple[int, bytes]] = []
         eng.runner.cpu_lora.tap = lambda way, i, data: sent.append((i, data)) if way == "sent" else None
-        gate = _held(eng)
-        ids = _prompt(40, 2)
+        gate = hold_loads(eng)
+        ids = prompt(40, 2)
         eng.add_request("r", ids, GREEDY, adapter="c")
         first = []
         while not first:
@@ -106,8 +87,8 @@ def test_device_takes_over_mid_prefill(assets):
     try:
         eng.add_lora("m", path)
         eng.cold.start_helpers(wait=True)
-        gate = _held(eng)
-        ids = _prompt(100, 5)  # one chunk of the whole prompt unless cut: no max_prefill_chunk
+        gate = hold_loads(eng)
+        ids = prompt(100, 5)  # one chunk of the whole prompt unless cut: no max_prefill_chunk
         eng.add_request("r", ids, GREEDY, adapter="m")
         assert eng.step() == []  # 16 tokens on the helpers, no token yet
         gate.set()
@@ -135,9 +116,9 @@ def test_inline_load_stalls_the_step_for_its_paced_time(assets):
     slept: list[float] = []
     eng.cold._sleep = slept.append  # noqa: SLF001
     eng.add_lora("i", path)
-    eng.add_request("base", _prompt(8, 1), GREEDY)
+    eng.add_request("base", prompt(8, 1), GREEDY)
     eng.step()
-    eng.add_request("r", _prompt(8, 2), GREEDY, adapter="i")
+    eng.add_request("r", prompt(8, 2), GREEDY, adapter="i")
     eng.step()  # loads "i" in the step: the base request's decode waited too
     nbytes = eng.runner.lora.resident["i"][0].nbytes
     assert eng.cold.loads is None and eng.runner.cpu_lora is None  # no loader thread, no helpers

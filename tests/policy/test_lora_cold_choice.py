@@ -4,11 +4,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.policy.lora_cold_choice import (ASYNC, CPU_ASSIST, INLINE, PROBE_EVERY, ColdCosts, ColdSituation, LinearFit, LinkRates,
                                             choose, chunk_steps, page_lock_host)
 
-BUSY = ColdSituation(helpers_ready=True, prefilling=True, load_beside=True, in_flight=False, others=8, step_s=0.032)
+BUSY = ColdSituation(helpers_ready=True, prefilling=True, load_beside=True, in_flight=False, others=8, async_extra_s=0.016)
 
 
 def test_paper_regime_cpu_assist_beats_the_load():
@@ -33,6 +35,13 @@ def test_p_counts_not_only_x():
     assert choose(ColdCosts(0.030, 0.010, 0.020), BUSY).kind == ASYNC  # strict: a tie loads
 
 
+def test_what_assisting_costs_the_others_counts():
+    # T_cpu 12 ms < X 16.8 + P 32 alone; with 25 ms of the others' waits on top it loses to the load
+    assert choose(ColdCosts(0.012, 0.0168, 0.032, 0.025), BUSY).kind == CPU_ASSIST
+    c = choose(ColdCosts(0.012, 0.0168, 0.032, 0.040), BUSY)
+    assert c.kind == ASYNC and "T_cpu 12.0 ms + O 40.0 ms >= X 16.8 ms + P 32.0 ms" in c.reason
+
+
 def test_pinned_link_shrinks_x_and_flips_the_choice():
     # A 96 MiB adapter: pageable 3.4 GB/s -> X = 29.6 ms; page-locked 34 GB/s -> 2.96 ms. P = 10 ms,
     # T_cpu = 20 ms: assist over the pageable link (20 < 39.6), the load over the pinned one (20 >= 12.96).
@@ -45,23 +54,23 @@ def test_pinned_link_shrinks_x_and_flips_the_choice():
 
 
 def test_inline_when_nothing_else_runs_or_no_link():
-    alone = ColdSituation(True, True, True, in_flight=False, others=0, step_s=0.032)
+    alone = ColdSituation(True, True, True, in_flight=False, others=0, async_extra_s=0.016)
     assert choose(ColdCosts(0.090, 0.004, 0.010), alone).kind == INLINE  # no one to stall
-    # a tiny load beside 2 others: 0.1 ms x 2 <= 16 ms half step: inline; 10 ms x 2 > 16 ms: async
-    few = ColdSituation(False, True, True, in_flight=False, others=2, step_s=0.032)
+    # a tiny load beside 2 others: 0.1 ms x 2 <= async's measured 16 ms beyond X: inline; 10 ms x 2 > 16 ms: async
+    few = ColdSituation(False, True, True, in_flight=False, others=2, async_extra_s=0.016)
     assert choose(ColdCosts(None, 0.0001, 0.010), few).kind == INLINE
     assert choose(ColdCosts(None, 0.010, 0.010), few).kind == ASYNC
     # in flight: never restarted inline
-    flying = ColdSituation(False, True, True, in_flight=True, others=0, step_s=0.032)
+    flying = ColdSituation(False, True, True, in_flight=True, others=0, async_extra_s=0.016)
     assert choose(ColdCosts(None, 0.001, 0.010), flying).kind == ASYNC
     # a CPU worker without pacing: the copy is a memory copy in the step
-    nolink = ColdSituation(True, True, False, in_flight=False, others=8, step_s=0.032)
+    nolink = ColdSituation(True, True, False, in_flight=False, others=8, async_extra_s=0.016)
     c = choose(ColdCosts(0.001, 0.0, 0.010), nolink)
     assert c.kind == INLINE and "no link" in c.reason
 
 
 def test_decoding_never_assists_and_unmeasured_t_cpu_is_measured():
-    decoding = ColdSituation(True, False, True, in_flight=False, others=8, step_s=0.032)
+    decoding = ColdSituation(True, False, True, in_flight=False, others=8, async_extra_s=0.016)
     assert choose(ColdCosts(0.001, 0.050, 0.010), decoding).kind == ASYNC
     assert choose(ColdCosts(None, 0.050, 0.010), decoding).kind == ASYNC
     c = choose(ColdCosts(None, 0.050, None), BUSY)
@@ -120,3 +129,26 @@ def test_page_lock_only_on_a_cuda_engine_with_cuda():
     assert not page_lock_host("cuda", False)
     assert not page_lock_host("cpu", True)
     assert not page_lock_host("cuda", True, setting=False)
+
+
+_seconds = st.floats(0.0, 1.0, allow_nan=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cpu=st.one_of(st.none(), _seconds), load=_seconds, pre=st.one_of(st.none(), _seconds), o=_seconds,
+       ready=st.booleans(), prefilling=st.booleans(), beside=st.booleans(), flying=st.booleans(),
+       others=st.integers(0, 64), extra=_seconds, since=st.integers(0, 2 * PROBE_EVERY))
+def test_the_choice_is_the_rules_inequalities_on_the_measured_inputs(cpu, load, pre, o, ready, prefilling, beside,
+                                                                     flying, others, extra, since):
+    at = ColdSituation(ready, prefilling, beside, in_flight=flying, others=others, async_extra_s=extra, since_cpu=since)
+    kind = choose(ColdCosts(cpu, load, pre, o), at).kind
+    can_assist = ready and prefilling and beside
+    assists = can_assist and (cpu is None or since >= PROBE_EVERY or cpu + o < load + (pre or 0.0))
+    if assists:
+        assert kind == CPU_ASSIST
+    elif not beside:
+        assert kind == INLINE  # nothing to hide the copy behind
+    elif not flying and load * others <= extra:
+        assert kind == INLINE  # stalling the others costs less than async's measured wait beyond X
+    else:
+        assert kind == ASYNC

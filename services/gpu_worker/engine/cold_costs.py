@@ -5,19 +5,28 @@
 * T_cpu: the prompt's prefill with its LoRA on the helpers, from every CPU-assisted step: the step's
   seconds against its cold rows x rank (a linear fit: the helper round trips of every layer and the
   device's share of the step in the fixed part, the helpers' x·A·B in the slope). A prompt of n
-  tokens in chunks of c runs ceil(n / c) such steps, or fewer when its load lands first — k =
-  ceil(X / step) steps (at least one), the device taking over for the rest, P(n - k c). Measured
+  tokens in chunks of c runs ceil(n / c) such steps when they end before its load lands; else the
+  device takes over at the layer boundary after X, inside the step, and does the rest of the prompt:
+  T_cpu = X + (1 - done) P(n), done = the share of the prompt the assisted steps got through by X
+  (c X / step / n). (So T_cpu < X + P whenever P > 0: with the takeover inside a step, starting on
+  the helpers never delays the cold request itself; what it costs the batch is not in the rule.) Measured
   whole, the assisted step carries what the overlap of §4 does not hide on this machine (the
   engine's core waiting per layer, the batch that shares the step);
-* X: the link's measured rate per host copy kind, from every landed copy (prior: the worker's
-  pacing, or a probe copy on CUDA), over the bytes on the link ahead of the load and its own.
+* X: the link's measured rate per host copy kind, from every landed copy — beside the steps or
+  inline (prior: the worker's pacing, or a probe copy on CUDA), over the bytes on the link ahead of
+  the load and its own;
+* O, what assisting costs the step's other sequences: while the cold rows are on the helpers
+  (until X, or the prompt is through) each step runs at the assisted rate (the T_cpu line) instead
+  of the mean step, and each other sequence waits the difference: others x busy x (1 - mean / assisted);
+* async's wait beyond X (the inline branch's other side): from each asynchronous load's landing to
+  the start of the step its waiting requests then run in (an EWMA; before the first, half the
+  measured mean step — a copy landing at a uniform point of a step).
 
 It also keeps what was chosen: counts per choice (a request's first decision), the decision of
 each recent request (`trace`: the request's trace) and the last one, for stats and the bench.
 """
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 
 from shared.policy.lora_cold_choice import CHOICES, Choice, LinearFit, LinkRates, chunk_steps
@@ -33,6 +42,7 @@ class ColdCostModel:
         self.cpu = LinearFit()
         self.links = LinkRates(prior_rates)
         self.step_s = 0.0
+        self.async_extra = None  # EWMA of async loads' landing-to-next-step waits (None: none measured)
         self.since_cpu = 0  # cold decisions since T_cpu was last measured
         self.counts = {c: 0 for c in CHOICES}
         self.trace: OrderedDict[str, Choice] = OrderedDict()
@@ -40,18 +50,44 @@ class ColdCostModel:
 
     # --- estimates -----------------------------------------------------------------------
     def cpu_s(self, tokens: int, rank: int, load_s: float | None = None) -> float | None:
-        """T_cpu for a prompt of `tokens` at `rank` (its load landing after `load_s`: the device takes
-        over at the step after); None before any CPU-assisted step was measured."""
+        """T_cpu for a prompt of `tokens` at `rank`, its load landing after `load_s`; None before any
+        CPU-assisted step was measured. The device takes over at the first layer boundary after the load
+        lands, inside the step (cpu_lora_batch.py): the helpers' path gets through the prompt at its
+        measured step rate until then, the device does the rest — its share of P. A chunk is left whole
+        when the load lands within its assisted step (cold_start.py), as here."""
+        shape = self._assisted_chunk(tokens, rank, load_s)
+        if shape is None:
+            return None
+        chunk, step = shape
+        on_cpu = chunk_steps(tokens, chunk) * step  # every chunk on the helpers
+        if load_s is None or load_s >= on_cpu or step <= 0:
+            return on_cpu
+        done = min(1.0, chunk * load_s / step / max(tokens, 1))  # the prompt's share through when it lands
+        return load_s + (1.0 - done) * (self.prefill_s(tokens) or 0.0)
+
+    def _assisted_chunk(self, tokens: int, rank: int, load_s: float | None) -> tuple[int, float] | None:
+        """(tokens of each assisted step, its measured seconds): the whole prompt when it is one chunk or
+        its load lands within the whole prompt's step (it is then not cut), else `cpu_chunk`."""
         ab = self.cpu.coefficients()
         if ab is None:
             return None
-        chunk = self.cpu_chunk or max(tokens, 1)
-        step = ab[0] + ab[1] * min(chunk, tokens) * max(rank, 1)
-        steps = chunk_steps(tokens, self.cpu_chunk)
-        if load_s is not None and step > 0:
-            steps = min(steps, max(1, math.ceil(load_s / step)))
-        rest = max(0, tokens - steps * chunk)
-        return steps * step + ((self.prefill_s(rest) or 0.0) if rest else 0.0)
+        whole = ab[0] + ab[1] * max(tokens, 1) * max(rank, 1)
+        if self.cpu_chunk == 0 or tokens <= self.cpu_chunk or (load_s is not None and load_s < whole):
+            return max(tokens, 1), whole
+        return self.cpu_chunk, ab[0] + ab[1] * self.cpu_chunk * max(rank, 1)
+
+    def others_s(self, tokens: int, rank: int, load_s: float, others: int) -> float:
+        """O: what assisting this prompt costs the step's `others` sequences, summed — while its rows are
+        on the helpers (until the load lands, or the prompt is through), each step runs at the measured
+        assisted rate instead of the measured mean step; each other sequence waits the difference."""
+        shape = self._assisted_chunk(tokens, rank, load_s)
+        if shape is None or others <= 0 or self.step_s <= 0:
+            return 0.0
+        chunk, step = shape
+        if step <= self.step_s:
+            return 0.0
+        busy = min(load_s, chunk_steps(tokens, chunk) * step)
+        return others * busy * (1.0 - self.step_s / step)
 
     def prefill_s(self, tokens: int) -> float | None:
         return self.prefill.predict(tokens)
@@ -84,6 +120,17 @@ class ColdCostModel:
     def observe_load(self, kind: str, nbytes: int, seconds: float) -> None:
         self.links.add(kind, nbytes, seconds)
 
+    def observe_async_wait(self, seconds: float) -> None:
+        """An asynchronous load's requests waited `seconds` from its landing to their next step."""
+        if seconds < 0 or seconds != seconds:
+            raise ValueError(f"async wait must be >= 0 s, got {seconds}")
+        old = self.async_extra
+        self.async_extra = seconds if old is None else (1 - STEP_EWMA) * old + STEP_EWMA * seconds
+
+    def async_extra_s(self) -> float:
+        """What an asynchronous load costs its request beyond X: measured, else half the mean step."""
+        return self.async_extra if self.async_extra is not None else self.step_s / 2
+
     def record(self, seq_id: str, choice: Choice) -> None:
         """A request's decision: counted once (its first), traced (its latest)."""
         if seq_id not in self.trace:
@@ -98,7 +145,8 @@ class ColdCostModel:
     def summary(self) -> dict:
         """The counts and the fitted inputs (for stats, logs and the bench)."""
         rates = {k: r for k in LinkRates.KINDS if (r := self.links.rates.get(k))}
-        return {"choices": dict(self.counts), "step_s": self.step_s, "prefill_fit": self.prefill.coefficients(),
+        return {"choices": dict(self.counts), "step_s": self.step_s, "async_extra_s": self.async_extra_s(),
+                "async_extra_measured": self.async_extra is not None, "prefill_fit": self.prefill.coefficients(),
                 "cpu_fit": self.cpu.coefficients(), "link_bytes_per_s": rates,
                 "last": None if self.last is None else {"kind": self.last.kind, "reason": self.last.reason}}
 

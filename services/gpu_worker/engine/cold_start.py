@@ -12,6 +12,12 @@ adapter's load is started (paced, `lora_loads`), then:
 A CPU-assisted chunk is cut to `cpu_chunk` tokens (the rest of the prompt waits for the next
 step), so a prompt runs in chunks while its adapter loads and the first chunk after the load
 lands runs on the device: the device takes over mid-prefill, not only at the next request.
+Inside a step the device takes over too (issue 31): at every layer boundary of a CPU-assisted
+step the hook (cpu_lora_batch.py) asks `_land` whether the load landed; if it did, the adapter is
+made resident there and its rows take the device path for the remaining layers of the same step
+(`mid_step_takeovers`). So a chunk is not cut when its load is expected to land within the step
+the whole chunk would take on the helpers (X < the measured assisted step: `uncut`): the prompt
+then needs one step, not ceil(n / cpu_chunk).
 
 `load_mode="inline"` is the paper's OnDemand (LightLLM, S-LoRA): the step that needs a cold
 adapter loads it first, and the whole batch waits for the copy (paced on a CPU worker).
@@ -93,9 +99,15 @@ class ColdStart:
         self.inline_loads = 0  # loads inside a step (load_mode "inline", or an unpaced CPU worker)
         self.inline_wait_s = 0.0  # what those steps waited for them
         self.last_failure = ""
-        self._on_cpu: set[str] = set()  # requests whose prefill has run on the helpers, not yet on the device
+        self.mid_step_takeovers = 0  # of those, prefills the device took over inside a step (between layers)
+        self.uncut = 0  # CPU-assisted chunks left whole: their load was expected to land within the step
+        self._on_cpu: dict[str, str] = {}  # request -> adapter: prefill run on the helpers, not yet on the device
+        self._step_cpu: dict[str, str] = {}  # this step's CPU-assisted chunks: request -> adapter
+        self._taken: dict[str, int] = {}  # this step: adapter -> layer from which the device took its rows
+        self._waiting: dict[str, str] = {}  # request -> adapter: sitting out for an asynchronous load
         self._inline_step = False  # this step copied an adapter inline (its time is no prefill measurement)
         if self.assist:
+            self.lora.landing = self._land
             self.lora.on_host = self._host_changed
             self.lora.share_host()  # from registration on: one shared host copy, mapped by every helper
 
@@ -131,6 +143,7 @@ class ColdStart:
         no room for and the error (the engine preempts or fails their requests, as before)."""
         names = {c.adapter for c in out.chunks if c.adapter is not None}
         self._inline_step = False
+        self._step_cpu, self._taken = {}, {}
         if not names:
             return set(), ""
         if self.loads is None:  # in-step copy: OnDemand ("inline"), or a CPU worker unpaced
@@ -140,13 +153,19 @@ class ColdStart:
                     self.costs.record(c.seq_id, Choice(INLINE, why, ColdCosts(None, 0.0, None)))
             return self._load_inline(names)
         self.loads.poll()
+        now = self.loads._clock()  # noqa: SLF001 - the loader's clock
+        waiting = set(self._waiting.values())
+        for name, at in self.loads.take_landed_at().items():  # async's wait beyond X, for the inline branch
+            if name in waiting and name in self.lora.resident:
+                self.costs.observe_async_wait(max(0.0, now - at))
+        self._waiting = {s: n for s, n in self._waiting.items() if n not in self.lora.resident}
         for _, kind, nbytes, seconds in self.loads.take_measured():
             self.costs.observe_load(kind, nbytes, seconds)
         self.lora.page_locks.flush()
         cold = names - set(self.lora.resident)
         for c in out.chunks:
             if c.seq_id in self._on_cpu and c.adapter not in cold:
-                self._on_cpu.discard(c.seq_id)
+                del self._on_cpu[c.seq_id]
                 if seq_of(c.seq_id).num_output_tokens == 0:
                     self.device_takeovers += 1  # mid-prefill: the rest of the prompt on the device
         if not cold:
@@ -170,16 +189,53 @@ class ColdStart:
         for c in out.chunks:
             if c.adapter in cold and c.adapter not in missing:
                 if choices[c.seq_id] != CPU_ASSIST:
+                    self._waiting[c.seq_id] = c.adapter
                     continue  # waits for the load, keeping its KV
                 c.lora_on_cpu = True
                 if self.cpu_chunk and len(c.token_ids) > self.cpu_chunk:
-                    del c.token_ids[self.cpu_chunk:]  # the rest next step: on the device once the load landed
-                    c.sample = False
-                self._on_cpu.add(c.seq_id)
+                    if self._lands_within(c):
+                        self.uncut += 1  # the device takes the rest over inside this step
+                    else:
+                        del c.token_ids[self.cpu_chunk:]  # the rest next step: on the device once the load landed
+                        c.sample = False
+                self._on_cpu[c.seq_id] = c.adapter
+                self._step_cpu[c.seq_id] = c.adapter
                 self.cpu_chunks += 1
             kept.append(c)
         out.chunks = kept
         return missing, error
+
+    def _x(self, name: str) -> float:
+        """X: seconds until `name` is on the device — the copies ahead of it on the link and its own, at
+        the link's measured rate for their host copy kinds (what is left of the one on the link now)."""
+        host = self.lora.host.get(name)
+        nbytes = host.nbytes if host is not None else 0
+        kinds = self.lora.page_locks.kind
+        head = self.loads.head_started()
+        elapsed = max(0.0, self.loads._clock() - head[1]) if head else 0.0  # noqa: SLF001 - the loader's clock
+        queue = [(n, b, kinds(n)) for n, b in self.loads.queue()]
+        return self.costs.load_s(name, nbytes, kinds(name), queue, elapsed)
+
+    def _lands_within(self, c: ScheduledChunk) -> bool:
+        """The chunk's load is expected to land before the whole chunk would be through its CPU-assisted
+        step (measured): the device then takes over inside the step, and cutting it costs a step."""
+        whole = self.costs.cpu.predict(len(c.token_ids) * max(self.lora.rank(c.adapter), 1))
+        return whole is not None and self._x(c.adapter) < whole
+
+    def _land(self, names: set[str], layer: int) -> set[str]:
+        """Between layers of a CPU-assisted step (cpu_lora_batch.py): those of `names` whose load has
+        landed, made resident now; their rows take the device path from `layer` on."""
+        if self.loads is None or not any(self.loads.landed(n) for n in names):
+            return set()
+        self.loads.poll()
+        done = {n for n in names if n in self.lora.resident}
+        for name in done:
+            self._taken.setdefault(name, layer)
+        for seq_id, name in self._step_cpu.items():
+            if name in done and self._on_cpu.pop(seq_id, None) is not None:
+                self.device_takeovers += 1
+                self.mid_step_takeovers += 1
+        return done
 
     def _decide(self, c: ScheduledChunk, seq: Sequence, ready: bool, others: int) -> str:
         """This chunk's request: CPU assist, async or inline (the fixed modes: assist when it can, else async)."""
@@ -191,17 +247,14 @@ class ColdStart:
             self.costs.record(c.seq_id, Choice(kind, f"load_mode {self.load_mode}", ColdCosts(None, 0.0, None)))
             return kind
         tokens = max(1, seq.num_prompt_tokens - c.start_pos)
-        host = self.lora.host.get(name)
-        nbytes = host.nbytes if host is not None else 0
-        kinds = self.lora.page_locks.kind
-        head = self.loads.head_started()
-        elapsed = max(0.0, self.loads._clock() - head[1]) if head else 0.0  # noqa: SLF001 - the loader's clock
-        queue = [(n, b, kinds(n)) for n, b in self.loads.queue()]
-        x = self.costs.load_s(name, nbytes, kinds(name), queue, elapsed)
-        costs = ColdCosts(self.costs.cpu_s(tokens, self.lora.rank(name), x), x, self.costs.prefill_s(tokens))
+        x = self._x(name)
+        rank = self.lora.rank(name)
+        costs = ColdCosts(self.costs.cpu_s(tokens, rank, x), x, self.costs.prefill_s(tokens),
+                          self.costs.others_s(tokens, rank, x, others))
         choice = choose(costs, ColdSituation(helpers_ready=can_assist, prefilling=seq.num_output_tokens == 0,
                                              load_beside=True, in_flight=self.loads.loading(name), others=others,
-                                             step_s=self.costs.step_s, since_cpu=self.costs.since_cpu))
+                                             async_extra_s=self.costs.async_extra_s(),
+                                             since_cpu=self.costs.since_cpu))
         self.costs.record(c.seq_id, choice)
         return choice.kind
 
@@ -210,9 +263,13 @@ class ColdStart:
         sampled nothing has not waited for the device: on CUDA it is synced here, only when it had a
         CPU-assisted chunk (a T_cpu measurement; the helpers' waits made it near-synced anyway)."""
         calls, _ = self.helpers.take_calls() if self.helpers is not None else (0, 0.0)
-        # T_cpu's x: the step's cold rows x rank (each row goes through every targeted group of every layer)
-        work = sum(len(c.token_ids) * max(self.lora.rank(c.adapter), 1) for c in out.chunks
-                   if c.lora_on_cpu and c.adapter in self.lora.host) if calls else 0
+        # T_cpu's x: the step's cold rows x rank (each row goes through every targeted group of every layer;
+        # an adapter the device took over mid-step: the share of the layers its rows ran on the helpers)
+        stage = self.runner.stage
+        work = sum(len(c.token_ids) * max(self.lora.rank(c.adapter), 1)
+                   * (self._taken[c.adapter] - stage.start) / max(len(stage), 1) if c.adapter in self._taken
+                   else len(c.token_ids) * max(self.lora.rank(c.adapter), 1)
+                   for c in out.chunks if c.lora_on_cpu and c.adapter in self.lora.host) if calls else 0
         if not synced:
             if not work:
                 return
@@ -237,8 +294,11 @@ class ColdStart:
 
                 torch.cuda.synchronize(self.runner.device)  # the copy is the step's: it waits for it
             self._sleep(max(0.0, started + paced_seconds(moved, self.bandwidth) - time.perf_counter()))
+            took = time.perf_counter() - started
             self.inline_loads += len(cold)
-            self.inline_wait_s += time.perf_counter() - started
+            self.inline_wait_s += took
+            if self.loads is not None:  # a link that runs beside the steps too: this copy measures it
+                self.costs.observe_load(self.lora.page_locks.kind(cold[0]), moved, took)
             self._inline_step = True
         return set(), ""
 

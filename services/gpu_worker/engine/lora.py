@@ -67,6 +67,9 @@ class LoRAManager:
         self.layouts: dict[str, SharedLayout] = {}  # name -> its shared host copy
         self.on_host: Callable[[str, SharedLayout | None], None] | None = None
         self.page_locks = PageLocks()  # enabled by the engine on CUDA (lora_page_lock.py)
+        # (names, layer) -> those of `names` made resident now: between layers of a CPU-assisted step,
+        # loads that landed (cold_start.py; cpu_lora_batch.py's mid-step takeover). None: never
+        self.landing: Callable[[set[str], int], set[str]] | None = None
 
     def share_host(self) -> None:
         """From now on every host copy is one shared file (those held now are moved there)."""

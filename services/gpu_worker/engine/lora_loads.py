@@ -55,6 +55,7 @@ class AdapterLoads:
         self.kind_of: Callable[[str], str] = lambda _name: "pageable"
         self._measured: list[tuple[str, str, int, float]] = []  # (name, kind, bytes, seconds) of landed copies
         self._head: tuple[str, float] | None = None  # the copy on the link now and when it started
+        self._landed_at: dict[str, float] = {}  # clock time each copy landed (landing to use: async's wait)
 
     def queue(self) -> list[tuple[str, int]]:
         """(name, bytes) of the copies not landed yet, in link order (the first may be on the link)."""
@@ -65,6 +66,12 @@ class AdapterLoads:
     def head_started(self) -> tuple[str, float] | None:
         """(name, clock time) of the copy on the link now, if any."""
         return self._head
+
+    def take_landed_at(self) -> dict[str, float]:
+        """name -> clock time its copy landed, for the copies landed since the last call."""
+        with self._lock:
+            out, self._landed_at = self._landed_at, {}
+        return out
 
     def take_measured(self) -> list[tuple[str, str, int, float]]:
         with self._lock:
@@ -147,9 +154,11 @@ class AdapterLoads:
                 result: LoRAAdapter | BaseException = moved
             except Exception as exc:  # noqa: BLE001 - reported through poll (the load is retried)
                 result = exc
-            took = self._clock() - started
+            landed = self._clock()
+            took = landed - started
             with self._lock:
                 self._landed[name] = result
+                self._landed_at[name] = landed
                 self.loads += 1
                 if not isinstance(result, BaseException):
                     self._measured.append((name, kind, source.nbytes, took))
