@@ -187,3 +187,22 @@ def test_cached_prefix_blocks_are_their_own_kind_out_of_kv_free():
     assert sum(segs.values()) == 128 * MiB
     text = render_to_string(report(s), width=80)
     assert "kv cached 6.0MiB" in text and max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_cold_lora_choices_are_shown_per_instance_and_survive_the_wire():
+    from shared.events.worker import LoRAColdDecision, LoRAColdStarts
+
+    s = stats()
+    cold = LoRAColdStarts(cpu_assist=2, async_load=1, inline=0, mid_step_takeovers=1, recent=[
+        LoRAColdDecision(request_id="req-1", choice="async", reason="T_cpu 90.0 ms >= X 3.7 ms + P 10.0 ms"),
+        LoRAColdDecision(request_id="req-2", choice="cpu_assist", reason="T_cpu 12.0 ms < X 16.8 ms + P 32.0 ms")])
+    s = msgspec.structs.replace(s, instances=[msgspec.structs.replace(s.instances[0], lora_cold=cold), s.instances[1]])
+    wire = msgspec.json.decode(msgspec.json.encode(s), type=WorkerStats)
+    assert wire.instances[0].lora_cold == cold and wire.instances[1].lora_cold is None
+    assert b'"async":1' in msgspec.json.encode(cold)  # the choice's own name on the wire
+    text = render_to_string(report(wire), width=80)
+    flat = " ".join(text.replace("│", " ").split())  # wrapped inside the worker panel
+    assert "cold LoRA starts of w0-demo-llama-0: cpu_assist 2, async 1, inline 0" in flat
+    assert "mid-step 1" in flat and "last: req-2 cpu_assist (T_cpu 12.0 ms < X 16.8 ms + P 32.0 ms)" in flat
+    assert "w0-demo-qwen-0: cpu" not in flat  # an instance without cold LoRA requests shows none
+    assert all(len(line) <= 80 for line in text.splitlines())

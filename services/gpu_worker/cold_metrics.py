@@ -1,4 +1,6 @@
-"""What the engine's cold-start rule chose, as a Prometheus gauge (issue 31, docs/caraserve.md).
+"""What the engine's cold-start rule chose (issue 31, docs/caraserve.md): a Prometheus gauge, and
+`InstanceStats.lora_cold` in the worker's stats (`cold_starts`: counts, mid-step takeovers, the latest
+decisions with their reasons — what `tidal status` shows).
 
 `tidal_worker_lora_cold_starts{worker, instance, choice}`: cold LoRA requests of the instance's
 engine by the choice its rule made (`cpu_assist` | `async` | `inline`; a request counted once, at
@@ -7,10 +9,13 @@ stats interval. Instances that went away lose their series.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from prometheus_client import Gauge
 
+from shared.events.base import ID_PATTERN
+from shared.events.worker import MAX_COLD_DECISIONS, LoRAColdDecision, LoRAColdStarts
 from shared.metrics import REGISTRY
 
 COLD_STARTS = Gauge(
@@ -19,6 +24,7 @@ COLD_STARTS = Gauge(
     ["worker", "instance", "choice"], registry=REGISTRY,
 )
 
+_ID = re.compile(ID_PATTERN)
 _exported: dict[str, set[tuple[str, str, str]]] = {}  # worker -> label sets set last time
 
 
@@ -38,4 +44,24 @@ def export_cold_choices(worker_id: str, counts: Iterable[tuple[str, Mapping[str,
     _exported[worker_id] = current
 
 
-__all__ = ["COLD_STARTS", "export_cold_choices"]
+def cold_starts(engine: object) -> LoRAColdStarts | None:
+    """The engine's cold-start decisions for its InstanceStats (None: it never had a cold LoRA request).
+    Read from the stats side while the engine thread may be deciding: copies, taken at once."""
+    cold = getattr(engine, "cold", None)
+    costs = getattr(cold, "costs", None)
+    if costs is None:
+        return None
+    counts = dict(costs.counts)
+    if not any(counts.values()):
+        return None
+    try:
+        latest = list(costs.trace.items())[-MAX_COLD_DECISIONS:]
+    except RuntimeError:  # changed while copied: the next interval has them
+        latest = []
+    return LoRAColdStarts(cpu_assist=counts.get("cpu_assist", 0), async_load=counts.get("async", 0),
+                          inline=counts.get("inline", 0), mid_step_takeovers=getattr(cold, "mid_step_takeovers", 0),
+                          recent=[LoRAColdDecision(request_id=rid[:128], choice=c.kind, reason=c.reason[:240])
+                                  for rid, c in latest if _ID.fullmatch(rid) and len(rid) <= 64])
+
+
+__all__ = ["COLD_STARTS", "cold_starts", "export_cold_choices"]

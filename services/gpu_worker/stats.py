@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 
+from services.gpu_worker.cold_metrics import cold_starts
 from services.gpu_worker.instance import ModelInstance
 from services.gpu_worker.instance_snapshot import InstanceSnapshot
 from services.gpu_worker.prefix_stats import PrefixRates
@@ -145,7 +146,7 @@ class StatsBuilder:
                 requests=request_loads(snap, inst.block_bytes), **instance_bytes(snap, inst.block_bytes),
                 running_ranks=list(snap.running_ranks[:MAX_REQUEST_LOADS]),
                 waiting_ranks=list(snap.waiting_ranks[:MAX_REQUEST_LOADS]), adapter_room_bytes=snap.adapter_room_bytes,
-                **self.prefix.fields(inst, now),
+                **self.prefix.fields(inst, now), lora_cold=cold_starts(getattr(inst, "engine", None)),
             ))
         self.prefix.forget({inst.instance_id for inst in instances})
         msg = WorkerStats(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Annotated, Literal
 
-from msgspec import Meta
+from msgspec import Meta, field
 
 from shared.events.base import (
     MAX_LIST, AdapterName, Attempt, ByteCount, Count, Device, GroupId, Handover, IdempotencyKey, InstanceId, Message,
@@ -127,6 +127,29 @@ class RequestLoad(Value, kw_only=True):
 
 LoraRank = Annotated[int, Meta(ge=0, le=1024)]
 MAX_REQUEST_LOADS = 1024  # per instance per stats message; the rest are left out (largest KV first kept)
+ColdChoice = Literal["cpu_assist", "async", "inline"]
+MAX_COLD_DECISIONS = 32  # per instance per stats message: the latest cold-start decisions
+
+
+class LoRAColdDecision(Value, kw_only=True):
+    """One cold LoRA request's decision by the engine's cold-start rule (issue 31, docs/caraserve.md):
+    CPU assist, the asynchronous load or an inline load, and why (e.g. "T_cpu 12.0 ms < X 16.8 ms + P 32.0 ms")."""
+
+    request_id: RequestId
+    choice: ColdChoice
+    reason: Annotated[str, Meta(max_length=240)] = ""
+
+
+class LoRAColdStarts(Value, kw_only=True):
+    """An instance's cold LoRA requests by the choice its rule made (each counted once, at its first
+    decision; cumulative since its engine started), the prefills the device took over inside a step,
+    and the latest decisions (oldest first, at most MAX_COLD_DECISIONS)."""
+
+    cpu_assist: Count = 0
+    async_load: Count = field(default=0, name="async")
+    inline: Count = 0
+    mid_step_takeovers: Count = 0
+    recent: Annotated[list[LoRAColdDecision], Meta(max_length=MAX_COLD_DECISIONS)] = []
 
 
 class InstanceStats(Value, kw_only=True):
@@ -170,6 +193,8 @@ class InstanceStats(Value, kw_only=True):
     prefix_hit_rate: Annotated[float, Meta(ge=0, le=1)] = 0.0
     prefix_queried_blocks: Count = 0
     prefix_hit_blocks: Count = 0
+    # CaraServe's cold start (issue 31): what the engine's rule chose per cold LoRA request (None: it never had one)
+    lora_cold: LoRAColdStarts | None = None
 
 
 AdapterLevel = Literal["device", "host"]
@@ -256,6 +281,8 @@ __all__ = [
     "AssignReply",
     "Assignment",
     "InstanceStats",
+    "LoRAColdDecision",
+    "LoRAColdStarts",
     "MemoryHolding",
     "MemoryKind",
     "PoolBreakdown",

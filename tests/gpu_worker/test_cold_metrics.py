@@ -18,3 +18,10 @@ def test_counts_per_instance_and_choice_and_gone_instances_lose_their_series():
     export_cold_choices("w-cold", [("i1", {"cpu_assist": 4, "async": 1, "inline": 0})])
     assert _value("w-cold", "i1", "cpu_assist") == 4
     assert _value("w-cold", "i2", "inline") is None  # the instance went away
+
+
+def test_the_dashboard_shows_the_choices_by_choice():
+    from dashboard_queries import dashboard, dashboard_queries
+
+    exprs = [e for _w, e in dashboard_queries(dashboard()) if "tidal_worker_lora_cold_starts" in e]
+    assert exprs and any("by (choice)" in e and '$worker' in e for e in exprs)

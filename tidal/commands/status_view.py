@@ -125,9 +125,22 @@ class InstancesTable:
         for inst in self.stats.instances:
             if inst.adapters:
                 yield Text(f"adapters of {inst.instance_id}: " + ", ".join(inst.adapters))
+            cold = getattr(inst, "lora_cold", None)
+            if cold is not None:  # CaraServe's cold start (issue 31): what the rule chose per cold request
+                yield Text(cold_line(inst.instance_id, cold))
             if inst.group_id:  # a buddy-group member (KunServe): the layers whose weights it kept
                 yield Text(f"{inst.instance_id} in buddy group {inst.group_id}: "
                            f"holds layers {inst.layers.start}-{inst.layers.end - 1}")
+
+
+def cold_line(instance_id: str, cold) -> str:
+    """An instance's cold LoRA starts: the rule's choices (counts), mid-step takeovers, the latest decision."""
+    line = (f"cold LoRA starts of {instance_id}: cpu_assist {cold.cpu_assist}, async {cold.async_load}, "
+            f"inline {cold.inline}; device took over mid-step {cold.mid_step_takeovers}")
+    if cold.recent:
+        last = cold.recent[-1]
+        line += f"; last: {last.request_id} {last.choice} ({last.reason})"
+    return line
 
 
 def worker_panel(row: "WorkerRow") -> Panel:
