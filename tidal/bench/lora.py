@@ -289,7 +289,8 @@ def _run(args, workload, modes, ranks, cold, targets, cuda, split, processes, th
                   + "  ".join(f"{m} {statistics.fmean(r['ttft_s'] for r in rec[m]) * 1000:.0f} ms" for m in modes),
                   flush=True)
         cold_stats = {m: {k: getattr(engines[m].engine.cold, k) for k in
-                          ("cpu_chunks", "device_takeovers", "fallbacks", "inline_loads", "inline_wait_s")}
+                          ("cpu_chunks", "device_takeovers", "mid_step_takeovers", "uncut", "fallbacks",
+                           "inline_loads", "inline_wait_s")}
                       for m in modes}
         views = {m: rule_view(engines[m].engine, typical, rank, int(big)) for m in modes if base_mode(m) in ASSISTED}
     finally:
@@ -300,7 +301,8 @@ def _run(args, workload, modes, ranks, cold, targets, cuda, split, processes, th
     for m, ca in cold_stats.items():
         if base_mode(m) in ASSISTED:
             print(f"{m}: {ca['cpu_chunks']} prefill chunks on the helpers, {ca['device_takeovers']} prefills taken "
-                  f"over by the device mid-prompt, {ca['fallbacks']} fallbacks, {ca['inline_loads']} inline loads")
+                  f"over by the device mid-prompt ({ca['mid_step_takeovers']} inside a step; {ca['uncut']} chunks left "
+                  f"whole), {ca['fallbacks']} fallbacks, {ca['inline_loads']} inline loads")
     print("CPU arms (measured by each engine over the run):")
     print_choices(views, typical, rank, prefill_s)
     assist = next((m for m in modes if base_mode(m) == "cpu_assist"), None)

@@ -66,5 +66,5 @@ def print_choices(views: dict[str, dict], typical: int, rank: int, prefill_s: fl
         if mode.startswith("auto"):
             c = v["choices"]
             line += (f"; the rule chose cpu_assist {c['cpu_assist']}, async {c['async']}, inline {c['inline']} times"
-                     f" (for this prompt now: {v['rule'] or 'n/a'}; last: {v['last']})")
+                     f" (for this prompt now, alone: {v['rule'] or 'n/a'}; last: {v['last']})")
         print(line)
