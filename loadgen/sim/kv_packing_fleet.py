@@ -50,16 +50,17 @@ from __future__ import annotations
 
 import math
 import time
-from bisect import insort
 
 import numpy as np
 
-from loadgen.sim.kv_packing import Schedule, apply_op
+from loadgen.sim.kv_packing import Schedule
 from loadgen.sim.kv_packing_fleet_engine import FleetEngine
 from loadgen.sim.kv_packing_fleet_moves import FleetMoves
+from loadgen.sim.kv_packing_fleet_policy import FleetPolicy
 from loadgen.sim.kv_packing_fleet_state import FUTURE, QUEUED, RUNNING, Budgets, Device, FleetResult, Flight
 from loadgen.sim.kv_packing_moves import MoveModel, MoveStats
 from shared.policy.mell_ops import Allocate, Depart, Update
+
 
 def pool_devices(n: int) -> list[str]:
     return [f"gpu-{k}" for k in range(n)]
@@ -134,14 +135,16 @@ class _Fleet(FleetEngine, FleetMoves):
         self.book_bytes = 0  # granules of every request the books hold
         self.decided = self.deferred = self.requeued = self.preemptions = self.held_back = 0
         self.max_round = 0
-        self.max_op = 0 if per_op else -1
-        self.max_op_items = 0 if per_op else -1
         self.pool_wait: list[int] = []  # arrivals refused by a full pool, first come first served
         self.offered: dict[int, tuple[float, int, int]] = {}  # refused arrival -> (first offered, size, frozen)
         self.refused = 0  # arrival-intervals refused by a full pool
         self.abort_late: tuple[float, float, int] | None = None  # (TTFT s, TPOT s, k): stop once k are past either
         self.n_late = 0  # requests whose TTFT added passed abort_late's
         self.n_slow = 0  # requests whose TPOT added (seconds after the first token / later tokens) passed it
+        self.bridge = FleetPolicy(
+            policy, name, ids=self.ids, index=self.index, st=self.st, where=self.where, size=self.size,
+            frozen=self.frozen, qsince=self.qsince, mismatch=self.mismatch, flights=self.flights,
+            offered=self.offered, generated=self._generated, device=self._device, per_op=per_op)
 
     # --- a request's clock ------------------------------------------------------------------
     def _generated(self, i: int, now: float) -> int:
@@ -280,12 +283,12 @@ class _Fleet(FleetEngine, FleetMoves):
                 self.first_e[i] = e
                 ops.append(Allocate(self.ids[i], self.size[i]))
                 arrived.append(i)
-            self._tell_held()
+            self.bridge.tell_held()
             if ops:
                 self._batch(ops, arrived, now)
             if self.balancer is not None:
                 busy = {d for f in self.flights.values() for d in (f.source, f.destination)}
-                lb = self.balancer(busy, self._movable)
+                lb = self.balancer(busy, self.bridge.movable)
                 self.max_round = max(self.max_round, len(lb))
                 self.decided += len(lb)
                 for m in lb:
@@ -314,7 +317,7 @@ class _Fleet(FleetEngine, FleetMoves):
         removed = getattr(policy, "removed_by_batching", 0)
         return FleetResult(
             policy=self.name, active=np.asarray(active, np.int64), moves=st.kv_ok + st.token_moves,
-            moves_before_dedup=self.decided + removed, max_moves_per_op=self.max_op,
+            moves_before_dedup=self.decided + removed, max_moves_per_op=self.bridge.max_op,
             overcommitted_epochs=overcommitted, wall_s=time.perf_counter() - started, move_costs=st,
             used_bytes=np.asarray(used, np.int64), requests=self.n, decided=self.decided, removed_by_batching=removed,
             capped_ops=getattr(policy, "capped_operations", 0), kv_migrations=st.kv_ok,
@@ -322,75 +325,22 @@ class _Fleet(FleetEngine, FleetMoves):
             preemptions=self.preemptions, held_back=self.held_back, ttft_delay=np.asarray(self.d_first),
             tpot_delay=np.asarray(self.d_after) / np.maximum(1, np.asarray(self.O) - 1),
             max_moves_per_round=self.max_round, active_physical=np.asarray(physical, np.int64),
-            max_items_per_op=self.max_op_items, refused=self.refused, aborted=aborted)
+            max_items_per_op=self.bridge.max_op_items, refused=self.refused, aborted=aborted)
+
+    def _batch(self, ops: list, arrived: list[int], now: float) -> None:
+        """The policy decides `ops` (the bridge places what it admitted); a refused arrival waits for the pool."""
+        decided, refused = self.bridge.batch(ops, arrived, now)
+        self.decided += decided
+        for i in refused:
+            self.book_bytes -= self.size[i]
+            self.refused += 1
+            self.offered.setdefault(i, (now, self.size[i], self._generated(i, now)))
+            self.pool_wait.append(i)
 
     def _late(self, now: float) -> int:
         """Requests whose first token is already later than `abort_late`'s TTFT allows."""
         limit = self.abort_late[0]
         return self.n_late + sum(1 for i in self.pool_wait if now - self.offered[i][0] > limit)
-
-    # --- the policy ---------------------------------------------------------------------------
-    def _tell_held(self) -> None:
-        """What each device physically holds for requests the books have elsewhere."""
-        held: dict[str, int] = {}
-        away = self.mismatch | self.flights.keys()
-        if away:
-            device_of = self.policy.device_of
-            for i in away:
-                d = self.where[i]
-                if self.st[i] == RUNNING and d is not None and device_of(self.ids[i]) != d:
-                    held[d] = held.get(d, 0) + self.size[i]
-        hold = getattr(self.policy, "hold", None)
-        if hold is not None:
-            hold(held)
-        elif hasattr(self.policy, "held"):
-            self.policy.held = held
-
-    def _batch(self, ops: list, arrived: list[int], now: float) -> None:
-        policy = self.policy
-        if self.per_op:
-            placements: dict[str, str] = {}
-            moves = []
-            for op in ops:
-                r = apply_op(policy, op)
-                if type(op) is Allocate:
-                    placements.update(r.placements)
-                self.max_op = max(self.max_op, len(r.moves))
-                self.max_op_items = max(self.max_op_items, getattr(policy, "last_op_items", len(r.moves)))
-                moves.extend(r.moves)
-        else:
-            r = policy.run_batch(ops)
-            placements, moves = r.placements, r.moves
-        self.decided += len(moves)
-        refused = set(getattr(policy, "refused", ()))
-        if refused:
-            kept = []
-            for i in arrived:
-                if self.ids[i] not in refused:
-                    kept.append(i)
-                    continue
-                self.book_bytes -= self.size[i]
-                self.refused += 1
-                self.offered.setdefault(i, (now, self.size[i], self._generated(i, now)))
-                self.pool_wait.append(i)
-            arrived = kept
-        for i in arrived:
-            d = placements.get(self.ids[i]) or policy.device_of(self.ids[i])
-            assert d, f"{self.name}: {self.ids[i]} was not placed"
-            self.where[i] = d
-            first = self.offered.pop(i, None)
-            self.frozen[i] = first[2] if first else self._generated(i, now)  # what it holds once admitted (its
-            self.st[i] = QUEUED  # clock stops while it waits)
-            self.qsince[i] = first[0] if first else now
-            insort(self._device(d).queue, i)
-        for m in moves:
-            i = self.index[m.request_id]
-            if self.st[i] in (RUNNING, QUEUED):
-                self.mismatch.add(i)
-
-    def _movable(self, rid: str) -> bool:
-        i = self.index[rid]
-        return self.st[i] == RUNNING and i not in self.flights and i not in self.mismatch
 
 
 def fleet_utilisation(result: FleetResult, capacity: int) -> float:
