@@ -192,7 +192,10 @@ class WarmServePolicy:
             # no "load"); the reason says which
             out.append(Decision(action=action, trigger="capacity_request", ttl_s=SCALE_UP_TTL_S, reason=(
                 f"autoscaler: {model}: {why}; {worker.worker_id} " + (f"holds {warm} B warm" if warm else "starts it cold"))))
-        if queued or saturated or not d.stop:
+        # a sibling with requests waiting is the model's load queued at a worker instead of the dispatcher: an
+        # idle instance then is one routing has not reached yet, not a surplus (draining it flaps: the next
+        # saturation sample starts it again)
+        if queued or saturated or not d.stop or any(i.waiting for i in accepting):
             return out
         keep = max(0, len(accepting) - self.s.min_instances)
         by_id = {i.instance_id: i for i in accepting}

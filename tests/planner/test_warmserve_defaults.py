@@ -75,3 +75,14 @@ def test_the_default_config_keeps_models_for_minutes_and_scales_on_saturation() 
     assert cfg.planner.autoscale and cfg.planner.min_instances >= 1 and float(cfg.planner.keep_alive) >= 60
     (warm,) = [p for p in build_policies(cfg, group_prefix="t") if isinstance(p, WarmServePolicy)]
     assert warm.s.min_instances >= 1 and warm.s.keep_alive_s >= 60 and warm.saturation is not None
+
+
+def test_an_idle_instance_is_not_drained_while_a_sibling_has_requests_waiting() -> None:
+    # the request count calls the model far below capacity (6 < 0.5 x 64 x 2), but w0 queues 4 of them: w1's
+    # instance is idle only because routing has not reached it yet, so it stays; once nothing waits, it may go
+    policy = WarmServePolicy(WarmServeSettings(prewarm=False, batch_size=64, min_instances=1, keep_alive_s=300.0))
+    queued_at_w0 = (wv("w0", inst("w0", running=2, waiting=4)), wv("w1", inst("w1")))
+    assert [a for a in run(policy, 0, 400, *queued_at_w0) if isinstance(a, ScaleDown)] == []
+    drained = (wv("w0", inst("w0", running=2)), wv("w1", inst("w1")))
+    stops = [a for a in run(policy, 401, 410, *drained) if isinstance(a, ScaleDown)]
+    assert stops and {a.instance_id for a in stops} == {"w1-a"}
