@@ -117,6 +117,7 @@ class StatsBuilder:
         self.adapter_users = adapter_users  # requests admitted here per adapter (the worker's active table)
         self.seq = 0
         self._previous: dict[str, InstanceSnapshot] = {}
+        self._rate: dict[str, float] = {}  # instance -> its last measured token rate (carried over a long step)
         self.prefix = PrefixRates()  # the prefix cache's figures and recent hit rate (prefix_stats.py)
 
     def build(self, state: WorkerState, now: float) -> WorkerStats:
@@ -130,7 +131,12 @@ class StatsBuilder:
             if prev is not None and snap.ts > prev.ts:
                 dt = snap.ts - prev.ts
                 growth = (snap.kv_blocks_used - prev.kv_blocks_used) / dt
-                tokens_per_s = max(0, snap.tokens_emitted - prev.tokens_emitted) / dt
+                tokens_per_s = self._rate[inst.instance_id] = max(0, snap.tokens_emitted - prev.tokens_emitted) / dt
+            elif snap.running:
+                # no step ended since the last stats (a step longer than the interval, on a loaded box): the
+                # instance is still decoding at its last measured rate, not at 0 -- the planner's compute
+                # gate and the saturation rule read this figure
+                tokens_per_s = self._rate.get(inst.instance_id, 0.0)
             if prev is None or snap.ts > prev.ts:
                 self._previous[inst.instance_id] = snap
             adapters.update(snap.resident_adapters)
@@ -149,6 +155,8 @@ class StatsBuilder:
                 **self.prefix.fields(inst, now), lora_cold=cold_starts(getattr(inst, "engine", None)),
             ))
         self.prefix.forget({inst.instance_id for inst in instances})
+        for gone in set(self._rate) - {inst.instance_id for inst in instances}:
+            del self._rate[gone]
         msg = WorkerStats(
             worker_id=self.worker_id, seq=self.seq, ts=now,
             device=self.device, state=state, pool=pool_breakdown(pairs + (self.pool_extra() if self.pool_extra else [])),

@@ -79,3 +79,15 @@ def test_a_group_member_reports_its_group_and_stage_else_the_layers_it_holds() -
     stats = StatsBuilder("w0", "cpu", [alone, restoring, member, solo]).build(WorkerState.READY, now=2.0)  # type: ignore[list-item]
     got = {i.instance_id: (i.group_id, i.layers.start, i.layers.end) for i in stats.instances}
     assert got == {"i0": (None, 0, 4), "i1": (None, 0, 3), "i2": ("g1", 2, 4), "i3": ("g2", 0, 4)}
+
+
+def test_a_step_longer_than_the_stats_interval_carries_the_last_token_rate() -> None:
+    inst = Instance("i0", snapshot=snap(10.0, 4, 100, running=3))
+    builder = StatsBuilder("w0", "cpu", [inst])  # type: ignore[list-item]
+    builder.build(WorkerState.READY, now=10.1)
+    inst.snapshot = snap(10.5, 14, 300, running=3)
+    assert builder.build(WorkerState.READY, now=10.6).instances[0].tokens_per_s == 400.0
+    # no step ended since (the same snapshot): still decoding at the last rate, not 0
+    assert builder.build(WorkerState.READY, now=11.6).instances[0].tokens_per_s == 400.0
+    inst.snapshot = snap(10.5, 14, 300)  # nothing running: no rate to carry
+    assert builder.build(WorkerState.READY, now=12.6).instances[0].tokens_per_s == 0.0
