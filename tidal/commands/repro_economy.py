@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import pickle
 import shlex
 import sys
 import time
 from pathlib import Path
+
+import msgspec
 
 HELP = "the memory economy: arbiter vs each mechanism alone vs the fixed order (P99 TTFT, SLO, GPUs, purchases)"
 
@@ -103,9 +104,9 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
         return 2
-    def checkpoint(point) -> None:  # each point as it ends, so a run cut short keeps what it had
+    def checkpoint(point) -> None:  # each point as it ends (JSON), so a run cut short keeps what it had
         (out / "points").mkdir(parents=True, exist_ok=True)
-        (out / "points" / f"rate{point.rate:g}-seed{point.seed}.pickle").write_bytes(pickle.dumps(point))
+        (out / "points" / f"rate{point.rate:g}-seed{point.seed}.json").write_bytes(msgspec.json.encode(point))
 
     points, gpus = run_repro(cfg, progress=lambda line: print(line, flush=True), keep=full, jobs=args.jobs,
                              checkpoint=checkpoint)
