@@ -17,7 +17,9 @@ of torch's ~40 small ones per layer, rounding where torch rounds. On fp32 CPU a 
 `MAX_ROWS` tokens without LoRA (single-stream decode) runs each layer's projections as gpu_ext's
 fused C++ calls (`cpu_ops`, gpu_ext/cpu_matvec.py): norm + qkv + the rotary embedding of q and k
 (`rms_qkv_rope`), and o_proj + residual + norm + gate|up + SiLU-gate + down + residual (`rms_mlp`):
-2 calls where torch took ~22 ops.
+2 calls where torch took ~22 ops. Where every token of the step decodes on the C++ attention kernel
+(the runner checks: no LoRA, no remote attention), `decode_layers` runs the whole layer range, KV
+write and attention included, as one C++ call (gpu_ext/cpu_decode.py) with the same bits.
 """
 from __future__ import annotations
 
