@@ -24,6 +24,7 @@ has them; this process (every mode's engine, one at a time) is pinned to the res
 """
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from dataclasses import dataclass, field
@@ -145,12 +146,16 @@ class RoundResult:
     decode_steps_s: list[float]  # steps of decoding only
 
 
+_DRIVES = itertools.count()
+
+
 def drive(eng, trace: list, names: list[str], output_len: int, *, sync=None) -> RoundResult:  # type: ignore[no-untyped-def]
     """Open loop: each request is added at its arrival time (wall clock), the engine steps whenever it
     has work; TTFT = first token - arrival."""
     from services.gpu_worker.engine.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    tag = f"d{next(_DRIVES)}-"  # request ids unique across rounds: the engine counts a request's cold choice once
     schedule = eng.scheduler.schedule
     last: list = [None]
 
@@ -172,7 +177,7 @@ def drive(eng, trace: list, names: list[str], output_len: int, *, sync=None) -> 
             now = time.perf_counter()
             while pending and start + pending[0][1].at_s <= now:
                 i, req = pending.pop(0)
-                rid = f"r{i}"
+                rid = f"{tag}r{i}"
                 arrival[rid] = start + req.at_s
                 eng.add_request(rid, req.prompt, params, adapter=names[i])
             if not eng.has_unfinished:
@@ -197,7 +202,7 @@ def drive(eng, trace: list, names: list[str], output_len: int, *, sync=None) -> 
         eng.scheduler.schedule = schedule
     rows = []
     for i, req in enumerate(trace):
-        rid = f"r{i}"
+        rid = f"{tag}r{i}"
         if rid not in first or rid not in done:
             raise RuntimeError(f"request {rid} ({names[i]}) did not finish")
         n = max(tokens.get(rid, 1), 1)
