@@ -21,8 +21,10 @@ model.
 
 The SLO: `[slo] tpot` absolute (`tpot_s`), or "k x" (`factor`): k times the model's best steady step
 seen, the smallest running x u of an instance whose running count had not changed since its
-previous stats (an unloaded instance's TPOT; a sample right after requests ended or arrived would
-mix two batch sizes). Until a model's decode is measured (and, relative, its best step), a
+previous stats and that had no prompt left to prefill in either (an unloaded instance's TPOT; a sample
+right after requests ended or arrived would mix two batch sizes, and one spent prefilling emits almost
+no token: on the default cluster the first sample, a 956-token prefill, read a 57 s "step" and let a
+5x SLO of 285 s through). Until a model's decode is measured (and, relative, its best step), a
 consolidation (`fragmentation`) move waits: it is worth making only when the SLO is shown to hold.
 A KV-pressure move (its source above the watermark) goes then: relief before the source preempts.
 With a measurement both kinds go only where the projection is within the SLO.
@@ -71,7 +73,7 @@ class ComputeGate:
     def __init__(self, slo: TpotSlo) -> None:
         self.slo = slo
         self.best_step: dict[str, float] = {}  # model -> its smallest steady step seen (relative SLO)
-        self._sample: dict[str, tuple[float, int]] = {}  # instance -> (stats ts, running) of its last stats
+        self._sample: dict[str, tuple[float, int, bool]] = {}  # instance -> (stats ts, running, prefilling)
 
     def observe(self, view: ClusterView) -> None:
         """Take each instance's new stats: a steady one (same running as its previous stats) may lower the
@@ -83,10 +85,11 @@ class ComputeGate:
                 before = self._sample.get(inst.instance_id)
                 if before is not None and before[0] == worker.stats_ts:
                     continue  # the same stats again: no new sample
-                self._sample[inst.instance_id] = (worker.stats_ts, inst.running)
+                prefilling = inst.waiting > 0 or inst.queued_prompt_tokens > 0
+                self._sample[inst.instance_id] = (worker.stats_ts, inst.running, prefilling)
                 u = per_token_s(inst)
-                if u is None or before is None or before[1] != inst.running:
-                    continue
+                if u is None or before is None or before[1] != inst.running or before[2] or prefilling:
+                    continue  # not a steady decode: the batch changed, or a prompt's prefill took the steps
                 step = inst.running * u
                 best = self.best_step.get(inst.model)
                 self.best_step[inst.model] = step if best is None else min(best, step)

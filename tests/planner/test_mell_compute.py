@@ -98,6 +98,26 @@ def test_a_relative_slo_waits_for_the_models_best_steady_step() -> None:
     assert move.request_id in ("a0", "b0")
 
 
+def test_a_sample_spent_prefilling_is_not_the_slos_base() -> None:
+    # the default cluster's first samples: one request prefilling a long prompt emits ~no token, so running x u
+    # reads a step of seconds; a 5x SLO on it would let every consolidation through
+    policy = MellPolicy(packer="repackfit", tpot_factor=5.0)
+    core = PlannerCore([policy])
+
+    def sample(now: float, ts: float, tps: float, queued: int) -> ClusterView:
+        w0 = decoding(worker("cpu-0", {"a0": 3}), tps, ts=ts)
+        w0 = replace(w0, instances=(replace(w0.instances[0], queued_prompt_tokens=queued),))
+        return view(now, w0, decoding(worker("cpu-1", {"b0": 3}), 0.0, ts=ts))  # cpu-1: nothing measured
+
+    core.step(sample(0.0, 0.0, 0.02, 900))
+    assert migrations(core.step(sample(1.0, 1.0, 0.02, 500))) == []  # prefilling in both: no base
+    assert policy.gate is not None and "m" not in policy.gate.best_step
+    core.step(sample(2.0, 2.0, 10.0, 0))  # the prefill ended during this interval: not steady yet
+    assert "m" not in policy.gate.best_step
+    core.step(sample(3.0, 3.0, 10.0, 0))  # decoding in both samples: the base is the decode step
+    assert policy.gate.best_step == {"m": pytest.approx(0.1)}
+
+
 def test_consolidation_waits_and_kv_pressure_goes_while_no_decode_is_measured() -> None:
     policy = MellPolicy(packer="repackfit", tpot_s=0.2)
     assert migrations(PlannerCore([policy]).step(split(tps=(0.0, 0.0)))) == []
