@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shared.bus import Bus, BusSettings, Delivery
+from loadgen.runner.bus_watch import watch_stats_and_plans
+from shared.bus import Bus, Delivery
 from shared.events import WorkerStats
 from shared.events.plan import Migrate, PlanApplied, PlanCancelled, PlanDecided, PlanEvent, PlanFailed
-from shared.subjects import CATALOG, worker_stats
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +45,7 @@ class LiveWatch:
     bus: Bus | None = None
 
     async def start(self, nats_url: str) -> "LiveWatch":
-        self.bus = await Bus.connect(BusSettings(url=nats_url, initial_connect_s=3.0), service="cli")
-        await self.bus.subscribe(worker_stats(), WorkerStats, self._on_stats)
-        await self.bus.subscribe(CATALOG["plan.event"].wildcard, PlanEvent, self._on_plan)
+        self.bus = await watch_stats_and_plans(nats_url, self._on_stats, self._on_plan)
         return self
 
     async def stop(self) -> None:

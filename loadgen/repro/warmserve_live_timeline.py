@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from shared.bus import Bus, BusSettings, Delivery
+from loadgen.runner.bus_watch import watch_stats_and_plans
+from shared.bus import Bus, Delivery
 from shared.events import WorkerStats
 from shared.events.plan import PlacePrewarm, PlanApplied, PlanDecided, PlanEvent, PlanFailed, ScaleDown, ScaleUp
 from shared.planner.view import prewarmed_models
-from shared.subjects import CATALOG, worker_stats
+from shared.subjects import CATALOG
 
 
 @dataclass
@@ -43,9 +44,7 @@ class LiveWatch:
         self.bus: Bus | None = None
 
     async def start(self, nats_url: str) -> "LiveWatch":
-        self.bus = await Bus.connect(BusSettings(url=nats_url), service="cli")
-        await self.bus.subscribe(worker_stats(), WorkerStats, self._on_stats)
-        await self.bus.subscribe(CATALOG["plan.event"].wildcard, PlanEvent, self._on_plan)
+        self.bus = await watch_stats_and_plans(nats_url, self._on_stats, self._on_plan)
         out = CATALOG["request.out"]
         await self.bus.subscribe(out.wildcard, out.payload_type, self._on_chunk, label="request.out")
         return self

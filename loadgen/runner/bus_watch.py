@@ -5,6 +5,7 @@ for the report's timeline. Read-only; times are converted to the run's clock.
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 
 from loadgen.report.records import MemorySample, PlanMarker
 from shared.bus import Bus, BusSettings, Delivery
@@ -47,6 +48,16 @@ def find_nats(data_dir: str | os.PathLike[str] | None = None) -> tuple[str | Non
     return (state.nats_url if state is not None else None), where
 
 
+async def watch_stats_and_plans(nats_url: str, on_stats: Callable[[WorkerStats, Delivery], Awaitable[None]],
+                                on_plan: Callable[[PlanEvent, Delivery], Awaitable[None]]) -> Bus:
+    """A read-only bus connection (as the cli) handing every worker's stats and every plan event to the two
+    callbacks: what each live run's watcher (this one, `tidal repro mell/warmserve --live`) listens to."""
+    bus = await Bus.connect(BusSettings(url=nats_url, initial_connect_s=3.0), service="cli")
+    await bus.subscribe(worker_stats(), WorkerStats, on_stats)
+    await bus.subscribe(CATALOG["plan.event"].wildcard, PlanEvent, on_plan)
+    return bus
+
+
 class BusWatch:
     def __init__(self, t0_unix: float = 0.0) -> None:
         self.t0_unix = t0_unix  # set to the run's start before the run
@@ -55,9 +66,7 @@ class BusWatch:
         self.bus: Bus | None = None
 
     async def start(self, nats_url: str) -> "BusWatch":
-        self.bus = await Bus.connect(BusSettings(url=nats_url, initial_connect_s=3.0), service="cli")
-        await self.bus.subscribe(worker_stats(), WorkerStats, self._on_stats)
-        await self.bus.subscribe(CATALOG["plan.event"].wildcard, PlanEvent, self._on_plan)
+        self.bus = await watch_stats_and_plans(nats_url, self._on_stats, self._on_plan)
         return self
 
     async def stop(self) -> None:
