@@ -122,6 +122,17 @@ def build_step_layout(
     return _general_layout(chunks, layers, block_size, device, sliding_window, block_bytes, split_decode)
 
 
+def _table(chunk: ScheduledChunk, layer: int, blocks: int, tokens: int) -> list[int]:
+    """The chunk's block table for `layer`, checked to hold the `blocks` its `tokens` need."""
+    table = chunk.block_tables.get(layer)
+    if table is None:
+        raise ValueError(f"chunk of {chunk.seq_id!r} has no block table for layer {layer}")
+    if len(table) < blocks:
+        raise ValueError(f"block table of {chunk.seq_id!r} layer {layer} has {len(table)} blocks, "
+                         f"needs {blocks} for {tokens} tokens")
+    return table
+
+
 def _general_layout(
     chunks: Sequence[ScheduledChunk], layers: Sequence[int], block_size: int, device: torch.device,
     sliding_window: int | None, block_bytes: int, split_decode: bool,
@@ -134,14 +145,7 @@ def _general_layout(
     flat = array("q")  # int64; fromlist + frombuffer: ~4x cheaper than torch.tensor(list)
     for layer in layers:
         for c, nb in zip(chunks, nbs):
-            table = c.block_tables.get(layer)
-            if table is None:
-                raise ValueError(f"chunk of {c.seq_id!r} has no block table for layer {layer}")
-            if len(table) < nb:
-                raise ValueError(
-                    f"block table of {c.seq_id!r} layer {layer} has {len(table)} blocks, "
-                    f"needs {nb} for {c.start_pos + len(c.token_ids)} tokens"
-                )
+            table = _table(c, layer, nb, c.start_pos + len(c.token_ids))
             part = table if len(table) == nb else table[:nb]
             if isinstance(part, list):
                 flat.fromlist(part)
@@ -234,14 +238,7 @@ def _all_decode_layout(
     slots, tables = array("q"), array("q")  # [L, B] and [L, B, width], padding: the sequence's first block
     for layer in layers:
         for c, nb, start in zip(chunks, nbs, starts):
-            table = c.block_tables.get(layer)
-            if table is None:
-                raise ValueError(f"chunk of {c.seq_id!r} has no block table for layer {layer}")
-            if len(table) < nb:
-                raise ValueError(
-                    f"block table of {c.seq_id!r} layer {layer} has {len(table)} blocks, "
-                    f"needs {nb} for {start + 1} tokens"
-                )
+            table = _table(c, layer, nb, start + 1)
             slots.append(table[nb - 1] * block_size + start % block_size)
             tables.extend(table[:nb])
             if nb < width:
