@@ -131,7 +131,10 @@ class StatsBuilder:
             if prev is not None and snap.ts > prev.ts:
                 dt = snap.ts - prev.ts
                 growth = (snap.kv_blocks_used - prev.kv_blocks_used) / dt
-                tokens_per_s = self._rate[inst.instance_id] = max(0, snap.tokens_emitted - prev.tokens_emitted) / dt
+                # a rate only over busy time: from an idle snapshot the interval holds the idle gap too (a first
+                # token after 54 s idle read 0.02 tok/s, and the planner took it for a 54 s decode step)
+                tokens_per_s = max(0, snap.tokens_emitted - prev.tokens_emitted) / dt if prev.running else 0.0
+                self._rate[inst.instance_id] = tokens_per_s
             elif snap.running:
                 # no step ended since the last stats (a step longer than the interval, on a loaded box): the
                 # instance is still decoding at its last measured rate, not at 0 -- the planner's compute

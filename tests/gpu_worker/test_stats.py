@@ -91,3 +91,14 @@ def test_a_step_longer_than_the_stats_interval_carries_the_last_token_rate() -> 
     assert builder.build(WorkerState.READY, now=11.6).instances[0].tokens_per_s == 400.0
     inst.snapshot = snap(10.5, 14, 300)  # nothing running: no rate to carry
     assert builder.build(WorkerState.READY, now=12.6).instances[0].tokens_per_s == 0.0
+
+
+def test_no_token_rate_over_an_interval_that_began_idle() -> None:
+    inst = Instance("i0", snapshot=snap(10.0, 0, 100))  # idle: nothing running
+    builder = StatsBuilder("w0", "cpu", [inst])  # type: ignore[list-item]
+    builder.build(WorkerState.READY, now=10.1)
+    inst.snapshot = snap(64.0, 4, 101, running=1)  # its first step after 54 s idle: 1 token
+    assert builder.build(WorkerState.READY, now=64.1).instances[0].tokens_per_s == 0.0  # not 1/54
+    assert builder.build(WorkerState.READY, now=65.1).instances[0].tokens_per_s == 0.0  # nothing to carry
+    inst.snapshot = snap(64.5, 5, 111, running=1)
+    assert builder.build(WorkerState.READY, now=65.2).instances[0].tokens_per_s == 20.0
