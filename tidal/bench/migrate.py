@@ -132,6 +132,10 @@ class _Cluster:
             self.nats.stop()
 
 
+WARMUP_PROMPT = 64
+WARMUP_TOKENS = 400
+
+
 async def _one(bus: Bus, rid: str, prompt: list[int], mode: str, args: argparse.Namespace, max_tokens: int = 0) -> Run:
     arrivals: list[tuple[float, TokenChunk]] = []
     errors: list[StreamError] = []
@@ -179,7 +183,8 @@ async def _measure(url: str, cluster: _Cluster, args: argparse.Namespace) -> lis
     try:
         await cluster.wait_ready(bus)
         rng = random.Random(7)
-        await _one(bus, "warm-up-kv", [rng.randrange(10, 1000) for _ in range(64)], "kv", args, 400)  # links, first steps
+        # opens the UCX links and runs the first steps; long enough that its move ends before it does
+        await _one(bus, "warm-up-kv", [rng.randrange(10, 1000) for _ in range(WARMUP_PROMPT)], "kv", args, WARMUP_TOKENS)
         for length in args.lengths:
             for rep in range(args.repeats):
                 prompt = [rng.randrange(10, 1000) for _ in range(length)]
@@ -245,7 +250,8 @@ def run_bench(args: argparse.Namespace) -> int:
     args.lengths = sorted(int(x) for x in str(args.lengths).split(","))
     root = Path(args.dir or tempfile.mkdtemp(prefix="tidal-bench-migrate-"))
     root.mkdir(parents=True, exist_ok=True)
-    context = max(args.lengths) + args.max_tokens + 64
+    # the context holds the warm-up's whole generation too: capped by a short context it ended mid-move (CI, busy box)
+    context = max(max(args.lengths), WARMUP_PROMPT) + max(args.max_tokens, WARMUP_TOKENS) + 64
     model = make_model(root / "long", arch="llama", layers=args.layers, hidden=args.hidden, heads=args.heads,
                        kv_heads=args.kv_heads, vocab=1024, seed=1, max_position=max(2048, context))
     config = root / "cluster.toml"
