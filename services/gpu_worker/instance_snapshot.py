@@ -26,6 +26,8 @@ class InstanceSnapshot:
     tokens_emitted: int = 0  # cumulative
     steps: int = 0  # cumulative
     preemptions: int = 0  # cumulative: the scheduler's recompute preemptions
+    prefill_tokens: int = 0  # cumulative: prompt tokens computed in prefill chunks ...
+    prefill_s: float = 0.0  # ... and the wall time of the steps that held them
     pool_capacity: int = 0
     pool_id: int | None = None  # which pool (instances of a worker share one); None: count it on its own
     pool_by_owner: dict[str, dict[str, int]] = field(default_factory=dict)  # kind -> owner -> bytes
@@ -53,6 +55,7 @@ def take_snapshot(engine: LLMEngine, *, tokens_emitted: int, steps: int) -> Inst
         kv_blocks_total=blocks.capacity_blocks, kv_blocks_used=blocks.num_used_blocks,
         kv_blocks_held=blocks.num_blocks, pool_id=id(engine.pool.root),
         tokens_emitted=tokens_emitted, steps=steps, preemptions=sched.num_preemptions,
+        prefill_tokens=engine.prefill_tokens, prefill_s=engine.prefill_s,
         pool_capacity=engine.pool.capacity_bytes,
         pool_by_owner=engine.pool.by_owner(), resident_adapters=tuple(engine.runner.lora.resident),
         requests=_request_rows(engine), resident_layers=_resident(engine), **_lora_fields(engine),

@@ -118,6 +118,7 @@ class StatsBuilder:
         self.seq = 0
         self._previous: dict[str, InstanceSnapshot] = {}
         self._rate: dict[str, float] = {}  # instance -> its last measured token rate (carried over a long step)
+        self._prefill_rate: dict[str, float] = {}  # instance -> its last measured prefill pace (carried while idle)
         self.prefix = PrefixRates()  # the prefix cache's figures and recent hit rate (prefix_stats.py)
 
     def build(self, state: WorkerState, now: float) -> WorkerStats:
@@ -140,6 +141,9 @@ class StatsBuilder:
                 # instance is still decoding at its last measured rate, not at 0 -- the planner's compute
                 # gate and the saturation rule read this figure
                 tokens_per_s = self._rate.get(inst.instance_id, 0.0)
+            if prev is not None and snap.prefill_s > prev.prefill_s:
+                self._prefill_rate[inst.instance_id] = (snap.prefill_tokens - prev.prefill_tokens) / (
+                    snap.prefill_s - prev.prefill_s)
             if prev is None or snap.ts > prev.ts:
                 self._previous[inst.instance_id] = snap
             adapters.update(snap.resident_adapters)
@@ -149,6 +153,7 @@ class StatsBuilder:
                 running=snap.running, waiting=snap.waiting + inst.pending, queued_prompt_tokens=snap.queued_prompt_tokens,
                 kv_blocks_total=snap.kv_blocks_total, kv_blocks_used=snap.kv_blocks_used, kv_block_bytes=inst.block_bytes,
                 kv_growth_blocks_per_s=max(-1e9, min(1e9, growth)), tokens_per_s=tokens_per_s,
+                prefill_tokens_per_s=min(1e12, self._prefill_rate.get(inst.instance_id, 0.0)),
                 preemptions=snap.preemptions,
                 adapters=sorted(inst.adapters),  # registered: what the dispatcher may route here
                 accepting=getattr(inst, "accepting", True),  # False: being evicted (EvictModel), routed nowhere
@@ -158,8 +163,9 @@ class StatsBuilder:
                 **self.prefix.fields(inst, now), lora_cold=cold_starts(getattr(inst, "engine", None)),
             ))
         self.prefix.forget({inst.instance_id for inst in instances})
-        for gone in set(self._rate) - {inst.instance_id for inst in instances}:
-            del self._rate[gone]
+        for rates in (self._rate, self._prefill_rate):
+            for gone in set(rates) - {inst.instance_id for inst in instances}:
+                del rates[gone]
         msg = WorkerStats(
             worker_id=self.worker_id, seq=self.seq, ts=now,
             device=self.device, state=state, pool=pool_breakdown(pairs + (self.pool_extra() if self.pool_extra else [])),

@@ -175,6 +175,9 @@ class InstanceStats(Value, kw_only=True):
     workspace_bytes: ByteCount = 0
     kv_growth_blocks_per_s: Annotated[float, Meta(ge=-1e9, le=1e9)] = 0.0
     tokens_per_s: Rate = 0.0  # generated, over the last stats interval
+    # prompt tokens per second of prefill, over the prefill steps since the last stats (carried while none
+    # ran; 0: never measured): how fast a re-prefilled request would be computed here (MELL's token mode)
+    prefill_tokens_per_s: Rate = 0.0
     preemptions: Count = 0  # recompute preemptions since the instance started (cumulative)
     adapters: Annotated[list[AdapterName], Meta(max_length=MAX_LIST)] = []  # registered here: routable
     requests: Annotated[list[RequestLoad], Meta(max_length=MAX_REQUEST_LOADS)] = []

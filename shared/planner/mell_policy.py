@@ -275,7 +275,9 @@ class MellPolicy:
             return []
         candidates = [c for c, _ in ordered]
         links = {(c.source, c.destination): view.link_budget(c.source, c.destination) for c in candidates}
-        prefill = {c.destination: view.prefill_budget(c.destination) for c in candidates}
+        prefill: dict[str, float] = {}
+        for c, m in ordered:  # one budget per destination (shared by its moves), paced by the model moved there
+            prefill.setdefault(c.destination, view.prefill_budget(c.destination, m))
         model_of = {c.request_id: m for c, m in ordered}
         hot = {c.request_id for c, _ in pressure}
         notes = self._notes

@@ -44,6 +44,7 @@ class InstanceView:
     kv_growth_blocks_per_s: float = 0.0
     accepting: bool = True  # False: being evicted (draining: WarmServe's grace period)
     tokens_per_s: float = 0.0  # generated over the last stats interval (a running request's decode pace)
+    prefill_tokens_per_s: float = 0.0  # its measured prefill pace (0: not measured)
     # prefix caching: cached-free blocks (held by no running request, kept for a later hit; the arbiter's
     # `prefix` source), their bytes, and the recent block hit rate (the chance a cached block is reused)
     prefix_cached_free_blocks: int = 0
@@ -159,11 +160,19 @@ class ClusterView:
     def link_budget(self, source: str, destination: str) -> float:
         return self.link_budget_bytes.get((source, destination), self.default_link_budget_bytes)
 
-    def prefill_budget(self, worker_id: str) -> float:
-        """Spare prefill tokens on a destination this interval: its budget less the prompts it has queued."""
+    def prefill_budget(self, worker_id: str, model: str | None = None) -> float:
+        """Spare prefill tokens on a destination this interval: its budget less the prompts it has queued.
+        The budget is the configured one, or less where `model`'s instance there measured its prefill pace:
+        what it computes in one interval (a CPU worker prefills ~250 tokens/s, so the default 4096 tokens
+        per 1 s interval would let one move queue 16 s of re-prefill ahead of everyone there)."""
         budget = self.prefill_budget_tokens.get(worker_id, self.default_prefill_budget_tokens)
         worker = self.workers.get(worker_id)
-        queued = sum(i.queued_prompt_tokens for i in worker.instances) if worker is not None else 0
+        if worker is None:
+            return max(0.0, budget)
+        inst = worker.instance_of(model) if model is not None else None
+        if inst is not None and inst.prefill_tokens_per_s > 0:
+            budget = min(budget, inst.prefill_tokens_per_s * self.interval_s)
+        queued = sum(i.queued_prompt_tokens for i in worker.instances)
         return max(0.0, budget - queued)
 
 
@@ -176,7 +185,7 @@ def worker_view(stats: WorkerStats, *, alive: bool = True) -> WorkerView:
             queued_prompt_tokens=i.queued_prompt_tokens, kv_blocks_total=i.kv_blocks_total,
             kv_blocks_used=i.kv_blocks_used, kv_block_bytes=i.kv_block_bytes,
             layers=(i.layers.start, i.layers.end), group_id=i.group_id, kv_growth_blocks_per_s=i.kv_growth_blocks_per_s,
-            accepting=i.accepting, tokens_per_s=i.tokens_per_s,
+            accepting=i.accepting, tokens_per_s=i.tokens_per_s, prefill_tokens_per_s=i.prefill_tokens_per_s,
             prefix_cached_free_blocks=i.prefix_cached_free_blocks, prefix_cached_free_bytes=i.prefix_cached_free_bytes,
             prefix_hit_rate=i.prefix_hit_rate,
             requests=tuple(RequestView(r.request_id, r.prompt_tokens, r.tokens, r.kv_tokens, r.kv_bytes,

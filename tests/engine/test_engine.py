@@ -166,3 +166,13 @@ def test_an_adapter_that_finds_kv_full_waits_then_runs(model_dir: Path, tmp_path
     tiny.add_lora("a", lora)
     (res,) = tiny.generate([PROMPTS[1]], params, adapters=["a"])
     assert res.finish_reason == "error" and "LoRA" in res.error
+
+
+def test_the_prefill_pace_counts_prompt_tokens_in_prefill_steps_only(model_dir: Path) -> None:
+    eng = engine(model_dir, max_num_batched_tokens=8, max_num_seqs=4)  # the prompt goes in chunks of 8, 8, 8, 6
+    eng.add_request("r0", list(range(20, 50)), GREEDY)  # 30 prompt tokens
+    eng.step()
+    assert eng.prefill_tokens == 8 and eng.prefill_s > 0
+    while eng.has_unfinished:
+        eng.step()
+    assert eng.prefill_tokens == 30  # every prompt token once; the 23 one-token decode steps add nothing

@@ -102,3 +102,16 @@ def test_no_token_rate_over_an_interval_that_began_idle() -> None:
     assert builder.build(WorkerState.READY, now=65.1).instances[0].tokens_per_s == 0.0  # nothing to carry
     inst.snapshot = snap(64.5, 5, 111, running=1)
     assert builder.build(WorkerState.READY, now=65.2).instances[0].tokens_per_s == 20.0
+
+
+def test_prefill_pace_over_the_prefill_steps_only_and_carried_while_none_run() -> None:
+    inst = Instance("i0", snapshot=snap(10.0, 0, 0))
+    builder = StatsBuilder("w0", "cpu", [inst])  # type: ignore[list-item]
+    assert builder.build(WorkerState.READY, now=10.1).instances[0].prefill_tokens_per_s == 0.0  # never measured
+    # 1,000 prompt tokens in prefill steps of 4 s in all, over a 30 s interval (decode steps and idle time between)
+    inst.snapshot = snap(40.0, 10, 5, running=1, prefill_tokens=1000, prefill_s=4.0)
+    assert builder.build(WorkerState.READY, now=40.1).instances[0].prefill_tokens_per_s == 250.0
+    inst.snapshot = snap(80.0, 0, 50, prefill_tokens=1000, prefill_s=4.0)  # no prefill since: still the last pace
+    assert builder.build(WorkerState.READY, now=80.1).instances[0].prefill_tokens_per_s == 250.0
+    inst.snapshot = snap(81.0, 10, 51, running=1, prefill_tokens=1500, prefill_s=5.0)
+    assert builder.build(WorkerState.READY, now=81.1).instances[0].prefill_tokens_per_s == 500.0

@@ -144,3 +144,21 @@ def test_a_request_missing_from_the_view_right_after_its_move_does_not_depart() 
     back = view(1.0, worker(move.destination, {other: 10, move.request_id: 10}), worker(move.source, {}))
     assert migrations(core.step(back)) == []
     assert policy.models["m"].scheduler.device_of(move.request_id) == move.destination
+
+
+def test_a_destination_that_measured_a_slow_prefill_takes_moves_as_kv_not_as_a_long_re_prefill() -> None:
+    """Token mode re-prefills the moved request at the destination: with the configured 4096 tokens per interval
+    a CPU worker (~250 tokens/s) would queue many seconds of prefill ahead of its own requests."""
+    def paced(v: ClusterView, pace: float) -> ClusterView:
+        workers = [replace(w, instances=tuple(replace(i, prefill_tokens_per_s=pace) for i in w.instances))
+                   for w in v.workers.values()]
+        return view(v.now, *workers, link=1e12, prefill=4096)
+
+    unmeasured = paced(fragmented(), 0.0)
+    assert unmeasured.prefill_budget("w0", "m") == 4096 - unmeasured.workers["w0"].instances[0].queued_prompt_tokens
+    assert {m.mode for m in migrations(PlannerCore([MellPolicy()]).step(unmeasured))} == {"tokens"}
+    slow = paced(fragmented(), 50.0)  # 50 tokens per 1 s interval: fewer than any moved request holds (80+)
+    assert slow.prefill_budget("w0", "m") == 50.0
+    assert slow.prefill_budget("w0", "other") == 4096  # another model's pace is not known there
+    moves = migrations(PlannerCore([MellPolicy()]).step(slow))
+    assert moves and {m.mode for m in moves} == {"kv"}

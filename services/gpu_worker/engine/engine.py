@@ -120,6 +120,10 @@ class LLMEngine(KvHandover):
         self._sampled_ids: list[str] = []  # row order of the last step's sampled logits
         self._held_kv: set[str] = set()  # ids whose blocks are held outside the scheduler (migration)
         self.stalled = False  # the last step scheduled nothing although requests are in (e.g. waiting for KV)
+        # prefill pace (cumulative): prompt tokens computed in chunks of more than one token, and the wall time
+        # of the steps that held them -- the planner's measured budget for re-prefilling a moved request
+        self.prefill_tokens = 0
+        self.prefill_s = 0.0
         self.cold = ColdStart(self.runner, assist=config.cpu_lora_assist, processes=config.cpu_lora_processes,
                               bandwidth=config.lora_load_bandwidth, model_dir=config.model_dir, dtype=config.dtype,
                               max_rows=config.max_num_batched_tokens, load_mode=config.lora_load_mode,
@@ -223,7 +227,12 @@ class LLMEngine(KvHandover):
         held = self._load_adapters(out)
         if held and out.is_empty:  # every chunk waits for an adapter's load: wait for one to land
             self.cold.wait_for_load(LOAD_WAIT_S)
+        started = time.perf_counter()
         sampled = self._execute(out)
+        prefilled = sum(len(c.token_ids) for c in out.chunks if len(c.token_ids) > 1)
+        if prefilled:
+            self.prefill_tokens += prefilled
+            self.prefill_s += time.perf_counter() - started
         changed = self.scheduler.update(out, sampled.token_ids)
         return self._postprocess(changed, sampled)
 
