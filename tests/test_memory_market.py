@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from shared.policy.memory_market import (
-    Need, Offer, buy, drop_duration_s, drop_slowdown, price_adapter_eviction, price_capacity_eviction, price_eviction,
+    Need, Offer, buy, drop_duration_s, drop_slowdown, need_duration_s, price_adapter_eviction, price_capacity_eviction, price_eviction,
     price_layer_drop, price_migration, price_prewarm_eviction, price_scale_out, queue_price,
 )
 
@@ -180,3 +180,15 @@ def test_a_drop_lasts_until_its_excess_kv_drains_at_the_net_drain_within_the_hor
         drop_duration_s(-1, 1.0, 10.0, 300.0)
     with pytest.raises(ValueError):
         drop_duration_s(1, 1.0, 10.0, 5.0)
+
+
+def test_a_need_lasts_until_its_drain_net_of_the_arrivals_inflow_frees_it() -> None:
+    # issue 32: arrivals keep a need alive; without them it is the drain alone (drop_duration_s at the gross drain)
+    assert need_duration_s(40e9, 1e9, 0.0, 10.0, 300.0) == drop_duration_s(40e9, 1e9, 10.0, 300.0) == 40.0
+    assert need_duration_s(40e9, 1e9, 0.5e9, 10.0, 300.0) == pytest.approx(80.0)  # 0.5 GB/s net
+    assert need_duration_s(40e9, 1e9, 1e9, 10.0, 300.0) == 300.0  # arrivals bring what the drain frees
+    assert need_duration_s(40e9, 1e9, 2e9, 10.0, 300.0) == 300.0  # more: it persists until the load may change
+    assert need_duration_s(4e9, 1e9, 0.5e9, 10.0, 300.0) == 10.0  # drains within the horizon even so
+    for bad in ((1e9, -1.0, 0.0), (1e9, 1.0, -1.0), (1e9, 1.0, math.inf)):
+        with pytest.raises(ValueError):
+            need_duration_s(*bad, 10.0, 300.0)

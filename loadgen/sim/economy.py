@@ -59,6 +59,8 @@ class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
             raise ValueError(f"economy sim: the SLO needs scale > 0 and floor >= 0, got {slo}")
         self.ranks = {a.name: a.rank for a in trace.header.adapters}
         self.arrivals: dict[str, deque[float]] = defaultdict(deque)
+        # each model's arrivals' KV demand: (arrival, prompt + output tokens, capped at the context length)
+        self.arrival_tokens: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
         self.freed: dict[int, deque[tuple[float, int]]] = defaultdict(deque)
         self.group_of: dict[int, Instance] = {}
         self.restoring: set[int] = set()
@@ -121,6 +123,8 @@ class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
 
     def _arrive(self, req: SimRequest, now: float) -> None:
         self.arrivals[req.model].append(now)
+        kv_tokens = min(req.prompt + req.output, self.models[req.model].max_model_len)
+        self.arrival_tokens[req.model].append((now, kv_tokens))
         if req.adapter:
             self.arrivals[req.adapter].append(now)
         super()._arrive(req, now)

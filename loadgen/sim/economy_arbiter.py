@@ -10,15 +10,15 @@ each), each recomputing its context (the engine's prefill cost per token); drain
 finished requests freed per second over the last horizon, or, if more, what its running requests free
 as they end (each one's KV over the time to its last token, or over the horizon if it ends within it);
 slack: each waiting request's time left to
-its TTFT SLO (a wait counts past it); duration: until the drain frees the bytes (at least the horizon, at
-most the forecast window).
+its TTFT SLO (a wait counts past it); duration: until the drain, net of the KV the model's arrivals bring
+the instance meanwhile (`_inflow`), frees the bytes (at least the horizon, at most the forecast window).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from loadgen.sim.fleet_state import Instance
-from shared.policy.memory_market import SOURCES, Need, Offer, buy, drop_duration_s
+from shared.policy.memory_market import SOURCES, Need, Offer, buy, need_duration_s
 
 if TYPE_CHECKING:
     from loadgen.sim.economy import EconomySim
@@ -67,10 +67,28 @@ class ArbiterMixin:
         head = w._blocks(w.waiting[0].to_prefill) * w.bs * m.kv_bytes_per_token if w.waiting else 0
         least = 0 if grow_bytes > free else min(nbytes, max(0, int(grow_bytes + head - free)))
         # it lasts until the scope drains the bytes itself: at least the horizon, at most the forecast window
-        lasts = drop_duration_s(nbytes, drain, self.horizon_s, max(self.horizon_s, self.window_s))
+        # net of the KV the model's arrivals bring this instance meanwhile: while it is at or above the drain, the
+        # need persists (a start that lands after the running requests' ends still covers it)
+        lasts = need_duration_s(nbytes, drain, self._inflow(inst, now), self.horizon_s,
+                                max(self.horizon_s, self.window_s))
         return Need(f"worker:i{inst.id}", nbytes, self.horizon_s, max(1, len(w.waiting)), drain,
                     preempted=preempted, recompute_s=recompute, min_bytes=least,
                     slack_s=self._slack(w.waiting, now), duration_s=lasts)
+
+    def _inflow(self: EconomySim, inst: Instance, now: float) -> float:
+        """The KV bytes per second the model's arrivals bring this instance: its arrivals over the last horizon,
+        each the KV it comes to hold (prompt and output, capped at the context length), shared evenly among the
+        model's accepting instances (the dispatcher's spread). Each arrival's output is read from the trace, as the
+        drain reads each running request's remaining output (the simulator's oracle on lengths; live, a measured
+        mean would stand in)."""
+        q = self.arrival_tokens.get(inst.model)
+        if not q:
+            return 0.0
+        while q and q[0][0] < now - self.horizon_s:
+            q.popleft()
+        accepting = sum(1 for i in self.instances[inst.model] if not i.grace and i.ready(now))
+        tokens = sum(t for _, t in q)
+        return tokens * self.models[inst.model].kv_bytes_per_token / self.horizon_s / max(1, accepting)
 
     def _slack(self: EconomySim, reqs, now: float) -> tuple[float, ...]:
         """Each request's time left to its TTFT SLO (max(scale x its unloaded TTFT, floor), as evaluated)."""
