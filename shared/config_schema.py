@@ -146,6 +146,12 @@ class PlannerSection(Section, kw_only=True):
     # prompt tokens a destination may re-prefill for token-mode migrations
     migration_link_budget: ByteSize = 256 << 20
     migration_prefill_budget: PositiveInt = 4096
+    # MELL's consolidation (moving requests off a worker that is not above the watermark, to pack fewer
+    # workers): "auto" only when the dispatcher places new requests where MELL would ([dispatcher]
+    # routing_policy = "mell"); under a load-spreading router every request the router spreads is moved back
+    # (a tug of war, and on CPU workers the packed worker's decode slows while the other idles). KV-pressure
+    # moves (off a worker above kv_high_watermark) run whatever this says.
+    consolidate: Literal["auto", "on", "off"] = "auto"
     ctl_timeout: Duration = 30.0  # a control command's deadline (a migration is answered when it is over)
     lease_ttl: Duration = 3.0  # one planner decides: a standby takes over after the lease is this stale
     # WarmServe (docs/warmserve.md): the autoscaler (shared/policy/autoscaler.py: the public code's

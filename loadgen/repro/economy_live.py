@@ -46,6 +46,7 @@ ctl_timeout = "30s"
 autoscale = true
 request_time = "2s"
 economy = "{economy}"
+consolidate = "on"  # every mechanism on: MELL's consolidation too, under least-load routing
 
 [predictor]
 window = "5s"

@@ -40,6 +40,14 @@ from shared.profiles import load_pipeline_profile
 from services.planner.cost_profile import load_cost_profile
 
 
+def consolidates(config: ClusterConfig) -> bool:
+    """MELL consolidates (packs requests onto fewer workers) when `[planner] consolidate` says so, and under
+    "auto" only when the dispatcher places new requests where MELL would (`mell` routing): a load-spreading
+    router and a packing planner undo each other's work."""
+    setting = config.planner.consolidate
+    return setting == "on" or (setting == "auto" and config.dispatcher.routing_policy == "mell")
+
+
 def build_policies(config: ClusterConfig, *, group_prefix: str, scale_up: ScaleUpPolicy | None = None,
                    purchase_prefix: str = "buy") -> list[Policy]:
     """The interval policies, cheapest source of memory first (or one ArbiterPolicy around them under
@@ -55,7 +63,8 @@ def build_policies(config: ClusterConfig, *, group_prefix: str, scale_up: ScaleU
     # projected step within it (shared/planner/mell_compute.py)
     policies.append(MellPolicy(migration=pol.migration, kv_high_watermark=p.kv_high_watermark,
                                max_migrations_per_op=p.max_migrations_per_op, packer=p.packer,
-                               tpot_s=config.slo.tpot.absolute_s, tpot_factor=config.slo.tpot.factor))
+                               tpot_s=config.slo.tpot.absolute_s, tpot_factor=config.slo.tpot.factor,
+                               consolidate=consolidates(config)))
     if p.autoscale:
         # the public code's autoscaler (shared/policy/autoscaler.py: 0.8 / 0.5 of B per instance over a 5 s
         # window, 5 s protect period), the rule the fleet simulator runs; B = max_batch_size
@@ -77,4 +86,4 @@ def build_policies(config: ClusterConfig, *, group_prefix: str, scale_up: ScaleU
     return [ArbiterPolicy(policies, pricing, id_prefix=purchase_prefix)]
 
 
-__all__ = ["build_policies"]
+__all__ = ["build_policies", "consolidates"]

@@ -74,7 +74,7 @@ class MellPolicy:
     def __init__(self, *, migration: MigrationSetting = "auto", kv_high_watermark: float = 0.9,
                  max_migrations_per_op: int = 10, max_attempts: int = 3, batching: bool = True,
                  operator_hold_s: float = OPERATOR_HOLD_S, packer: PackerSetting = "mell",
-                 tpot_s: float | None = None, tpot_factor: float | None = None) -> None:
+                 tpot_s: float | None = None, tpot_factor: float | None = None, consolidate: bool = True) -> None:
         if not 0 < kv_high_watermark <= 1:
             raise ValueError(f"kv_high_watermark must be in (0, 1], got {kv_high_watermark}")
         if migration not in ("auto", "kv", "tokens", "off"):
@@ -83,6 +83,7 @@ class MellPolicy:
             raise ValueError(f"packer must be repackfit or mell, got {packer!r}")
         self.packer = packer
         self.migration = migration
+        self.consolidate = consolidate  # False: only KV-pressure moves (a load-spreading router places requests)
         self.kv_high_watermark = kv_high_watermark
         self.max_migrations_per_op = max_migrations_per_op
         self.max_attempts = max_attempts
@@ -129,7 +130,10 @@ class MellPolicy:
                 candidate = MigrationCandidate(request_id=rid, source=source, destination=destination,
                                                kv_bytes=req.kv_bytes, tokens=req.tokens)
                 hot = view.workers[source].kv_usage > self.kv_high_watermark
-                (pressure if hot else other).append((candidate, model))
+                if hot:
+                    pressure.append((candidate, model))
+                elif self.consolidate:
+                    other.append((candidate, model))
         decisions = self._migrations(view, pressure, other)
         decisions += self._idle(view, targets)
         return decisions
@@ -276,8 +280,9 @@ class MellPolicy:
         candidates = [c for c, _ in ordered]
         links = {(c.source, c.destination): view.link_budget(c.source, c.destination) for c in candidates}
         prefill: dict[str, float] = {}
-        for c, m in ordered:  # one budget per destination (shared by its moves), paced by the model moved there
-            prefill.setdefault(c.destination, view.prefill_budget(c.destination, m))
+        for c, m in ordered:  # one budget per destination (shared by its moves); under "auto" paced by what the
+            # destination measured it prefills (a slow one takes the move as KV); a forced "tokens" keeps the budget
+            prefill.setdefault(c.destination, view.prefill_budget(c.destination, m if self.migration == "auto" else None))
         model_of = {c.request_id: m for c, m in ordered}
         hot = {c.request_id for c, _ in pressure}
         notes = self._notes

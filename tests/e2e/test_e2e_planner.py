@@ -31,7 +31,7 @@ pytestmark = pytest.mark.timeout(300)
 
 CLUSTER_SPEC = ClusterSpec(
     workers={"w0": [LLAMA], "w1": [LLAMA], "w2": [LLAMA]}, gateway=False, control_plane=True, migration="tokens",
-    extra_toml='[planner]\ninterval = "300ms"\nlease_ttl = "1s"\nctl_timeout = "20s"\n',
+    extra_toml='[planner]\ninterval = "300ms"\nlease_ttl = "1s"\nctl_timeout = "20s"\nconsolidate = "on"\n',  # least-load spreads
 )
 LONG, SHORT = 700, 40
 

@@ -162,3 +162,34 @@ def test_a_destination_that_measured_a_slow_prefill_takes_moves_as_kv_not_as_a_l
     assert slow.prefill_budget("w0", "other") == 4096  # another model's pace is not known there
     moves = migrations(PlannerCore([MellPolicy()]).step(slow))
     assert moves and {m.mode for m in moves} == {"kv"}
+
+
+def test_without_consolidation_only_requests_on_a_worker_above_the_watermark_move() -> None:
+    """Under a load-spreading router (`[planner] consolidate = "auto"` without `mell` routing) MELL does not pack
+    the requests the router spread; it still relieves a worker above the KV high watermark."""
+    assert not migrations(PlannerCore([MellPolicy(consolidate=False)]).step(fragmented()))
+    assert migrations(PlannerCore([MellPolicy()]).step(fragmented()))
+    hot = view(0.0, worker("w0", {"a": 50, "b": 45}), worker("w1", {"c": 10}))  # w0 at 95% > 90%
+    moves = migrations(PlannerCore([MellPolicy(consolidate=False)]).step(hot))
+    assert moves and {m.source for m in moves} == {"w0"}
+
+
+def test_consolidation_follows_the_router_unless_the_config_says() -> None:
+    from services.planner.policies import consolidates
+    from shared.config import load_config
+
+    def config(**env: str) -> bool:
+        return consolidates(load_config(env={f"TIDAL__{k.replace('_', '__', 1).upper()}": v for k, v in env.items()}))
+
+    assert not config()  # the embedded default: least-load routing
+    assert config(dispatcher_routing_policy="mell")
+    assert config(planner_consolidate="on")
+    assert not config(dispatcher_routing_policy="mell", planner_consolidate="off")
+
+
+def test_a_forced_token_mode_keeps_the_configured_budget_whatever_the_pace() -> None:
+    slow = fragmented(link=1e12, prefill=4096)
+    slow = view(0.0, *[replace(w, instances=tuple(replace(i, prefill_tokens_per_s=50.0) for i in w.instances))
+                       for w in slow.workers.values()], link=1e12, prefill=4096)
+    moves = migrations(PlannerCore([MellPolicy(migration="tokens")]).step(slow))
+    assert moves and {m.mode for m in moves} == {"tokens"}
