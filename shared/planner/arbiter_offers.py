@@ -6,7 +6,8 @@ Needs (shared/policy/memory_market.Need, unit request-seconds):
   horizon (`kv_growth_blocks_per_s` x block bytes x horizon), less what it has free below the watermark
   (its cached-free prefix blocks are not free here: they are the `prefix` source's offer).
   Its waiting requests wait for it (at least one: a worker past the watermark preempts someone), and it
-  drains by itself at its used KV / a request's mean time in the system (Little's law).
+  drains by itself at its used KV / a request's mean time in the system (Little's law). A need lasts until
+  that drain, net of the KV its models' forecast arrivals bring it (`inflow`), frees its bytes.
 - `model:<name>` — requests queued at the dispatchers (`view.queued`) while no accepting instance of the
   model has room (every one is on a needy worker, or there is none): their KV (their mean projected KV
   from the model's running requests), or one instance's weights when nothing of the model runs.
@@ -109,7 +110,8 @@ def worker_need(view: ClusterView, worker: WorkerView, s: ArbiterSettings,
         recompute = prefill.reprefill_s(round(sum(r.tokens for r in running) / len(running)))
     drain = live / s.request_time_s if drains is None else _drain(worker.instances, s, drains)
     return Need(f"worker:{worker.worker_id}", short, s.horizon_s, max(1, waiting), drain,
-                preempted=preempted, recompute_s=recompute, duration_s=_lasts(short, drain, s))
+                preempted=preempted, recompute_s=recompute,
+                duration_s=_lasts(short, drain, inflow(view, worker.instances, s), s))
 
 
 def model_need(view: ClusterView, model: str, queued: int, needy: set[str], s: ArbiterSettings,
@@ -129,12 +131,33 @@ def model_need(view: ClusterView, model: str, queued: int, needy: set[str], s: A
     drain = sum(i.kv_used_bytes for _, i in instances) / s.request_time_s if drains is None else \
         _drain([i for _, i in instances], s, drains)
     return Need(f"model:{model}", short, s.horizon_s, queued, drain, min_bytes=least,
-                duration_s=_lasts(short, drain, s))
+                duration_s=_lasts(short, drain, inflow(view, [i for _, i in instances], s), s))
 
 
-def _lasts(nbytes: int, drain: float, s: ArbiterSettings) -> float:
-    """A need lasts until the scope's drain frees its bytes: at least the horizon, at most the window."""
-    return market.drop_duration_s(nbytes, drain, s.horizon_s, s.window_s)
+def inflow(view: ClusterView, instances, s: ArbiterSettings) -> float:
+    """The KV bytes per second the models' arrivals bring these instances: each instance's share of its model's
+    forecast arrival rate (the model's accepting instances share it evenly: the dispatcher's spread) times the KV
+    one request comes to hold (the forecast's mean prompt and output tokens); 0 for a model with no forecast (the
+    drain alone, as before)."""
+    accepting: dict[str, int] = {}
+    for w in view.usable_workers():
+        for i in w.instances:
+            if i.accepting:
+                accepting[i.model] = accepting.get(i.model, 0) + 1
+    total = 0.0
+    for i in instances:
+        fc = view.forecasts.get(i.model)
+        if fc is None or not i.accepting:
+            continue
+        tokens = fc.avg_prompt_tokens + fc.avg_output_tokens
+        total += fc.avg_rps * tokens * kv_bytes_per_token(view, i, s.kv_block_tokens) / max(1, accepting.get(i.model, 0))
+    return total
+
+
+def _lasts(nbytes: int, drain: float, inflow_bytes_per_s: float, s: ArbiterSettings) -> float:
+    """A need lasts until the scope's drain, net of its arrivals' inflow, frees its bytes: at least the horizon,
+    at most the window (memory_market.need_duration_s)."""
+    return market.need_duration_s(nbytes, drain, inflow_bytes_per_s, s.horizon_s, s.window_s)
 
 
 def find_needs(view: ClusterView, s: ArbiterSettings, prefill: PrefillCost | None = None,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from shared.events.predict import Forecast
 from shared.planner.arbiter_drain import DrainMeter
-from shared.planner.arbiter_offers import ArbiterSettings, worker_need
+from shared.planner.arbiter_offers import ArbiterSettings, inflow, worker_need
 from shared.planner.view import ClusterView, InstanceView, RequestView, WorkerView
 
 MiB = 1 << 20
@@ -43,3 +44,28 @@ def test_a_need_prices_waiting_with_the_measured_drain_not_the_constant():
     assert worker_need(v, w, s).drain_bytes_per_s == pytest.approx(95 * MiB / 2.0)  # the old estimate
     assert worker_need(v, w, s, drains={"i1": 3.0 * MiB}).drain_bytes_per_s == pytest.approx(3.0 * MiB)
     assert worker_need(v, w, s, drains={}).drain_bytes_per_s == pytest.approx(95 * MiB / 2.0)  # not yet measured
+
+
+def test_a_need_lasts_while_its_models_forecast_arrivals_bring_more_kv_than_it_drains():
+    # issue 32: arrivals keep a need alive (the simulator's need too): its duration is its bytes over the drain net
+    # of the KV the model's forecast arrivals bring (rate x mean prompt and output tokens x KV per token)
+    s = ArbiterSettings(horizon_s=10.0, request_time_s=2.0, batch_size=8)
+    per_token = MiB / 16  # one layer's block of 16 tokens is 1 MiB
+
+    def with_forecast(rps: float) -> ClusterView:
+        v = view(2.0, {"b": 95 * MiB}, waiting=4)
+        fc = Forecast(model="m", predictor_id="p", issued_ts=0.0, window_start_ts=0.0, window_s=60.0, avg_rps=rps,
+                      peak_rps=rps, avg_prompt_tokens=100.0, avg_output_tokens=400.0)
+        return ClusterView(now=v.now, workers=v.workers, forecasts={"m": fc})
+
+    drains = {"i1": 3.0 * MiB}
+    plain = view(2.0, {"b": 95 * MiB}, waiting=4)
+    need = worker_need(plain, plain.workers["w1"], s, drains=drains)
+    assert need.bytes == 21 * MiB and need.duration_s == 10.0  # 7 s at 3 MiB/s: within the horizon
+    assert inflow(plain, plain.workers["w1"].instances, s) == 0.0  # no forecast: the drain alone, as before
+    busy = with_forecast(1.0)  # 500 tokens x 64 KiB a second: 31 MiB/s, more than it drains
+    assert inflow(busy, busy.workers["w1"].instances, s) == pytest.approx(500 * per_token)
+    assert worker_need(busy, busy.workers["w1"], s, drains=drains).duration_s == s.window_s
+    light = with_forecast(0.05)  # 1.56 MiB/s in: it drains 1.44 MiB/s net
+    assert worker_need(light, light.workers["w1"], s, drains=drains).duration_s == \
+        pytest.approx(21 * MiB / (3.0 * MiB - 0.05 * 500 * per_token))
