@@ -31,3 +31,35 @@ def test_the_watch_names_the_workers_that_ran_the_model_and_from_when() -> None:
     assert watch.first == {"cpu-0": 1.0, "cpu-1": 4.5}  # the other model's requests do not count
     assert watch.peak == {"cpu-0": 5, "cpu-1": 1}
     assert watch.line() == "cpu-0 (from 1.0 s, peak 5), cpu-1 (from 4.5 s, peak 1)"
+
+
+def test_a_busy_peer_engine_reports_ready_keeps_stepping_and_stops_when_its_stdin_closes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The stand-in for the cluster's other workers while the profile is measured (loadgen/profiler/busy_peer.py):
+    a real engine, busy until told to stop."""
+    import subprocess
+    import sys
+    import time
+
+    from services.gpu_worker.engine.checkpoint_gen import make_model
+
+    model = make_model(tmp_path / "m", arch="llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=512, seed=1)
+    peer = subprocess.Popen([sys.executable, "-m", "loadgen.profiler.busy_peer", str(model), "1", str(64 << 20), "8",
+                             "256", "512"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert peer.stdout is not None and peer.stdout.readline().strip() == "ready"
+        with open(f"/proc/{peer.pid}/stat") as f:
+            before = sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:13])  # utime + stime, in ticks
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # it burns CPU while it stands in for a busy worker
+            with open(f"/proc/{peer.pid}/stat") as f:
+                if sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:13]) > before + 50:
+                    break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the peer used no CPU after it said ready")
+        assert peer.stdin is not None
+        peer.stdin.close()
+        assert peer.wait(timeout=120) == 0
+    finally:
+        if peer.poll() is None:
+            peer.kill()

@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", default=None, help="--default-cluster: the trace (default: Poisson 2 req/s for 20 s, "
                                                  "BurstGPT lengths, the config's first model)")
     p.add_argument("--profile", default=None, help="--default-cluster: a profile file instead of measuring one")
+    p.add_argument("--colocated", type=int, default=None, metavar="N",
+                   help="--default-cluster: measure the profile beside N-1 busy engines of the same settings (default: "
+                        "the config's worker count, all on this box under `tidal up`; 1: alone)")
     p.add_argument("--state", default=None, metavar="DIR", help="--default-cluster: the cluster's data directory")
     p.add_argument("--model", help="checkpoint directory (default: generate a 4-layer llama, hidden 256)")
     p.add_argument("--pressure", action="store_true",

@@ -67,19 +67,43 @@ class ServingWatch:
         return ", ".join(f"{w} (from {self.first[w]:.1f} s, peak {self.peak[w]})" for w in sorted(self.first))
 
 
-def _profile(config, model, model_dir: Path, out: Path):  # type: ignore[no-untyped-def]
+def _profile(config, model, model_dir: Path, out: Path, colocated: int):  # type: ignore[no-untyped-def]
+    """The profile, measured beside `colocated - 1` busy engines of the same settings (busy_peer.py): the
+    cluster's other workers on this box, busy as they are through the trace."""
+    import subprocess
+    import sys
+
     from loadgen.profiler.profile_engine import ProfileSettings, profile_engine
     from loadgen.sim.profile import save_profile
     from services.gpu_worker.loading import default_threads
 
     worker = config.workers[0]
     pol = config.policies
+    threads = default_threads(config, worker)
     settings = ProfileSettings(
-        name=f"{model.name}-here", threads=default_threads(config, worker), pool_bytes=int(worker.memory),
+        name=f"{model.name}-here", threads=threads, pool_bytes=int(worker.memory),
         block_size=pol.kv_block_tokens, max_batch=pol.max_batch_size, max_batched_tokens=pol.step_token_budget,
         max_model_len=model.max_context, links=False, **PROFILE_POINTS)
-    profile, lines = profile_engine(model_dir, settings)
+    argv = [sys.executable, "-m", "loadgen.profiler.busy_peer", str(model_dir), str(threads), str(int(worker.memory)),
+            str(pol.max_batch_size), str(pol.step_token_budget), str(model.max_context)]
+    peers = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for _ in range(max(0, colocated - 1))]
+    try:
+        for peer in peers:  # the profile starts when every peer is busy
+            if (line := peer.stdout.readline().strip()) != "ready":  # type: ignore[union-attr]
+                raise SystemExit(f"tidal bench fidelity: a busy peer engine did not start ({line or 'no output'})")
+        profile, lines = profile_engine(model_dir, settings)
+    finally:
+        for peer in peers:
+            peer.stdin.close()  # type: ignore[union-attr]
+        for peer in peers:
+            try:
+                peer.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                peer.kill()
     save_profile(out / "profile.json", profile)
+    lines.append(f"measured beside {len(peers)} busy engine(s) of the same settings (the cluster's other "
+                 f"workers on this box: --colocated {colocated})")
     return profile, lines
 
 
@@ -132,7 +156,8 @@ def run_default(args: argparse.Namespace) -> int:
     if args.profile:
         profile, lines = load_profile(args.profile), [f"profile: {args.profile}"]
     else:
-        profile, lines = _profile(config, model, model_dir, out)
+        colocated = args.colocated if args.colocated is not None else len(config.workers)
+        profile, lines = _profile(config, model, model_dir, out, colocated)
     print("\n".join(lines))
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     outcome, watch = asyncio.run(_live(trace, state.gateway_url, state.nats_url, model.name))
