@@ -49,6 +49,7 @@ class ClusterSpec:
     scale_from_zero: bool = False  # [dispatcher] scale_from_zero (requests for a model with no instance wait)
     routing_policy: str = "least_load"  # [dispatcher] routing_policy ("mell": follow the planner's placement hints)
     policies_toml: str = ""  # more [policies] keys (e.g. 'buddy_groups = false')
+    worker_toml: str = ""  # more keys of every [[workers]] entry (e.g. 'grace_period = "120s"')
     nats_users: bool = False  # per-role NATS users, as `tidal up` gives its embedded server (tools: the operator)
 
 
@@ -76,7 +77,7 @@ def cluster_toml(spec: ClusterSpec, assets: TinyAssets, data_dir: Path, port: in
     for worker, models in spec.workers.items():
         resident = spec.resident_adapters.get(worker, [])
         lines.append(f'[[workers]]\nid = "{worker}"\ndevice = "cpu"\nmemory = "{spec.worker_memory}"\n'
-                     f'models = {models!r}\nadapters = {resident!r}\n'.replace("'", '"'))
+                     f'models = {models!r}\nadapters = {resident!r}\n'.replace("'", '"') + spec.worker_toml)
     lines.append(spec.extra_toml)
     return "\n".join(lines)
 
