@@ -76,19 +76,40 @@ class ArbiterMixin:
                     slack_s=self._slack(w.waiting, now), duration_s=lasts)
 
     def _inflow(self: EconomySim, inst: Instance, now: float) -> float:
-        """The KV bytes per second the model's arrivals bring this instance: its arrivals over the last horizon,
-        each the KV it comes to hold (prompt and output, capped at the context length), shared evenly among the
-        model's accepting instances (the dispatcher's spread). Each arrival's output is read from the trace, as the
-        drain reads each running request's remaining output (the simulator's oracle on lengths; live, a measured
-        mean would stand in)."""
-        q = self.arrival_tokens.get(inst.model)
+        """The KV bytes per second the model's arrivals bring this instance: `_arrival_kv` shared evenly among the
+        model's accepting instances (the dispatcher's spread)."""
+        accepting = sum(1 for i in self.instances[inst.model] if not i.grace and i.ready(now))
+        return self._arrival_kv(inst.model, now) / max(1, accepting)
+
+    def _arrival_kv(self: EconomySim, model: str, now: float) -> float:
+        """The KV bytes per second the model's arrivals bring: its arrivals over the last horizon, each the KV it
+        comes to hold (prompt and output, capped at the context length). Each arrival's output is read from the
+        trace, as the drain reads each running request's remaining output (the simulator's oracle on lengths;
+        live, the forecast's mean prompt and output stand in)."""
+        q = self.arrival_tokens.get(model)
         if not q:
             return 0.0
         while q and q[0][0] < now - self.horizon_s:
             q.popleft()
-        accepting = sum(1 for i in self.instances[inst.model] if not i.grace and i.ready(now))
-        tokens = sum(t for _, t in q)
-        return tokens * self.models[inst.model].kv_bytes_per_token / self.horizon_s / max(1, accepting)
+        return sum(t for _, t in q) * self.models[model].kv_bytes_per_token / self.horizon_s
+
+    def _model_need(self: EconomySim, model: str, now: float) -> Need | None:
+        """Requests queued at the fleet with no instance of their model to go to (none has room, or none is
+        left; the live arbiter's `model:<name>` need): the KV they come to hold, the first one's prompt whole at
+        least; drained by the model's instances as they free KV (measured; 0 with none), lasting while its
+        arrivals bring more."""
+        q = self.queues[model]
+        if not q or self._room(model) is not None:
+            return None
+        m = self.models[model]
+        per_token = m.kv_bytes_per_token
+        nbytes = int(sum(min(r.prompt + r.output, m.max_model_len) for r in q) * per_token)
+        least = min(nbytes, int(q[0].to_prefill * per_token))
+        drain = sum(self._drain(i, now) for i in self.instances[model])
+        lasts = need_duration_s(nbytes, drain, self._arrival_kv(model, now), self.horizon_s,
+                                max(self.horizon_s, self.window_s))
+        return Need(f"model:{model}", nbytes, self.horizon_s, len(q), drain, min_bytes=least,
+                    slack_s=self._slack(q, now), duration_s=lasts)
 
     def _slack(self: EconomySim, reqs, now: float) -> tuple[float, ...]:
         """Each request's time left to its TTFT SLO (max(scale x its unloaded TTFT, floor), as evaluated)."""
@@ -132,12 +153,19 @@ class ArbiterMixin:
                     self._needs_fixed_order(inst, now)
                 elif mode == "single":
                     self._own_triggers(inst, now)
+        if mode == "arbiter" and self.arm.scale_out:
+            for model in self.models:
+                need = self._model_need(model, now)
+                if need is not None:
+                    self._buy(need, self.reclaim.model_offers(self, model, now), now)
 
     def _arbitrate(self: EconomySim, inst: Instance, now: float) -> None:
         need = self._need(inst, now)
-        if need is None:
-            return
-        purchase = buy(need, self._offers(inst, now))
+        if need is not None:
+            self._buy(need, self._offers(inst, now), now)
+
+    def _buy(self: EconomySim, need: Need, offers: list[Offer], now: float) -> None:
+        purchase = buy(need, offers)
         self.counts["needs"] += 1
         bought = {id(o) for o in purchase.bought}
         rest = [o for o in purchase.offers if id(o) not in bought]

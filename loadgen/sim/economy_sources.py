@@ -199,8 +199,9 @@ class SourcesMixin:
         self.counts["bought"] += 1
         self.counts["applied" if done else "refused"] += 1
         if done:
-            self.purchases.append(PurchaseRecord(now, f"gpu:{inst.gpus[0]}", offer.source, offer.target, offer.bytes,
-                                                 offer.price, unbought))
+            scope = f"model:{inst}" if isinstance(inst, str) else f"gpu:{inst.gpus[0]}"  # a model's queued requests
+            self.purchases.append(PurchaseRecord(now, scope, offer.source, offer.target, offer.bytes, offer.price,
+                                                 unbought))
         return done
 
     def _release_replica(self: EconomySim, inst: Instance, r: Replica, now: float) -> bool:
@@ -338,6 +339,18 @@ class SourcesMixin:
             inst.outstanding -= 1
             self._send(new, req, now)
         self.counts["scale_out_moved"] += len(moved)
+        return True
+
+
+    def _start_queued(self: EconomySim, model: str, now: float) -> bool:
+        """A start for requests queued at the fleet with no instance to go to (capacity bought for them)."""
+        if not self.queues[model] or self._room(model) is not None:
+            return False
+        new = scale_up(self, model, now)
+        if new is None:
+            return False
+        self.bought_starts.add(new.id)
+        self._pump(model, now)
         return True
 
 

@@ -114,3 +114,32 @@ def test_the_need_carries_its_waiting_requests_slack_and_lasts_until_its_drain_f
     # a start's bytes exist once it lands, and the waiting requests' wait past their SLO is its price
     start = next(o for o in sim.reclaim.offers(sim, a, 3.0))
     assert start.after_s > 0 and start.cover(need.lasts_s) < 1.0
+
+
+def test_requests_queued_with_no_instance_of_their_model_buy_capacity_from_an_idle_model():
+    # the live arbiter's `model:<name>` need, in the simulator: a model left with no instance (the autoscaler scaled
+    # it to zero in a lull) and no free GPU used to queue at the fleet until a GPU freed by itself (at 25 req/s seed
+    # 1, 399 13B requests queued for the popularity shift's last minute, P99 96 s)
+    p = profile()
+    tr = generate_mixed(MixedParams(seed=0, duration_s=1.0, rate=1.0, models=[A, B]))
+    fc = {m.name: [LoadForecast(0.0, 0.0)] for m in p.fleet.models}
+    sim = EconomySim(p, tr, "arbiter", gpus=4, forecasts=fc)
+    sim.now = 0.0
+    for inst in [i for insts in sim.instances.values() for i in insts]:
+        sim._release(inst, 0.0)
+    for r in list(sim.replicas):
+        sim.evict(r)
+    for _ in range(4):
+        assert scale_up(sim, B, 0.0, initial=True) is not None  # B idle on every GPU, A has none
+    sim.served_by = [-1] * 100
+    for j in range(3):
+        sim.queues[A].append(SimRequest(j, f"q-{j}", A, None, 0.0, 500, 50))
+    need = sim._model_need(A, 0.0)
+    assert need is not None and need.scope == f"model:{A}" and need.waiting == 3
+    assert need.min_bytes == 500 * sim.models[A].kv_bytes_per_token  # the first prompt, whole
+    assert len(sim.reclaim.model_offers(sim, A, 0.0)) == 4  # each idle B instance
+    sim._economy_tick(0.0)
+    assert len(sim.instances[A]) == 1 and not sim.queues[A]  # started on a B instance's GPU, the queue sent there
+    assert len(sim.instances[B]) == 3 and sim.counts["capacity_starts"] == 1
+    assert sim.instances[A][0].id in sim.bought_starts  # the arbiter's own start, not the autoscaler's
+    assert any(r.scope == f"model:{A}" and r.source == "scale_out" for r in sim.purchases)
