@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from loadgen.sim.economy_capacity import decode_left
 from loadgen.sim.fleet_state import Instance
 from shared.policy.memory_market import SOURCES, Need, Offer, buy, need_duration_s
 
@@ -38,7 +39,7 @@ class ArbiterMixin:
         for _, _, epoch, r in w.heap:
             if epoch == r.epoch:
                 ctx = r.ctx0 + w.step - r.start_step
-                left = r.output - r.gen_at_start - (w.step - r.start_step)
+                left = decode_left(w, r)
                 ctxs.append(ctx)
                 grow += min(per_req, m.max_model_len - ctx, left)
                 # what it frees when it ends, spread over the time until then, or over the horizon if it ends
@@ -122,7 +123,7 @@ class ArbiterMixin:
             cost = self.slo_costs[r.model] = self.profile.step_cost(self.models[r.model])
         return cost.step_s(0, 0, r.prompt)
 
-    def _offers(self: EconomySim, inst: Instance, now: float) -> list[Offer]:
+    def _offers(self: EconomySim, inst: Instance, now: float, need: Need) -> list[Offer]:
         a, out = self.arm, []
         if a.prewarm_evict:
             out += self._prewarm_offers(inst, now)
@@ -133,7 +134,7 @@ class ArbiterMixin:
         if a.migrate:
             out += self._migrate_offers(inst, now)
         if a.scale_out:
-            out += self._scale_out_offers(inst, now) + self.reclaim.offers(self, inst, now)
+            out += self._scale_out_offers(inst, now) + self.reclaim.offers(self, inst, now, need.lasts_s)
         return out
 
     def _economy_tick(self: EconomySim, now: float) -> None:
@@ -157,12 +158,12 @@ class ArbiterMixin:
             for model in self.models:
                 need = self._model_need(model, now)
                 if need is not None:
-                    self._buy(need, self.reclaim.model_offers(self, model, now), now)
+                    self._buy(need, self.reclaim.model_offers(self, model, now, need.lasts_s), now)
 
     def _arbitrate(self: EconomySim, inst: Instance, now: float) -> None:
         need = self._need(inst, now)
         if need is not None:
-            self._buy(need, self._offers(inst, now), now)
+            self._buy(need, self._offers(inst, now, need), now)
 
     def _buy(self: EconomySim, need: Need, offers: list[Offer], now: float) -> None:
         purchase = buy(need, offers)
@@ -182,7 +183,7 @@ class ArbiterMixin:
         if need is None:
             return
         self.counts["needs"] += 1
-        offers = sorted(self._offers(inst, now), key=lambda o: SOURCES.index(o.source))
+        offers = sorted(self._offers(inst, now, need), key=lambda o: SOURCES.index(o.source))
         self._fill(offers, need.bytes, now)
 
     def _fill(self: EconomySim, offers: list[Offer], nbytes: int, now: float) -> int:

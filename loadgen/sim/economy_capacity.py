@@ -2,9 +2,12 @@
 an under-loaded model — its instance scaled down (it drains: no new requests, released when empty) — when
 no free GPUs make a group.
 
-The offer is a `scale_out` (the market's source for a new instance) whose wait is the victim's drain plus
-the start, and whose eviction is the victim's: `price_capacity_eviction` with the victim's model's forecast
-chance of needing an instance once it has one fewer and its arrivals (the same `price_eviction` a prewarmed
+The offer is a `scale_out` (the market's source for a new instance) whose bytes exist once the victim has
+drained (its running requests' remaining decode, read as the need's drain reads it) and the start has landed
+(`Offer.after_s`: it covers only the part of the need's expected duration after that), whose wait is that
+drain plus the start, and whose eviction is the victim's over the same span: `price_capacity_eviction` with
+the victim's model's forecast chance of needing an instance once it has one fewer, the arrivals the victim
+would have served, and the need's duration, for which it is gone (the same `price_eviction` a prewarmed
 replica's release and a start on a replica's GPUs pay). Only a model that keeps another live instance is
 scaled down (none is taken to zero). The need is an instance's (its waiting requests) or, as live, a model's whose
 requests are queued at the fleet with no instance to go to (none has room, or the model has none left).
@@ -25,13 +28,22 @@ if TYPE_CHECKING:
     from loadgen.sim.economy import EconomySim
 
 
+def decode_left(w, r) -> int:
+    """Tokens a running request has left to decode: its output less what it had generated when its current run
+    began and the steps since (its `generated` is set only when a run begins or ends: read alone it counts a
+    request 900 tokens into a 1,000-token output as 1,000 to go). The need's drain reads the same
+    (economy_arbiter._need)."""
+    return r.output - r.gen_at_start - (w.step - r.start_step)
+
+
 def drain_s(inst: Instance) -> float:
     """How long the instance takes to finish what it holds: its longest remaining decode at its step time
-    (its waiting prompts are admitted first); 0 when it holds nothing."""
+    (its running requests' tokens left, as the need's drain reads them; its waiting prompts, admitted first, their
+    whole output); 0 when it holds nothing."""
     w = inst.engine
     if inst.outstanding == 0:
         return 0.0
-    left = [r.output - r.generated for r in (*(e[3] for e in w.heap if e[2] == e[3].epoch), *w.waiting)]
+    left = [*(decode_left(w, e[3]) for e in w.heap if e[2] == e[3].epoch), *(r.output - r.generated for r in w.waiting)]
     return max(left, default=0) * max(w.step_s(), 1e-3)  # type: ignore[attr-defined]
 
 
@@ -40,23 +52,24 @@ class Reclaimer:
     # (victim draining, what it is for: the instance served, or the model whose queued requests are)
     pending: list[tuple[Instance, Instance | str]] = field(default_factory=list)
 
-    def offers(self, sim: EconomySim, inst: Instance, now: float) -> list[Offer]:
-        """One offer per victim whose GPUs, with the free ones, make a group for the blocked instance's model."""
+    def offers(self, sim: EconomySim, inst: Instance, now: float, lasts_s: float) -> list[Offer]:
+        """One offer per victim whose GPUs, with the free ones, make a group for the blocked instance's model
+        (`lasts_s`: the need's expected duration, for which the victim is gone)."""
         w = inst.engine
         if not w.waiting or any(v is inst for _, v in self.pending):
             return []
-        return self._offers(sim, inst.model, list(w.waiting), f"{inst.model}<-i{inst.id}", inst, now)
+        return self._offers(sim, inst.model, list(w.waiting), f"{inst.model}<-i{inst.id}", inst, now, lasts_s)
 
-    def model_offers(self, sim: EconomySim, model: str, now: float) -> list[Offer]:
+    def model_offers(self, sim: EconomySim, model: str, now: float, lasts_s: float) -> list[Offer]:
         """The same for requests queued at the fleet with no instance of their model to go to (none has room,
         or none is left: the live arbiter's `model:<name>` need)."""
         q = sim.queues[model]
         if not q or any(v == model for _, v in self.pending):
             return []
-        return self._offers(sim, model, list(q), f"{model}<-queue", model, now)
+        return self._offers(sim, model, list(q), f"{model}<-queue", model, now, lasts_s)
 
     def _offers(self, sim: EconomySim, needy: str, waiting: list, target: str, served: Instance | str,
-                now: float) -> list[Offer]:
+                now: float, lasts_s: float) -> list[Offer]:
         m = sim.models[needy]
         free = {g.index for g in sim.gpus if g.instance is None}
         if _cold_group(sim, m.parallel, free) is not None:
@@ -74,8 +87,10 @@ class Reclaimer:
                     continue
                 vm = sim.models[model]
                 chance = sim._chance_needed(model, fewer=1)
-                evict = price_capacity_eviction(chance, sim._rate(model, now), sim.profile.cold_start_s(
-                    vm, sim.system.engine_pool))
+                # the victim is gone for the need's duration, then a cold start: the arrivals it would have served
+                # (its model's over its live instances) meanwhile, with the chance they need it
+                evict = price_capacity_eviction(chance, sim._rate(model, now) / len(live), sim.profile.cold_start_s(
+                    vm, sim.system.engine_pool), lasts_s)
                 evict += sum(sim._eviction_price(r, now) for g in group for r in sim.gpus[g].replicas
                              if r.model != needy)
                 lands = drain_s(v) + start

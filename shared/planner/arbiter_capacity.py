@@ -5,9 +5,10 @@ instance is gone, the needy model's weights fit — as the simulator's `Reclaime
 
 The offer is a `ScaleDown` of the victim (the source `scale_out`: a new instance's memory) whose bytes are the
 KV the needy model's instance would get there, free only once the victim has drained and the start has
-landed (`Offer.after_s`). Its price is the one eviction price, `price_capacity_eviction` of the victim's model
-(its forecast chance of needing an instance once it has one fewer, its arrivals, its cold start), plus the
-waiting requests' wait until then (`price_scale_out`). A model is never taken to zero instances. The start
+landed (`Offer.after_s`: it covers only the part of the need's expected duration after that). Its price is the
+one eviction price over the same span, `price_capacity_eviction` of the victim's model (its forecast chance of
+needing an instance once it has one fewer, the arrivals the victim would have served, its cold start, and the
+need's duration, for which the victim is gone), plus the waiting requests' wait until then (`price_scale_out`). A model is never taken to zero instances. The start
 itself is not part of the offer: once the victim's instance is gone, the wrapped autoscaler's `ScaleUp` on
 the freed worker is offered to the same need as any start and bought or not at its own price (the victim's
 weights, kept prewarmed through the grace period, are then evicted at `prewarm_price`, as any replica).
@@ -63,8 +64,11 @@ def capacity_offers(view: ClusterView, p: Pricing, need: Need) -> list[CapacityO
             continue  # never the needy model itself, never a model's last instance
         vrec = view.models[victim_model]
         fc = view.forecasts.get(victim_model)
+        # the victim is gone for the need's expected duration, then a cold start: the arrivals it would have served
+        # (its model's forecast rate over its accepting instances) meanwhile, with the chance the model needs it
         evict = market.price_capacity_eviction(chance_needed(view, victim_model, p.settings, fewer=1),
-                                               fc.avg_rps if fc else 0.0, load_s(p, vrec.weight_bytes))
+                                               (fc.avg_rps if fc else 0.0) / len(insts),
+                                               load_s(p, vrec.weight_bytes), need.lasts_s)
         for worker, inst in insts:
             if any(i.model == model for i in worker.instances):
                 continue  # the needy model runs there already: its need says that instance is full

@@ -190,11 +190,19 @@ def price_prewarm_eviction(chance_needed: float, arrival_rps: float, cold_start_
     return price_eviction(chance_needed, arrival_rps, cold_start_s, hit_start_s)
 
 
-def price_capacity_eviction(chance_needed: float, arrival_rps: float, cold_start_s: float) -> float:
-    """Scaling down a live instance of an under-loaded model to give its GPUs to another: `price_eviction`
-    with no start at all as what it would have given (`chance_needed`: the chance the model, one instance
-    fewer, needs a new one within the horizon)."""
-    return price_eviction(chance_needed, arrival_rps, cold_start_s, 0.0)
+def price_capacity_eviction(chance_needed: float, arrival_rps: float, cold_start_s: float, gone_s: float) -> float:
+    """Scaling down a live instance of an under-loaded model to give its GPUs to another's need: `price_eviction`
+    over the whole time the model is one instance fewer, not only its restart. The instance takes no new request
+    from the moment it is taken (it drains, then the start lands, then it serves the need), for `gone_s` (the
+    span the need holds its GPUs: the need's expected duration), and is back only a cold start after that (the
+    start evicts its weights). With the forecast's chance the model needs that instance meanwhile
+    (`chance_needed`, one instance fewer), the arrivals it would have served (`arrival_rps`: its model's arrivals
+    over its accepting instances, the dispatcher's spread) queue until it is back; otherwise they go elsewhere at
+    no cost. Charged over the restart alone (issue 32: the price before), taking an instance for a 300 s need cost
+    the same as for a 10 s one."""
+    if not (math.isfinite(gone_s) and gone_s >= 0):
+        raise ValueError(f"capacity eviction: gone_s must be finite >= 0, got {gone_s}")
+    return price_eviction(chance_needed, arrival_rps, gone_s + cold_start_s, 0.0)
 
 
 def price_adapter_eviction(arrival_rps: float, horizon_s: float, cold_use_s: float, stalled: int = 1) -> float:

@@ -88,12 +88,12 @@ def test_an_ablation_never_asks_the_source_it_leaves_out_and_needs_fixed_order_i
     assert cfg.prewarm == BASE["prewarm"] and cfg.cpu_assist is True  # the same base as every arm
     sim = _hand_sim(arm)
     a, asked = _everything_triggers(sim)
-    sim.reclaim.offers = lambda s, inst, now: []  # type: ignore[method-assign]
+    sim.reclaim.offers = lambda s, inst, now, lasts_s: []  # type: ignore[method-assign]
     if arm == "needs-fixed-order":
         # the sources in SOURCES' order, whatever their prices: a dear adapter before a free migration
         from shared.policy.memory_market import Offer
         done: list[str] = []
-        sim._offers = lambda inst, now: [Offer("migrate", "r", 2**30, 0.0, "m"),  # type: ignore[method-assign]
+        sim._offers = lambda inst, now, need: [Offer("migrate", "r", 2**30, 0.0, "m"),  # type: ignore[method-assign]
                                          Offer("adapter", "x", 2**30, 99.0, "a")]
         sim._execute = lambda o, now, unbought="": done.append(o.source) or True  # type: ignore[method-assign]
         sim._needs_fixed_order(a, 0.0)

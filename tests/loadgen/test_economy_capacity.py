@@ -3,6 +3,8 @@ memory-blocked model's start is offered on an under-loaded model's GPUs, priced 
 price (forecast, arrivals) plus the drain and the start; bought, the victim drains and the start follows."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from loadgen.sim.economy import EconomySim
@@ -13,7 +15,7 @@ from loadgen.traces.mixed import generate_mixed
 from loadgen.traces.schema import MixedParams
 from shared.policy.memory_market import buy, price_capacity_eviction, price_scale_out
 from shared.policy.warmserve_predictor import LoadForecast
-from tests.loadgen.test_economy_sim import profile
+from tests.loadgen.test_economy_sim import _decoding, profile
 
 A, B = "llama2-7b-0", "llama2-7b-1"
 
@@ -51,7 +53,7 @@ def _full_sim(forecast_b: float = 0.0) -> EconomySim:
 def test_a_start_on_an_idle_models_gpu_is_offered_at_the_one_eviction_price():
     sim = _full_sim()
     a = sim.instances[A][0]
-    offers = sim.reclaim.offers(sim, a, 0.0)
+    offers = sim.reclaim.offers(sim, a, 0.0, 100.0)
     assert len(offers) == 3 and {o.source for o in offers} == {"scale_out"}  # each idle B instance
     victim = offers[0].payload[2]
     assert victim.model == B and drain_s(victim) == 0.0
@@ -65,23 +67,25 @@ def test_a_start_on_an_idle_models_gpu_is_offered_at_the_one_eviction_price():
         pytest.approx(3 * (start - slo))
     # its bytes exist once it lands (the victim holds nothing: no drain first)
     assert offers[0].after_s == pytest.approx(start)
-    assert price_capacity_eviction(0.0, 5.0, sim.profile.cold_start_s(vm)) == 0.0
+    assert price_capacity_eviction(0.0, 5.0, sim.profile.cold_start_s(vm), 100.0) == 0.0
 
 
 def test_a_model_forecast_to_need_its_instances_is_dear_to_take():
     cheap = _full_sim(forecast_b=0.0)
     dear = _full_sim(forecast_b=10_000.0)  # B's forecast load needs every instance it has
     dear.arrivals[B].extend([0.5, 1.0])  # B's recent arrivals: 2 in the horizon
-    price = [min(o.price for o in s.reclaim.offers(s, s.instances[A][0], 1.0)) for s in (cheap, dear)]
+    price = [min(o.price for o in s.reclaim.offers(s, s.instances[A][0], 1.0, 100.0)) for s in (cheap, dear)]
     vm = dear.models[B]
-    evict = price_capacity_eviction(1.0, dear._rate(B, 1.0), dear.profile.cold_start_s(vm))
+    # the arrivals the victim would have served (B's over its 3 live instances), for the need's 100 s and a restart
+    evict = price_capacity_eviction(1.0, dear._rate(B, 1.0) / 3, dear.profile.cold_start_s(vm), 100.0)
     assert evict > 0 and price[1] == pytest.approx(price[0] + evict)
 
 
 def test_bought_the_victim_drains_and_the_blocked_model_starts_there():
     sim = _full_sim()
     a = sim.instances[A][0]
-    purchase = buy(sim._need(a, 0.0) or pytest.fail("no need"), sim._offers(a, 0.0))
+    need = sim._need(a, 0.0) or pytest.fail("no need")
+    purchase = buy(need, sim._offers(a, 0.0, need))
     assert purchase.bought and purchase.bought[0].payload[0] == "reclaim"
     victim = purchase.bought[0].payload[2]
     assert sim._execute(purchase.bought[0], 0.0)
@@ -97,7 +101,7 @@ def test_a_model_with_one_live_instance_is_never_taken():
     for r in list(sim.replicas):
         sim.evict(r)
     # two GPUs free now: a plain start needs no victim, and B's last instance is never offered
-    assert sim.reclaim.offers(sim, sim.instances[A][0], 0.0) == []
+    assert sim.reclaim.offers(sim, sim.instances[A][0], 0.0, 100.0) == []
 
 
 def test_the_need_carries_its_waiting_requests_slack_and_lasts_until_its_drain_frees_it():
@@ -112,7 +116,7 @@ def test_the_need_carries_its_waiting_requests_slack_and_lasts_until_its_drain_f
     if need.drain_bytes_per_s == 0:
         assert need.duration_s == max(sim.horizon_s, sim.window_s)  # nothing drains: the whole window
     # a start's bytes exist once it lands, and the waiting requests' wait past their SLO is its price
-    start = next(o for o in sim.reclaim.offers(sim, a, 3.0))
+    start = next(o for o in sim.reclaim.offers(sim, a, 3.0, need.lasts_s))
     assert start.after_s > 0 and start.cover(need.lasts_s) < 1.0
 
 
@@ -137,9 +141,72 @@ def test_requests_queued_with_no_instance_of_their_model_buy_capacity_from_an_id
     need = sim._model_need(A, 0.0)
     assert need is not None and need.scope == f"model:{A}" and need.waiting == 3
     assert need.min_bytes == 500 * sim.models[A].kv_bytes_per_token  # the first prompt, whole
-    assert len(sim.reclaim.model_offers(sim, A, 0.0)) == 4  # each idle B instance
+    assert len(sim.reclaim.model_offers(sim, A, 0.0, 100.0)) == 4  # each idle B instance
     sim._economy_tick(0.0)
     assert len(sim.instances[A]) == 1 and not sim.queues[A]  # started on a B instance's GPU, the queue sent there
     assert len(sim.instances[B]) == 3 and sim.counts["capacity_starts"] == 1
     assert sim.instances[A][0].id in sim.bought_starts  # the arbiter's own start, not the autoscaler's
     assert any(r.scope == f"model:{A}" and r.source == "scale_out" for r in sim.purchases)
+
+
+def _decoded(sim: EconomySim, inst, done: int) -> tuple[SimRequest, float]:
+    """One request decoding on the instance, run (by its engine) until it has decoded `done` tokens of its 500;
+    the clock then."""
+    (r,) = _decoding(sim, inst, 1, output=500)
+    w, t = inst.engine, 0.0
+    while w.step - r.start_step < done:
+        t = w.plan(t)
+        w.complete(t)
+    assert r.finish < 0
+    return r, t
+
+
+def test_a_victims_drain_reads_the_tokens_its_running_requests_have_left():
+    # a running request's `generated` is set when its decode run begins: read alone, a request 300 tokens into its
+    # 500 counted 499 to go, and a victim's drain (so when a capacity offer lands) was read ~2.5x too long
+    sim = _full_sim()
+    v = sim.instances[B][0]
+    r, _ = _decoded(sim, v, 300)
+    left = r.output - r.gen_at_start - (v.engine.step - r.start_step)
+    assert 0 < left <= 200 and r.output - r.generated >= 499
+    assert drain_s(v) == pytest.approx(left * v.engine.step_s())
+
+
+def test_a_capacity_offer_covers_only_the_needs_time_after_the_victim_drains_and_the_start_lands():
+    # pricing and choosing stay apart: the offer says when its bytes exist (the victim's drain, then the start);
+    # `buy` counts them only for the need's duration after that — a need over before then buys nothing
+    sim = _full_sim()
+    t, drains = 0.0, []
+    for v in sim.instances[B]:
+        r, at = _decoded(sim, v, 300)
+        t = max(t, at)
+        drains.append((r.output - r.gen_at_start - (v.engine.step - r.start_step)) * v.engine.step_s())
+    a = sim.instances[A][0]
+    need = sim._need(a, t) or pytest.fail("no need")
+    offers = sim.reclaim.offers(sim, a, t, need.lasts_s)
+    start = sim.profile.cold_start_s(sim.models[A], sim.system.engine_pool)
+    lands = min(drains) + start  # the victim's tokens left at its step time, then the start
+    assert min(o.after_s for o in offers) == pytest.approx(lands)
+    step = max(v.engine.step_s() for v in sim.instances[B])
+
+    def reclaimed(duration_s: float) -> bool:
+        n = replace(need, duration_s=duration_s)
+        return any(o.payload[0] == "reclaim" for o in buy(n, sim._offers(a, t, n)).bought)
+
+    assert not reclaimed(0.9 * lands)  # over before the victim has drained and the start landed
+    # lasting past the landing by less than the ~300 decoded tokens a drain read from `generated` added
+    assert reclaimed(lands + 100 * step)
+
+
+def test_a_capacity_offer_charges_the_victims_arrivals_for_as_long_as_the_need_holds_it():
+    # the victim takes no request from the moment it is taken until a restart after the need: a model forecast to
+    # need it pays for its arrivals over that whole span (before: over the restart alone, a 300 s need and a 10 s
+    # one alike)
+    sim = _full_sim(forecast_b=10_000.0)
+    sim.arrivals[B].extend([0.5, 1.0])
+    a = sim.instances[A][0]
+    short, long = (min(o.price for o in sim.reclaim.offers(sim, a, 1.0, d)) for d in (10.0, 300.0))
+    rate, cold = sim._rate(B, 1.0) / 3, sim.profile.cold_start_s(sim.models[B], sim.system.engine_pool)
+    assert long - short == pytest.approx(price_capacity_eviction(1.0, rate, cold, 300.0)
+                                         - price_capacity_eviction(1.0, rate, cold, 10.0))
+    assert long - short > 0

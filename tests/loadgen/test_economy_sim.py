@@ -167,7 +167,7 @@ def test_arbiter_releases_an_unwanted_prewarm_before_dropping_layers():
     a.kv_lent_blocks = math.ceil(r.bytes_per_gpu / a.engine.pool.block_bytes)
     a.engine.pool.lent_blocks = a.kv_lent_blocks
     need = Need(f"worker:i{a.id}", 2 * 2**30, 10.0, 5, 0.0)
-    purchase = buy(need, sim._offers(a, 0.0))
+    purchase = buy(need, sim._offers(a, 0.0, need))
     assert [o.source for o in purchase.bought] == ["prewarm"]
     layers = next(o for o in purchase.offers if o.source == "layers")
     assert layers.price > 0 and layers.price == pytest.approx(price_layer_drop(
