@@ -59,6 +59,7 @@ class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
             raise ValueError(f"economy sim: the SLO needs scale > 0 and floor >= 0, got {slo}")
         self.ranks = {a.name: a.rank for a in trace.header.adapters}
         self.arrivals: dict[str, deque[float]] = defaultdict(deque)
+        self.arrived: dict[str, list[float]] = defaultdict(list)  # every arrival of each model (for `_rate_over`)
         # each model's arrivals' KV demand: (arrival, prompt + output tokens, capped at the context length)
         self.arrival_tokens: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
         self.freed: dict[int, deque[tuple[float, int]]] = defaultdict(deque)
@@ -123,6 +124,7 @@ class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
 
     def _arrive(self, req: SimRequest, now: float) -> None:
         self.arrivals[req.model].append(now)
+        self.arrived[req.model].append(now)
         kv_tokens = min(req.prompt + req.output, self.models[req.model].max_model_len)
         self.arrival_tokens[req.model].append((now, kv_tokens))
         if req.adapter:

@@ -88,8 +88,10 @@ class Reclaimer:
                 vm = sim.models[model]
                 chance = sim._chance_needed(model, fewer=1)
                 # the victim is gone for the need's duration, then a cold start: the arrivals it would have served
-                # (its model's over its live instances) meanwhile, with the chance they need it
-                evict = price_capacity_eviction(chance, sim._rate(model, now) / len(live), sim.profile.cold_start_s(
+                # (its model's, read over as long a past as that span, over its live instances) meanwhile, with the
+                # chance they need it
+                evict = price_capacity_eviction(chance, sim._rate_over(model, now, lasts_s) / len(live),
+                                                sim.profile.cold_start_s(
                     vm, sim.system.engine_pool), lasts_s)
                 evict += sum(sim._eviction_price(r, now) for g in group for r in sim.gpus[g].replicas
                              if r.model != needy)

@@ -20,6 +20,7 @@ action, used by every arm that may take it, each priced with shared.policy.memor
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -64,6 +65,17 @@ class SourcesMixin:
         while q and q[0] < now - self.horizon_s:
             q.popleft()
         return len(q) / self.horizon_s
+
+    def _rate_over(self: EconomySim, model: str, now: float, span_s: float) -> float:
+        """Arrivals per second of a model over the last `span_s` (up to now): the rate to charge over a span that
+        long ahead. Read over the 10 s horizon instead, a lull of one horizon priced a capacity taken for a 300 s
+        need as if the model would get no request in all of it (issue 32: the 13B's rate read 5.7 -> 0.0 in 6 s at
+        the popularity shift's start, 25 req/s seed 3, and its instance was taken then)."""
+        ts = self.arrived.get(model)
+        span = min(span_s, now)
+        if not ts or span <= 0:
+            return self._rate(model, now)
+        return (len(ts) - bisect_left(ts, now - span)) / span
 
     def _drain(self: EconomySim, inst: Instance, now: float) -> float:
         """Bytes per second the instance's finished requests freed over the last horizon (measured)."""

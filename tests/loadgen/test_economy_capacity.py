@@ -210,3 +210,18 @@ def test_a_capacity_offer_charges_the_victims_arrivals_for_as_long_as_the_need_h
     assert long - short == pytest.approx(price_capacity_eviction(1.0, rate, cold, 300.0)
                                          - price_capacity_eviction(1.0, rate, cold, 10.0))
     assert long - short > 0
+
+
+def test_a_victims_arrivals_are_read_over_as_long_a_past_as_the_span_they_are_charged_for():
+    # B got a request a second for 90 s and none in the last 10 s horizon: a capacity taken for a 100 s need is
+    # charged 0.9 req/s (over B's 3 instances), not the horizon's 0 (the 13B at the popularity shift's start,
+    # 25 req/s seed 3: its rate read 5.7 -> 0.0 in 6 s and its instance was taken then, to be missed later)
+    quiet, steady = _full_sim(forecast_b=10_000.0), _full_sim(forecast_b=10_000.0)
+    steady.arrived[B].extend(float(t) for t in range(90))
+    assert steady._rate(B, 100.0) == 0.0 and steady._rate_over(B, 100.0, 100.0) == pytest.approx(0.9)
+    a = [s.instances[A][0] for s in (quiet, steady)]
+    price = [min(o.price for o in s.reclaim.offers(s, i, 100.0, 100.0)) for s, i in zip((quiet, steady), a)]
+    cold = steady.profile.cold_start_s(steady.models[B], steady.system.engine_pool)
+    assert price[1] - price[0] == pytest.approx(price_capacity_eviction(1.0, 0.9 / 3, cold, 100.0)
+                                                - price_capacity_eviction(1.0, 0.0, cold, 100.0))
+    assert price[1] > price[0]
