@@ -87,15 +87,16 @@ class Oracle:
         return tok.encode_chat(messages) if messages is not None else tok.encode(prompt or "")
 
     def greedy(self, model: str, *, prompt: str | None = None, messages: list[dict[str, str]] | None = None,
-               max_tokens: int = 16, adapter: str | None = None) -> Expected:
+               max_tokens: int = 16, adapter: str | None = None, ignore_eos: bool = False) -> Expected:
         from services.gpu_worker.engine.sampling_params import SamplingParams
 
-        key = (model, prompt, repr(messages), max_tokens, adapter)
+        key = (model, prompt, repr(messages), max_tokens, adapter, ignore_eos)
         with self._lock:
             if key not in self._results:
                 ids = self.prompt_ids(model, prompt, messages)
                 (result,) = self._engine(model).generate(
-                    [ids], SamplingParams(max_tokens=max_tokens, temperature=0.0), adapters=[adapter])
+                    [ids], SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos),
+                    adapters=[adapter])
                 self._results[key] = Expected(tuple(result.token_ids), result.text, result.finish_reason or "",
                                               len(ids))
             return self._results[key]

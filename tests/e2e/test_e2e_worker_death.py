@@ -17,36 +17,53 @@ pytestmark = pytest.mark.timeout(240)
 
 # Two workers serving the same model, two requests in each one's batch, two more may wait.
 CLUSTER_SPEC = ClusterSpec(workers={"w0": [LLAMA], "w1": [LLAMA]}, max_batch=2, queue_bound=2, max_redispatches=2)
-LONG = 320  # tokens per stream: long enough to kill a worker in the middle
+LONG = 320  # tokens per stream
+# the kill test's streams (no EOS): long enough that the victim is still generating when the kill lands -- with
+# 320, under two CPU hogs the engine had finished streams the observer had seen only 5 chunks of
+KILL_TOKENS = 900
+HOLD = 960  # tokens of the requests that fill the batches and the queue (the context is 1024)
 
 
-def test_a_full_queue_is_429_with_retry_after(cluster: E2ECluster, oracle: Oracle) -> None:
-    prompts = oracle.long_prompts(LLAMA, 2, LONG)
-    client = cluster.openai()
-    streams = []
+async def test_a_full_queue_is_429_with_retry_after(cluster: E2ECluster, oracle: Oracle) -> None:
+    prompts = await asyncio.to_thread(oracle.long_prompts, LLAMA, 2, LONG)
+    client = cluster.async_openai()
+    # 2 workers x max batch 2 run at once, 2 more wait in the dispatcher's queue (bound 2). The six are sent
+    # together and generate HOLD tokens (no EOS), so none has finished when the seventh comes: sent one by one
+    # with LONG tokens, on a loaded box the first had ended (freeing a place) before the seventh was sent (CI)
+    tasks = [asyncio.ensure_future(client.completions.create(
+        model=LLAMA, prompt=prompts[i % 2], max_tokens=HOLD, temperature=0, stream=True,
+        extra_body={"ignore_eos": True})) for i in range(6)]
     try:
-        # 2 workers x max batch 2 run at once, 2 more wait in the dispatcher's queue (bound 2)
-        for i in range(6):
-            streams.append(client.completions.create(model=LLAMA, prompt=prompts[i % 2], max_tokens=LONG,
-                                                     temperature=0, stream=True))
+        await asyncio.gather(*tasks)
         with pytest.raises(openai.RateLimitError) as err:
-            client.completions.create(model=LLAMA, prompt=prompts[0], max_tokens=LONG, temperature=0, stream=True)
+            await client.completions.create(model=LLAMA, prompt=prompts[0], max_tokens=LONG, temperature=0, stream=True)
         assert err.value.status_code == 429
         assert float(err.value.response.headers["retry-after"]) > 0
     finally:
-        for stream in streams:
-            stream.close()  # the client goes away: running ones are aborted, queued ones dropped
+        for task in tasks:  # the client goes away: running ones are aborted, queued ones dropped
+            if task.done() and not task.cancelled() and task.exception() is None:
+                await task.result().close()
+            else:
+                task.cancel()
+
+
+def idle_since(observer: Observer, since: float) -> bool:
+    """Both workers' latest stats received after `since` show nothing running or waiting."""
+    last = {s.worker_id: s for at, s in observer.stats if at >= since}
+    return set(last) >= {"w0", "w1"} and all(not i.running and not i.waiting for s in last.values() for i in s.instances)
 
 
 async def test_kill_9_of_a_worker_mid_stream_loses_and_repeats_no_token(cluster: E2ECluster, oracle: Oracle,
                                                                          observer: Observer) -> None:
-    prompts = await asyncio.to_thread(oracle.long_prompts, LLAMA, 4, LONG)
-    wants = [oracle.greedy(LLAMA, prompt=p, max_tokens=LONG) for p in prompts]
+    prompts = [f"Story number {i}: once upon a time" for i in range(4)]
+    wants = await asyncio.to_thread(lambda: [oracle.greedy(LLAMA, prompt=p, max_tokens=KILL_TOKENS, ignore_eos=True)
+                                             for p in prompts])
     client = cluster.async_openai()
 
     async def stream(prompt: str) -> tuple[str, str | None, int | None]:
         text, finish, used = "", None, None
-        events = await client.completions.create(model=LLAMA, prompt=prompt, max_tokens=LONG, temperature=0,
+        events = await client.completions.create(model=LLAMA, prompt=prompt, max_tokens=KILL_TOKENS, temperature=0,
+                                                 extra_body={"ignore_eos": True},
                                                  stream=True, stream_options={"include_usage": True})
         async for event in events:
             if event.choices:
@@ -56,7 +73,10 @@ async def test_kill_9_of_a_worker_mid_stream_loses_and_repeats_no_token(cluster:
                 used = event.usage.completion_tokens
         return text, finish, used
 
-    await asyncio.sleep(0.5)  # the previous test's aborts have landed: both workers are empty
+    # the previous test's aborts have landed: both workers report an empty batch and queue (a worker still busy
+    # with them started its streams late, and under two CPU hogs the other's had ended before the kill)
+    since = time.time()
+    await observer.wait_for(lambda: idle_since(observer, since), timeout=60)
     tasks = [asyncio.ensure_future(stream(p)) for p in prompts]
     # every stream has produced a few tokens; then the worker serving the first one dies
     rids = await observer.wait_for(lambda: a if len(a := observer.active()) == 4 else None, timeout=30)
@@ -67,7 +87,7 @@ async def test_kill_9_of_a_worker_mid_stream_loses_and_repeats_no_token(cluster:
     killed_at = time.time()
     results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
     for (text, finish, used), want in zip(results, wants):
-        assert text == want.text and finish == "length" and used == LONG
+        assert text == want.text and finish == "length" and used == KILL_TOKENS
     moved = [r for r in rids if observer.workers(r) == [victim, survivor]]
     assert moved, f"no stream moved from {victim} to {survivor}: {[observer.workers(r) for r in rids]}"
     for rid in moved:  # the survivor continued the numbering: seqs 0..n-1 once each across both workers
