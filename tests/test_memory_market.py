@@ -161,12 +161,17 @@ def test_one_eviction_price_for_a_replica_and_for_a_live_instance() -> None:
     # 0.5 x 10 x (1 + 1 x 10 / 2) = 30 request-s
     assert price_eviction(0.5, 1.0, 12.0, 2.0) == pytest.approx(30.0) == price_prewarm_eviction(0.5, 1.0, 12.0, 2.0)
     # a live instance scaled down: no start at all was what it would have given: 0.5 x 12 x (1 + 6) = 42
-    assert price_capacity_eviction(0.5, 1.0, 12.0, 0.0) == pytest.approx(42.0) == price_eviction(0.5, 1.0, 12.0, 0.0)
-    assert price_capacity_eviction(0.0, 9.0, 12.0, 300.0) == 0.0  # never needed before it is back: free
+    assert price_capacity_eviction(0.5, 1.0, 12.0, 0.0, 30.0) == pytest.approx(42.0) == price_eviction(0.5, 1.0, 12.0, 0.0)
+    assert price_capacity_eviction(0.0, 9.0, 12.0, 300.0, 30.0) == 0.0  # never needed before it is back: free
     # taken for a need lasting 18 s, it is back 18 s + its 12 s cold start later: 0.5 x 30 x (1 + 15) = 240
-    assert price_capacity_eviction(0.5, 1.0, 12.0, 18.0) == pytest.approx(240.0) == price_eviction(0.5, 1.0, 30.0, 0.0)
+    assert price_capacity_eviction(0.5, 1.0, 12.0, 18.0, 30.0) == pytest.approx(240.0) == price_eviction(0.5, 1.0, 30.0, 0.0)
+    # taken for 300 s: its arrivals wait at most the horizon (10 s) before they buy an instance back, then its start
+    assert price_capacity_eviction(0.5, 1.0, 12.0, 300.0, 10.0) == pytest.approx(price_eviction(0.5, 1.0, 22.0, 0.0))
+    assert price_capacity_eviction(0.5, 1.0, 12.0, 300.0, 10.0) < price_capacity_eviction(0.5, 1.0, 12.0, 300.0, 300.0)
     with pytest.raises(ValueError, match="gone_s"):
-        price_capacity_eviction(0.5, 1.0, 12.0, -1.0)
+        price_capacity_eviction(0.5, 1.0, 12.0, -1.0, 10.0)
+    with pytest.raises(ValueError, match="horizon_s"):
+        price_capacity_eviction(0.5, 1.0, 12.0, 1.0, 0.0)
     with pytest.raises(ValueError):
         price_eviction(0.5, -1.0, 12.0, 2.0)
 

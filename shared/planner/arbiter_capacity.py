@@ -68,7 +68,7 @@ def capacity_offers(view: ClusterView, p: Pricing, need: Need) -> list[CapacityO
         # (its model's forecast rate over its accepting instances) meanwhile, with the chance the model needs it
         evict = market.price_capacity_eviction(chance_needed(view, victim_model, p.settings, fewer=1),
                                                (fc.avg_rps if fc else 0.0) / len(insts),
-                                               load_s(p, vrec.weight_bytes), need.lasts_s)
+                                               load_s(p, vrec.weight_bytes), need.lasts_s, p.settings.horizon_s)
         for worker, inst in insts:
             if any(i.model == model for i in worker.instances):
                 continue  # the needy model runs there already: its need says that instance is full

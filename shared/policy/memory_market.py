@@ -190,7 +190,8 @@ def price_prewarm_eviction(chance_needed: float, arrival_rps: float, cold_start_
     return price_eviction(chance_needed, arrival_rps, cold_start_s, hit_start_s)
 
 
-def price_capacity_eviction(chance_needed: float, arrival_rps: float, cold_start_s: float, gone_s: float) -> float:
+def price_capacity_eviction(chance_needed: float, arrival_rps: float, cold_start_s: float, gone_s: float,
+                            horizon_s: float) -> float:
     """Scaling down a live instance of an under-loaded model to give its GPUs to another's need: `price_eviction`
     over the whole time the model is one instance fewer, not only its restart. The instance takes no new request
     from the moment it is taken (it drains, then the start lands, then it serves the need), for `gone_s` (the
@@ -199,10 +200,15 @@ def price_capacity_eviction(chance_needed: float, arrival_rps: float, cold_start
     (`chance_needed`, one instance fewer), the arrivals it would have served (`arrival_rps`: its model's arrivals
     over its accepting instances, the dispatcher's spread) queue until it is back; otherwise they go elsewhere at
     no cost. Charged over the restart alone (issue 32: the price before), taking an instance for a 300 s need cost
-    the same as for a 10 s one."""
+    the same as for a 10 s one. Waiting and starts on one horizon rule: the displaced arrivals wait at most the
+    horizon (`horizon_s`) before their own need buys an instance back (a start), so the span charged is
+    min(gone_s, horizon) + the cold start — charged over the whole need (300 s) the price of one 7B instance
+    outweighed the 13B's whole burst and the burst collapsed (25 req/s seed 4: 21 s -> 78 s)."""
     if not (math.isfinite(gone_s) and gone_s >= 0):
         raise ValueError(f"capacity eviction: gone_s must be finite >= 0, got {gone_s}")
-    return price_eviction(chance_needed, arrival_rps, gone_s + cold_start_s, 0.0)
+    if not horizon_s > 0:
+        raise ValueError(f"capacity eviction: horizon_s must be > 0, got {horizon_s}")
+    return price_eviction(chance_needed, arrival_rps, min(gone_s, horizon_s) + cold_start_s, 0.0)
 
 
 def price_adapter_eviction(arrival_rps: float, horizon_s: float, cold_use_s: float, stalled: int = 1) -> float:

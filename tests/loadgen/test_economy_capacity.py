@@ -67,7 +67,7 @@ def test_a_start_on_an_idle_models_gpu_is_offered_at_the_one_eviction_price():
         pytest.approx(3 * (start - slo))
     # its bytes exist once it lands (the victim holds nothing: no drain first)
     assert offers[0].after_s == pytest.approx(start)
-    assert price_capacity_eviction(0.0, 5.0, sim.profile.cold_start_s(vm), 100.0) == 0.0
+    assert price_capacity_eviction(0.0, 5.0, sim.profile.cold_start_s(vm), 100.0, sim.horizon_s) == 0.0
 
 
 def test_a_model_forecast_to_need_its_instances_is_dear_to_take():
@@ -77,7 +77,7 @@ def test_a_model_forecast_to_need_its_instances_is_dear_to_take():
     price = [min(o.price for o in s.reclaim.offers(s, s.instances[A][0], 1.0, 100.0)) for s in (cheap, dear)]
     vm = dear.models[B]
     # the arrivals the victim would have served (B's over its 3 live instances), for the need's 100 s and a restart
-    evict = price_capacity_eviction(1.0, dear._rate(B, 1.0) / 3, dear.profile.cold_start_s(vm), 100.0)
+    evict = price_capacity_eviction(1.0, dear._rate(B, 1.0) / 3, dear.profile.cold_start_s(vm), 100.0, dear.horizon_s)
     assert evict > 0 and price[1] == pytest.approx(price[0] + evict)
 
 
@@ -200,16 +200,19 @@ def test_a_capacity_offer_covers_only_the_needs_time_after_the_victim_drains_and
 
 def test_a_capacity_offer_charges_the_victims_arrivals_for_as_long_as_the_need_holds_it():
     # the victim takes no request from the moment it is taken until a restart after the need: a model forecast to
-    # need it pays for its arrivals over that whole span (before: over the restart alone, a 300 s need and a 10 s
-    # one alike)
+    # need it pays for its arrivals over that span (before: over the restart alone, a 9 s need and a 2 s one
+    # alike), up to the horizon, after which they would buy an instance back (a 300 s need costs as a 10 s one)
     sim = _full_sim(forecast_b=10_000.0)
     sim.arrivals[B].extend([0.5, 1.0])
     a = sim.instances[A][0]
-    short, long = (min(o.price for o in sim.reclaim.offers(sim, a, 1.0, d)) for d in (10.0, 300.0))
+    assert sim.horizon_s == 10.0
+    short, long, longest = (min(o.price for o in sim.reclaim.offers(sim, a, 1.0, d)) for d in (2.0, 9.0, 300.0))
     rate, cold = sim._rate(B, 1.0) / 3, sim.profile.cold_start_s(sim.models[B], sim.system.engine_pool)
-    assert long - short == pytest.approx(price_capacity_eviction(1.0, rate, cold, 300.0)
-                                         - price_capacity_eviction(1.0, rate, cold, 10.0))
+    assert long - short == pytest.approx(price_capacity_eviction(1.0, rate, cold, 9.0, 10.0)
+                                         - price_capacity_eviction(1.0, rate, cold, 2.0, 10.0))
     assert long - short > 0
+    assert longest - long == pytest.approx(price_capacity_eviction(1.0, rate, cold, 10.0, 10.0)
+                                           - price_capacity_eviction(1.0, rate, cold, 9.0, 10.0))
 
 
 def test_a_victims_arrivals_are_read_over_as_long_a_past_as_the_span_they_are_charged_for():
@@ -222,6 +225,6 @@ def test_a_victims_arrivals_are_read_over_as_long_a_past_as_the_span_they_are_ch
     a = [s.instances[A][0] for s in (quiet, steady)]
     price = [min(o.price for o in s.reclaim.offers(s, i, 100.0, 100.0)) for s, i in zip((quiet, steady), a)]
     cold = steady.profile.cold_start_s(steady.models[B], steady.system.engine_pool)
-    assert price[1] - price[0] == pytest.approx(price_capacity_eviction(1.0, 0.9 / 3, cold, 100.0)
-                                                - price_capacity_eviction(1.0, 0.0, cold, 100.0))
+    assert price[1] - price[0] == pytest.approx(price_capacity_eviction(1.0, 0.9 / 3, cold, 100.0, steady.horizon_s)
+                                                - price_capacity_eviction(1.0, 0.0, cold, 100.0, steady.horizon_s))
     assert price[1] > price[0]

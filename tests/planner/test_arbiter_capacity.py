@@ -43,7 +43,7 @@ def test_an_under_loaded_models_instance_is_offered_at_the_one_eviction_price() 
         ScaleDown(instance_id=f"w{k}-p", worker_id=f"w{k}", model="p") for k in (2, 3)]
     # the arrivals the victim would have served (p's over its 2 instances), for the need's duration and a restart
     evict = market.price_capacity_eviction(chance_needed(view, "p", p.settings, fewer=1), UNLIKELY.avg_rps / 2,
-                                           load_s(p, MODELS["p"].weight_bytes), need.lasts_s)
+                                           load_s(p, MODELS["p"].weight_bytes), need.lasts_s, p.settings.horizon_s)
     start = load_s(p, MODELS["m"].weight_bytes)  # nothing of m is warm on w2; p's instance holds nothing: no drain
     for o in offers:
         assert o.after_s == pytest.approx(start)
@@ -62,15 +62,18 @@ def test_a_model_likely_to_need_its_instances_is_dear_to_take_and_a_last_instanc
 
 def test_a_victim_is_charged_its_arrivals_for_as_long_as_the_need_holds_it() -> None:
     # taken, p's instance serves no request until a restart after m's need is over: a longer need is dearer by
-    # the arrivals it would have served over the longer span (before: charged over the restart alone)
+    # the arrivals it would have served over the longer span (before: charged over the restart alone), up to the
+    # horizon (then they would buy an instance back)
     view, p = _view(LIKELY), pricing()
     need = _model_need(view)
-    short, long = (capacity_offers(view, p, replace(need, duration_s=d))[0].price for d in (10.0, 300.0))
+    h = p.settings.horizon_s
+    short, long, longest = (capacity_offers(view, p, replace(need, duration_s=d))[0].price for d in (2.0, 9.0, 300.0))
     chance, cold = chance_needed(view, "p", p.settings, fewer=1), load_s(p, MODELS["p"].weight_bytes)
-    assert chance > 0
-    assert long - short == pytest.approx(market.price_capacity_eviction(chance, LIKELY.avg_rps / 2, cold, 300.0)
-                                         - market.price_capacity_eviction(chance, LIKELY.avg_rps / 2, cold, 10.0))
+    assert chance > 0 and h == 10.0
+    assert long - short == pytest.approx(market.price_capacity_eviction(chance, LIKELY.avg_rps / 2, cold, 9.0, h)
+                                         - market.price_capacity_eviction(chance, LIKELY.avg_rps / 2, cold, 2.0, h))
     assert long > short
+    assert longest == pytest.approx(capacity_offers(view, p, replace(need, duration_s=h))[0].price)
 
 
 def test_a_busy_victim_is_priced_with_its_drain_first() -> None:
