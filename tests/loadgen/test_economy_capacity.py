@@ -20,18 +20,24 @@ from tests.loadgen.test_economy_sim import _decoding, profile
 A, B = "llama2-7b-0", "llama2-7b-1"
 
 
-def _full_sim(forecast_b: float = 0.0) -> EconomySim:
-    """4 GPUs: one instance of A, three of B (B idle); A has requests waiting for memory."""
-    p = profile()
-    tr = generate_mixed(MixedParams(seed=0, duration_s=1.0, rate=1.0, models=[A, B]))
-    fc = {m.name: [LoadForecast(forecast_b if m.name == B else 0.0, forecast_b if m.name == B else 0.0)]
-          for m in p.fleet.models}
+def _bare_sim(p, tr, fc) -> EconomySim:  # type: ignore[no-untyped-def]
+    """An arbiter simulation of 4 GPUs at t = 0 with nothing on them (no instance, no prewarmed replica)."""
     sim = EconomySim(p, tr, "arbiter", gpus=4, forecasts=fc)
     sim.now = 0.0
     for inst in [i for insts in sim.instances.values() for i in insts]:
         sim._release(inst, 0.0)
     for r in list(sim.replicas):
         sim.evict(r)
+    return sim
+
+
+def _full_sim(forecast_b: float = 0.0) -> EconomySim:
+    """4 GPUs: one instance of A, three of B (B idle); A has requests waiting for memory."""
+    p = profile()
+    tr = generate_mixed(MixedParams(seed=0, duration_s=1.0, rate=1.0, models=[A, B]))
+    fc = {m.name: [LoadForecast(forecast_b if m.name == B else 0.0, forecast_b if m.name == B else 0.0)]
+          for m in p.fleet.models}
+    sim = _bare_sim(p, tr, fc)
     assert scale_up(sim, A, 0.0, initial=True) is not None
     for _ in range(3):
         assert scale_up(sim, B, 0.0, initial=True) is not None
@@ -127,12 +133,7 @@ def test_requests_queued_with_no_instance_of_their_model_buy_capacity_from_an_id
     p = profile()
     tr = generate_mixed(MixedParams(seed=0, duration_s=1.0, rate=1.0, models=[A, B]))
     fc = {m.name: [LoadForecast(0.0, 0.0)] for m in p.fleet.models}
-    sim = EconomySim(p, tr, "arbiter", gpus=4, forecasts=fc)
-    sim.now = 0.0
-    for inst in [i for insts in sim.instances.values() for i in insts]:
-        sim._release(inst, 0.0)
-    for r in list(sim.replicas):
-        sim.evict(r)
+    sim = _bare_sim(p, tr, fc)
     for _ in range(4):
         assert scale_up(sim, B, 0.0, initial=True) is not None  # B idle on every GPU, A has none
     sim.served_by = [-1] * 100
