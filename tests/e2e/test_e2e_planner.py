@@ -31,7 +31,10 @@ pytestmark = pytest.mark.timeout(300)
 
 CLUSTER_SPEC = ClusterSpec(
     workers={"w0": [LLAMA], "w1": [LLAMA], "w2": [LLAMA]}, gateway=False, control_plane=True, migration="tokens",
-    extra_toml='[planner]\ninterval = "300ms"\nlease_ttl = "1s"\nctl_timeout = "20s"\nconsolidate = "on"\n',  # least-load spreads
+    extra_toml='[planner]\ninterval = "300ms"\nlease_ttl = "1s"\nctl_timeout = "20s"\nconsolidate = "on"\n'
+               # least-load spreads, MELL packs; the moves are what is tested, not MELL's compute gate (its own tests):
+               # a relative TPOT SLO's base from a quiet moment held every move on a loaded box (CI)
+               '[slo]\ntpot = "60s"\n',
 )
 LONG, SHORT = 700, 40
 
