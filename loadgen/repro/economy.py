@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from loadgen.repro.economy_phased import PHASES
+from loadgen.repro.economy_oracle import hindsight_oracles
+from loadgen.repro.economy_phased import PHASES, phase_of
 from loadgen.repro.economy_phases import PhaseMetrics, phase_metrics
 from loadgen.repro.economy_setup import EconomyConfig, build_run
 from loadgen.sim.economy_result import ARMS, SINGLE_ARMS, EconomyResult
@@ -61,6 +62,7 @@ class Point:
     gpus: int
     results: dict[str, ArmMetrics] = field(default_factory=dict)
     wall_s: float = 0.0  # every arm on this trace
+    oracles: dict[str, float] = field(default_factory=dict)  # hindsight oracles' P99 TTFT (economy_oracle)
 
 
 def ratio(a: float, b: float) -> float:
@@ -87,12 +89,18 @@ def run_point(cfg: EconomyConfig, rate: float, seed: int, *, gpus: int | None = 
     run = build_run(cfg, rate, seed)
     n = gpus or run.profile.fleet.gpus
     point = Point(rate, seed, n)
+    ttfts: dict[str, np.ndarray] = {}
+    phase = None
     for arm in arms or cfg.arms:
         started = time.perf_counter()
         result = run.simulate(arm, n)
         point.results[arm] = ArmMetrics.of(result, cfg, time.perf_counter() - started)
+        ttfts[arm] = result.ttft
+        if cfg.trace == "phased":
+            phase = phase_of(result.arrival, cfg.phase_s, len(PHASES))
         if keep is not None:
             keep[arm] = result
+    point.oracles = hindsight_oracles(ttfts, phase)
     return point
 
 
@@ -134,6 +142,9 @@ class Headline:
     worst_phase_vs_best_single: float = math.nan  # median over seeds of `worst_phase`
     applied: float = math.nan  # the arbiter's purchases applied / bought (the rest refused or failed in flight)
     seeds: int = 0
+    # median over seeds of the best single's P99 TTFT / each hindsight oracle's (economy_oracle): what any mix of
+    # the memory-bounded arms' outcomes could reach against the goal
+    oracle_vs_best_single: dict[str, float] = field(default_factory=dict)
 
     def line(self) -> str:
         g = "n/a" if math.isnan(self.gpus_vs_best_single) else f"{self.gpus_vs_best_single * 100:+.0f}%"
@@ -159,13 +170,15 @@ def headline(points: list[Point], cfg: EconomyConfig, gpus: dict[str, int | None
     counts = [p.results["arbiter"].counts for p in at]
     bought = sum(c.get("bought", 0) for c in counts)
     applied = sum(c.get("applied", 0) - c.get("failed_migrations", 0) for c in counts)
+    oracles = {k: float(np.median([ratio(p.results[best].p99_ttft, p.oracles[k]) for p in at]))
+               for k in (at[0].oracles if at else {}) if all(k in p.oracles for p in at)}
     return Headline(float(np.median(vs_best)), float(np.median(vs_fixed)),
                     float(np.median([p.results["arbiter"].slo for p in at])), g_ratio,
                     sum(p.results["arbiter"].purchases for p in at), best,
                     float(np.median(gap)) if gap else math.nan, dict(gpus), float(np.median(hindsight)),
                     sum(c.get("autoscaler_starts", 0) for c in counts), (min(vs_best), max(vs_best)),
                     float(np.median(worst)) if worst else math.nan, applied / bought if bought else math.nan,
-                    len({p.seed for p in at}))
+                    len({p.seed for p in at}), oracles)
 
 
 def _point_task(cfg: EconomyConfig, rate: float, seed: int, full: bool) -> tuple[Point, dict[str, EconomyResult] | None]:

@@ -94,6 +94,23 @@ def _phase_rows(points: list[Point], arms: list[str], rate: float) -> list[list[
     return rows
 
 
+def _oracle_section(points: list[Point], cfg: EconomyConfig, head: Headline) -> list[str]:
+    """The hindsight oracles (loadgen/repro/economy_oracle.py) per seed at the headline rate, beside the arbiter."""
+    at = sorted((p for p in points if p.rate == cfg.headline_rate and p.oracles), key=lambda p: p.seed)
+    keys = list(head.oracle_vs_best_single)
+    rows = [[p.seed, f"{p.results[head.best_single].p99_ttft:.2f}", f"{p.results['arbiter'].p99_ttft:.2f}",
+             *(f"{p.oracles.get(k, math.nan):.2f}" for k in keys),
+             f"{p.results['unbounded'].p99_ttft:.2f}" if "unbounded" in p.results else "-"] for p in at]
+    return [f"## Hindsight oracles, rate {cfg.headline_rate:g} (P99 TTFT s)", "",
+            "Every arm replays the same requests: `phase-switch` takes each phase from the single mechanism best "
+            "there; `request-best-single` each request's lowest TTFT among the four single mechanisms; "
+            "`request-best-bounded` among every memory-bounded arm (the singles, the fixed order, the arbiter). The "
+            "per-request ones are not reachable by one run (each request's best came with other requests' outcomes in "
+            "its arm): a goal above them needs, for the trace's slowest requests, TTFTs lower than every one of "
+            "these arms gave them; `unbounded` (memory never short) shows what memory itself could give.", "",
+            md_table(["seed", f"{head.best_single} (best single)", "arbiter", *keys, "unbounded"], rows), ""]
+
+
 def write_economy_report(out: Path, points: list[Point], cfg: EconomyConfig, head: Headline,
                          full: dict[str, EconomyResult], *, command: str, wall_s: float, plots: bool = True,
                          notes: list[str] | None = None) -> Path:
@@ -136,6 +153,8 @@ def write_economy_report(out: Path, points: list[Point], cfg: EconomyConfig, hea
              f"{g.get('arbiter')} vs {g.get(head.best_single)}"
              + ("" if math.isnan(head.gpus_vs_best_single) else f" ({head.gpus_vs_best_single * 100:+.0f}%)"), "-"],
             ["arbiter's P99 TTFT / unbounded memory (reference)", f"{head.lower_bound_gap:.2f}x", "-"],
+            *([f"P99 TTFT, best single / hindsight oracle `{k}` (median of seeds; below)", f"{v:.2f}x",
+               "above it: no arm's outcome"] for k, v in head.oracle_vs_best_single.items()),
             ["arbiter's own purchases (headline rate, all seeds)", str(head.purchases), "-"],
             ["arbiter's purchases applied (the rest refused: the state moved; or failed in flight)",
              "n/a" if math.isnan(head.applied) else f"{head.applied:.0%}", "-"],
@@ -151,6 +170,7 @@ def write_economy_report(out: Path, points: list[Point], cfg: EconomyConfig, hea
            "arm's P99 in that phase / the arbiter's), median over seeds.", "",
            md_table(["phase", "arm", "requests", "P99 TTFT s", "SLO", "preemptions", "queueing s"],
                     _phase_rows(points, arms, cfg.headline_rate)), ""] if cfg.trace == "phased" else []),
+        *(_oracle_section(points, cfg, head) if head.oracle_vs_best_single else []),
         "## Ratios per rate (median over seeds, range)", "",
         md_table(["rate", "seeds", "best single in hindsight / arbiter", "fixed order / arbiter",
                   "arbiter / unbounded", "best single per seed"], _ratio_rows(points)), "",
@@ -166,7 +186,7 @@ def write_economy_report(out: Path, points: list[Point], cfg: EconomyConfig, hea
     summary = {
         "line": head.line(), "headline": dataclasses.asdict(head), "config": dataclasses.asdict(cfg),
         "command": command, "wall_s": wall_s, "goal": GOAL,
-        "points": [{"rate": p.rate, "seed": p.seed, "gpus": p.gpus,
+        "points": [{"rate": p.rate, "seed": p.seed, "gpus": p.gpus, "oracles": p.oracles,
                     "results": {a: dataclasses.asdict(m) for a, m in p.results.items()}} for p in points],
     }
     (out / "summary.json").write_text(json.dumps(_finite(summary), indent=1) + "\n")
