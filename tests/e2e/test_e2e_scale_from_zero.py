@@ -60,7 +60,13 @@ async def test_a_request_to_a_model_with_no_instance_is_queued_scaled_up_and_ans
         scale_ups = [e for e in events if isinstance(e, PlanDecided) and isinstance(e.plan.actions[0], ScaleUp)]
         assert [e.plan.actions[0].model for e in scale_ups] == [QWEN]  # type: ignore[union-attr]
         assert scale_ups[0].plan.trigger == "capacity_request"
-        assert any(isinstance(e, PlanApplied) and e.plan_id == scale_ups[0].plan.plan_id for e in events)
+        # the worker serves the new instance as soon as it is up, which can be before the planner has read the
+        # LoadModel's reply and published PlanApplied (on a busy box, well before): wait for it
+        applied = scale_ups[0].plan.plan_id
+        deadline = asyncio.get_running_loop().time() + 30.0
+        while not any(isinstance(e, PlanApplied) and e.plan_id == applied for e in events):
+            assert asyncio.get_running_loop().time() < deadline, f"no PlanApplied for {applied} within 30 s"
+            await asyncio.sleep(0.05)
         # the new instance serves the next request at once (no second scale-up)
         again = await client.completions.create(model=QWEN, prompt=PROMPT, max_tokens=16, temperature=0)
         assert again.choices[0].text == want.text
