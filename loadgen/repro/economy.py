@@ -90,16 +90,15 @@ def run_point(cfg: EconomyConfig, rate: float, seed: int, *, gpus: int | None = 
     n = gpus or run.profile.fleet.gpus
     point = Point(rate, seed, n)
     ttfts: dict[str, np.ndarray] = {}
-    phase = None
+    arrival = np.zeros(0)
     for arm in arms or cfg.arms:
         started = time.perf_counter()
         result = run.simulate(arm, n)
         point.results[arm] = ArmMetrics.of(result, cfg, time.perf_counter() - started)
-        ttfts[arm] = result.ttft
-        if cfg.trace == "phased":
-            phase = phase_of(result.arrival, cfg.phase_s, len(PHASES))
+        ttfts[arm], arrival = result.ttft, result.arrival  # every arm replays the same requests
         if keep is not None:
             keep[arm] = result
+    phase = phase_of(arrival, cfg.phase_s, len(PHASES)) if cfg.trace == "phased" else None
     point.oracles = hindsight_oracles(ttfts, phase)
     return point
 

@@ -23,7 +23,6 @@ import numpy as np
 
 from loadgen.sim.economy_result import SINGLE_ARMS
 
-ORACLES = ("phase-switch", "request-best-single", "request-best-bounded")
 BOUNDED_ARMS = (*SINGLE_ARMS, "fixed-order", "arbiter")
 
 
@@ -63,4 +62,4 @@ def hindsight_oracles(ttfts: dict[str, np.ndarray], phase: np.ndarray | None) ->
     return out
 
 
-__all__ = ["BOUNDED_ARMS", "ORACLES", "hindsight_oracles"]
+__all__ = ["BOUNDED_ARMS", "hindsight_oracles"]

@@ -91,8 +91,8 @@ class Reclaimer:
                 # (its model's, read over as long a past as that span, over its live instances) meanwhile, with the
                 # chance they need it
                 evict = price_capacity_eviction(chance, sim._rate_over(model, now, lasts_s) / len(live),
-                                                sim.profile.cold_start_s(
-                    vm, sim.system.engine_pool), lasts_s, sim.horizon_s)
+                                                sim.profile.cold_start_s(vm, sim.system.engine_pool), lasts_s,
+                                                sim.horizon_s)
                 evict += sum(sim._eviction_price(r, now) for g in group for r in sim.gpus[g].replicas
                              if r.model != needy)
                 lands = drain_s(v) + start
