@@ -30,6 +30,17 @@ def _dump(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+def _clean_descriptions(node: Any) -> Any:
+    """Every `description` as `inspect.cleandoc` gives it: msgspec 0.23 dedents docstrings, 0.22 copied
+    them raw, so without this the committed files would depend on which msgspec pip resolved."""
+    if isinstance(node, dict):
+        return {k: inspect.cleandoc(v) if k == "description" and isinstance(v, str) else _clean_descriptions(v)
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_clean_descriptions(v) for v in node]
+    return node
+
+
 def message_types() -> list[type]:
     """Every type that travels on a subject, by name: the events plus health and ErrorReply."""
     found: dict[str, type] = {cls.__name__: cls for cls in events.all_messages()}
@@ -64,7 +75,7 @@ def _used_on(cls: type) -> list[str]:
 
 
 def message_schema(cls: type) -> dict[str, Any]:
-    schema = msgspec.json.schema(cls)
+    schema = _clean_descriptions(msgspec.json.schema(cls))
     schema["$schema"] = JSON_SCHEMA_DIALECT
     schema["x-tidal"] = {"family": _family(cls), "tag": _tag(cls), "subjects": _used_on(cls)}
     return schema
@@ -146,7 +157,7 @@ def subjects_markdown() -> str:
 
 
 def config_schema() -> dict[str, Any]:
-    schema = msgspec.json.schema(ClusterConfig, schema_hook=schema_hook)
+    schema = _clean_descriptions(msgspec.json.schema(ClusterConfig, schema_hook=schema_hook))
     schema["$schema"] = JSON_SCHEMA_DIALECT
     schema["title"] = "Tidal cluster config (TOML)"
     return schema
