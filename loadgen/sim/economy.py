@@ -1,9 +1,11 @@
 """The economy simulator: the fleet simulator (loadgen/sim/fleet.py: many models, WarmServe's public
 autoscaler, prewarm planner) where every instance's device memory is one pool (economy_state.py) and
-the arms buy memory from its sources (economy_sources.py) by their own triggers or by price
-(economy_arbiter.py). Every arm shares the base: the public autoscaler, vLLM-0.6 engines (recompute
-preemption when KV runs out), WarmServe's prewarm planner, CaraServe's CPU-assisted cold adapters,
-weights kept as a replica after a stop.
+the arms buy memory from its sources by their own triggers or by price. `EconomySim` composes three
+layers: the sources' offers and prices (economy_pricing.py, read-only), the arbiter and the mechanisms'
+own triggers that choose among them (economy_arbiter.py), and the executor that carries out what is
+bought (economy_execution.py, the only one that changes the fleet). Every arm shares the base: the
+public autoscaler, vLLM-0.6 engines (recompute preemption when KV runs out), WarmServe's prewarm planner,
+CaraServe's CPU-assisted cold adapters, weights kept as a replica after a stop.
 
     python -m loadgen.sim.economy --arm arbiter --minutes 10 --rate 10
 """
@@ -19,11 +21,11 @@ from heapq import heappush
 import msgspec
 import numpy as np
 
-from loadgen.sim.economy_arbiter import ArbiterMixin
-from loadgen.sim.economy_capacity import Reclaimer
+from loadgen.sim.economy_arbiter import EconomyArbiter
+from loadgen.sim.economy_execution import MOVE, RESTORED, Move, OfferExecutor, lent_blocks
+from loadgen.sim.economy_pricing import SourcePricer
 from loadgen.sim.economy_profile import EconomyProfile, load_economy_profile, with_models
 from loadgen.sim.economy_result import ARMS, EconomyResult, PoolSample, PurchaseRecord
-from loadgen.sim.economy_sources import MOVE, RESTORED, SourcesMixin, lent_blocks
 from loadgen.sim.economy_state import ABLATIONS, ARM_CONFIGS, UNBOUNDED_BLOCKS, EconomyWorker, Pool
 from loadgen.sim.fleet import STEP, FleetSim
 from loadgen.sim.fleet_scaling import scale_up
@@ -41,7 +43,7 @@ class EconomyForecasts:
     window_s: float
 
 
-class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
+class EconomySim(FleetSim):
     def __init__(self, eprofile: EconomyProfile, trace: Trace, arm: str, *, gpus: int | None = None,
                  forecasts: EconomyForecasts | dict[str, list[LoadForecast]] | None = None,
                  sample_interval_s: float = 5.0, max_run_s: float = 0.5,
@@ -51,21 +53,18 @@ class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
             raise ValueError(f"unknown arm {arm!r}; choose from {', '.join((*ARMS, *ABLATIONS))}")
         spec = eprofile.spec
         self.eprofile, self.arm = eprofile, config
-        self.horizon_s, self.hi = spec.horizon_s, spec.kv_high_watermark
+        self.horizon_s = spec.horizon_s
         # the TTFT SLO the prices read (max(scale x unloaded TTFT, floor), as the evaluation): a wait counts past it
-        self.slo_scale, self.slo_floor_s = slo
-        self.slo_costs: dict = {}
-        if not (self.slo_scale > 0 and self.slo_floor_s >= 0):
+        if not (slo[0] > 0 and slo[1] >= 0):
             raise ValueError(f"economy sim: the SLO needs scale > 0 and floor >= 0, got {slo}")
         self.ranks = {a.name: a.rank for a in trace.header.adapters}
         self.arrivals: dict[str, deque[float]] = defaultdict(deque)
-        self.arrived: dict[str, list[float]] = defaultdict(list)  # every arrival of each model (for `_rate_over`)
+        self.arrived: dict[str, list[float]] = defaultdict(list)  # every arrival of each model (for `rate_over`)
         # each model's arrivals' KV demand: (arrival, prompt + output tokens, capped at the context length)
         self.arrival_tokens: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
         self.freed: dict[int, deque[tuple[float, int]]] = defaultdict(deque)
         self.group_of: dict[int, Instance] = {}
-        self.restoring: set[int] = set()
-        self.moving: dict = {}
+        self.moving: dict[int, Move] = {}
         self.by_id: dict[int, Instance] = {}
         self.base_cost: dict = {}
         self.engines: list[EconomyWorker] = []
@@ -74,8 +73,6 @@ class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
         self.counts: Counter[str] = Counter()
         self.ttft_extra: dict[int, float] = {}
         self.bought_starts: set[int] = set()
-        self.reclaim = Reclaimer()
-        self.migration_stall_s = 0.0
         self.sample_interval_s = sample_interval_s
         fleet = eprofile.fleet
         n_gpus = gpus or fleet.gpus
@@ -88,6 +85,14 @@ class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
         super().__init__(fleet, trace, FleetSystem(arm, prewarm=self.arm.prewarm), forecasts=forecasts,
                          window_s=window_s, max_run_s=max_run_s)
         self.gpus = self.gpus[:n_gpus]
+        self.pricer = SourcePricer(self, eprofile, self.arm, self.moves, ranks=self.ranks, slo=slo,
+                                   arrivals=self.arrivals, arrived=self.arrived, freed=self.freed,
+                                   group_of=self.group_of, moving=self.moving)
+        self.executor = OfferExecutor(self, self.pricer, eprofile, self.moves, self._at, counts=self.counts,
+                                      purchases=self.purchases, bought_starts=self.bought_starts, by_id=self.by_id,
+                                      base_cost=self.base_cost, group_of=self.group_of, moving=self.moving)
+        self.arbiter = EconomyArbiter(self, self.pricer, self.executor, self.arm,
+                                      arrival_tokens=self.arrival_tokens, counts=self.counts)
         p = self.system.scaler
         for name, m in self.models.items():  # as the WarmServe repro: what the first window's forecast wants
             f = self.forecasts.get(name)
@@ -144,7 +149,7 @@ class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
         for g in replica.gpus:
             inst = self.gpus[g].instance if g < len(self.gpus) else None
             if inst is not None and inst.kv_lent_blocks:
-                inst.kv_lent_blocks = lent_blocks(self, inst)
+                inst.kv_lent_blocks = lent_blocks(self.gpus, inst)
                 inst.engine.pool.lent_blocks = inst.kv_lent_blocks  # type: ignore[attr-defined]
                 self._kick(inst, self.now)
 
@@ -158,7 +163,7 @@ class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
     def _event(self, kind: int, obj: object, gen: int, t: float) -> None:
         self.now = t
         if kind == ECON_TICK:
-            self._economy_tick(t)
+            self.arbiter.tick(t)
             if self._more(t):
                 self._at(t + self.eprofile.spec.tick_s, ECON_TICK, None)
         elif kind == SAMPLE:
@@ -166,9 +171,9 @@ class EconomySim(SourcesMixin, ArbiterMixin, FleetSim):
             if self._more(t):
                 self._at(t + self.sample_interval_s, SAMPLE, None)
         elif kind == MOVE:
-            self._move_event(obj[0], obj[1], t)  # type: ignore[index]
+            self.executor.move_event(obj[0], obj[1], t)  # type: ignore[index]
         elif kind == RESTORED:
-            self._restored(obj, t)  # type: ignore[arg-type]
+            self.executor.restored(obj, t)  # type: ignore[arg-type]
         else:
             super()._event(kind, obj, gen, t)
 

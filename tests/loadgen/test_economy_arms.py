@@ -45,9 +45,9 @@ def _everything_triggers(sim: EconomySim) -> tuple[object, list[str]]:
     w.waiting.append(SimRequest(99, "w", a.model, None, 0.0, 100, 10))
     w.blocked_on = "memory"
     asked: list[str] = []
-    sim._need = lambda inst, now: Need(f"worker:i{inst.id}", 2**30, 10.0, 1, 0.0)  # type: ignore[method-assign]
+    sim.arbiter.need = lambda inst, now: Need(f"worker:i{inst.id}", 2**30, 10.0, 1, 0.0)  # type: ignore[method-assign]
     for name in FLAGS.values():
-        setattr(sim, f"_{'layer' if name == 'layers' else name}_offers",
+        setattr(sim.pricer, f"{'layer' if name == 'layers' else name}_offers",
                 lambda inst, now, name=name: asked.append(name) or [])
     return a, asked
 
@@ -55,7 +55,7 @@ def _everything_triggers(sim: EconomySim) -> tuple[object, list[str]]:
 def test_fixed_order_with_every_source_asks_every_source():
     sim = _hand_sim("fixed-order")
     a, asked = _everything_triggers(sim)
-    sim._fixed_order(a, 0.0)
+    sim.arbiter.fixed_order(a, 0.0)
     assert sorted(asked) == sorted(FLAGS.values())
 
 
@@ -66,7 +66,7 @@ def test_fixed_order_never_uses_a_source_its_arm_has_off(flag, monkeypatch):
     sim = _hand_sim(name)
     a, asked = _everything_triggers(sim)
     for t in (0.0, 1.0, 2.0):
-        sim._fixed_order(a, t)
+        sim.arbiter.fixed_order(a, t)
     assert FLAGS[flag] not in asked
     assert set(asked) == set(FLAGS.values()) - {FLAGS[flag]}
 
@@ -88,17 +88,17 @@ def test_an_ablation_never_asks_the_source_it_leaves_out_and_needs_fixed_order_i
     assert cfg.prewarm == BASE["prewarm"] and cfg.cpu_assist is True  # the same base as every arm
     sim = _hand_sim(arm)
     a, asked = _everything_triggers(sim)
-    sim.reclaim.offers = lambda s, inst, now, lasts_s: []  # type: ignore[method-assign]
+    sim.executor.reclaim.offers = lambda inst, now, lasts_s: []  # type: ignore[method-assign]
     if arm == "needs-fixed-order":
         # the sources in SOURCES' order, whatever their prices: a dear adapter before a free migration
         from shared.policy.memory_market import Offer
         done: list[str] = []
-        sim._offers = lambda inst, now, need: [Offer("migrate", "r", 2**30, 0.0, "m"),  # type: ignore[method-assign]
-                                         Offer("adapter", "x", 2**30, 99.0, "a")]
-        sim._execute = lambda o, now, unbought="": done.append(o.source) or True  # type: ignore[method-assign]
-        sim._needs_fixed_order(a, 0.0)
+        sim.arbiter.offers = lambda inst, now, need: [  # type: ignore[method-assign]
+            Offer("migrate", "r", 2**30, 0.0, "m"), Offer("adapter", "x", 2**30, 99.0, "a")]
+        sim.executor.execute = lambda o, now, unbought="": done.append(o.source) or True  # type: ignore[method-assign]
+        sim.arbiter.needs_fixed_order(a, 0.0)
         assert done == ["adapter"]
         return
     left_out = arm.removeprefix("arbiter-no-")
-    sim._arbitrate(a, 0.0)
+    sim.arbiter.arbitrate(a, 0.0)
     assert left_out not in asked and set(asked) == set(FLAGS.values()) - {left_out}

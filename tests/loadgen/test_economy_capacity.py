@@ -59,7 +59,7 @@ def _full_sim(forecast_b: float = 0.0) -> EconomySim:
 def test_a_start_on_an_idle_models_gpu_is_offered_at_the_one_eviction_price():
     sim = _full_sim()
     a = sim.instances[A][0]
-    offers = sim.reclaim.offers(sim, a, 0.0, 100.0)
+    offers = sim.executor.reclaim.offers(a, 0.0, 100.0)
     assert len(offers) == 3 and {o.source for o in offers} == {"scale_out"}  # each idle B instance
     victim = offers[0].payload[2]
     assert victim.model == B and drain_s(victim) == 0.0
@@ -80,21 +80,22 @@ def test_a_model_forecast_to_need_its_instances_is_dear_to_take():
     cheap = _full_sim(forecast_b=0.0)
     dear = _full_sim(forecast_b=10_000.0)  # B's forecast load needs every instance it has
     dear.arrivals[B].extend([0.5, 1.0])  # B's recent arrivals: 2 in the horizon
-    price = [min(o.price for o in s.reclaim.offers(s, s.instances[A][0], 1.0, 100.0)) for s in (cheap, dear)]
+    price = [min(o.price for o in s.executor.reclaim.offers(s.instances[A][0], 1.0, 100.0)) for s in (cheap, dear)]
     vm = dear.models[B]
     # the arrivals the victim would have served (B's over its 3 live instances), for the need's 100 s and a restart
-    evict = price_capacity_eviction(1.0, dear._rate(B, 1.0) / 3, dear.profile.cold_start_s(vm), 100.0, dear.horizon_s)
+    evict = price_capacity_eviction(1.0, dear.pricer.rate(B, 1.0) / 3, dear.profile.cold_start_s(vm), 100.0,
+                                    dear.horizon_s)
     assert evict > 0 and price[1] == pytest.approx(price[0] + evict)
 
 
 def test_bought_the_victim_drains_and_the_blocked_model_starts_there():
     sim = _full_sim()
     a = sim.instances[A][0]
-    need = sim._need(a, 0.0) or pytest.fail("no need")
-    purchase = buy(need, sim._offers(a, 0.0, need))
+    need = sim.arbiter.need(a, 0.0) or pytest.fail("no need")
+    purchase = buy(need, sim.arbiter.offers(a, 0.0, need))
     assert purchase.bought and purchase.bought[0].payload[0] == "reclaim"
     victim = purchase.bought[0].payload[2]
-    assert sim._execute(purchase.bought[0], 0.0)
+    assert sim.executor.execute(purchase.bought[0], 0.0)
     assert victim not in sim.instances[B]  # idle: released at once, and A started on its GPU
     assert len(sim.instances[A]) == 2 and sim.counts["capacity_starts"] == 1
     assert len(sim.instances[B]) == 2 and sim.counts["scale_out_moved"] >= 1
@@ -107,14 +108,14 @@ def test_a_model_with_one_live_instance_is_never_taken():
     for r in list(sim.replicas):
         sim.evict(r)
     # two GPUs free now: a plain start needs no victim, and B's last instance is never offered
-    assert sim.reclaim.offers(sim, sim.instances[A][0], 0.0, 100.0) == []
+    assert sim.executor.reclaim.offers(sim.instances[A][0], 0.0, 100.0) == []
 
 
 def test_the_need_carries_its_waiting_requests_slack_and_lasts_until_its_drain_frees_it():
     # issue 32 item 2: the wait counts past each request's TTFT SLO, and the need lasts until it drains
     sim = _full_sim()
     a = sim.instances[A][0]
-    need = sim._need(a, 3.0)
+    need = sim.arbiter.need(a, 3.0)
     m = sim.models[A]
     slo = max(5.0 * sim.profile.step_cost(m).step_s(0, 0, 500), 1.0)
     assert need.slack_s == pytest.approx((slo - 3.0,) * 3)  # each arrived at 0, seen at 3 s
@@ -122,7 +123,7 @@ def test_the_need_carries_its_waiting_requests_slack_and_lasts_until_its_drain_f
     if need.drain_bytes_per_s == 0:
         assert need.duration_s == max(sim.horizon_s, sim.window_s)  # nothing drains: the whole window
     # a start's bytes exist once it lands, and the waiting requests' wait past their SLO is its price
-    start = next(o for o in sim.reclaim.offers(sim, a, 3.0, need.lasts_s))
+    start = next(o for o in sim.executor.reclaim.offers(a, 3.0, need.lasts_s))
     assert start.after_s > 0 and start.cover(need.lasts_s) < 1.0
 
 
@@ -139,11 +140,11 @@ def test_requests_queued_with_no_instance_of_their_model_buy_capacity_from_an_id
     sim.served_by = [-1] * 100
     for j in range(3):
         sim.queues[A].append(SimRequest(j, f"q-{j}", A, None, 0.0, 500, 50))
-    need = sim._model_need(A, 0.0)
+    need = sim.arbiter.model_need(A, 0.0)
     assert need is not None and need.scope == f"model:{A}" and need.waiting == 3
     assert need.min_bytes == 500 * sim.models[A].kv_bytes_per_token  # the first prompt, whole
-    assert len(sim.reclaim.model_offers(sim, A, 0.0, 100.0)) == 4  # each idle B instance
-    sim._economy_tick(0.0)
+    assert len(sim.executor.reclaim.model_offers(A, 0.0, 100.0)) == 4  # each idle B instance
+    sim.arbiter.tick(0.0)
     assert len(sim.instances[A]) == 1 and not sim.queues[A]  # started on a B instance's GPU, the queue sent there
     assert len(sim.instances[B]) == 3 and sim.counts["capacity_starts"] == 1
     assert sim.instances[A][0].id in sim.bought_starts  # the arbiter's own start, not the autoscaler's
@@ -183,8 +184,8 @@ def test_a_capacity_offer_covers_only_the_needs_time_after_the_victim_drains_and
         t = max(t, at)
         drains.append((r.output - r.gen_at_start - (v.engine.step - r.start_step)) * v.engine.step_s())
     a = sim.instances[A][0]
-    need = sim._need(a, t) or pytest.fail("no need")
-    offers = sim.reclaim.offers(sim, a, t, need.lasts_s)
+    need = sim.arbiter.need(a, t) or pytest.fail("no need")
+    offers = sim.executor.reclaim.offers(a, t, need.lasts_s)
     start = sim.profile.cold_start_s(sim.models[A], sim.system.engine_pool)
     lands = min(drains) + start  # the victim's tokens left at its step time, then the start
     assert min(o.after_s for o in offers) == pytest.approx(lands)
@@ -192,7 +193,7 @@ def test_a_capacity_offer_covers_only_the_needs_time_after_the_victim_drains_and
 
     def reclaimed(duration_s: float) -> bool:
         n = replace(need, duration_s=duration_s)
-        return any(o.payload[0] == "reclaim" for o in buy(n, sim._offers(a, t, n)).bought)
+        return any(o.payload[0] == "reclaim" for o in buy(n, sim.arbiter.offers(a, t, n)).bought)
 
     assert not reclaimed(0.9 * lands)  # over before the victim has drained and the start landed
     # lasting past the landing by less than the ~300 decoded tokens a drain read from `generated` added
@@ -207,8 +208,8 @@ def test_a_capacity_offer_charges_the_victims_arrivals_for_as_long_as_the_need_h
     sim.arrivals[B].extend([0.5, 1.0])
     a = sim.instances[A][0]
     assert sim.horizon_s == 10.0
-    short, long, longest = (min(o.price for o in sim.reclaim.offers(sim, a, 1.0, d)) for d in (2.0, 9.0, 300.0))
-    rate, cold = sim._rate(B, 1.0) / 3, sim.profile.cold_start_s(sim.models[B], sim.system.engine_pool)
+    short, long, longest = (min(o.price for o in sim.executor.reclaim.offers(a, 1.0, d)) for d in (2.0, 9.0, 300.0))
+    rate, cold = sim.pricer.rate(B, 1.0) / 3, sim.profile.cold_start_s(sim.models[B], sim.system.engine_pool)
     assert long - short == pytest.approx(price_capacity_eviction(1.0, rate, cold, 9.0, 10.0)
                                          - price_capacity_eviction(1.0, rate, cold, 2.0, 10.0))
     assert long - short > 0
@@ -222,9 +223,9 @@ def test_a_victims_arrivals_are_read_over_as_long_a_past_as_the_span_they_are_ch
     # 25 req/s seed 3: its rate read 5.7 -> 0.0 in 6 s and its instance was taken then, to be missed later)
     quiet, steady = _full_sim(forecast_b=10_000.0), _full_sim(forecast_b=10_000.0)
     steady.arrived[B].extend(float(t) for t in range(90))
-    assert steady._rate(B, 100.0) == 0.0 and steady._rate_over(B, 100.0, 100.0) == pytest.approx(0.9)
+    assert steady.pricer.rate(B, 100.0) == 0.0 and steady.pricer.rate_over(B, 100.0, 100.0) == pytest.approx(0.9)
     a = [s.instances[A][0] for s in (quiet, steady)]
-    price = [min(o.price for o in s.reclaim.offers(s, i, 100.0, 100.0)) for s, i in zip((quiet, steady), a)]
+    price = [min(o.price for o in s.executor.reclaim.offers(i, 100.0, 100.0)) for s, i in zip((quiet, steady), a)]
     cold = steady.profile.cold_start_s(steady.models[B], steady.system.engine_pool)
     assert price[1] - price[0] == pytest.approx(price_capacity_eviction(1.0, 0.9 / 3, cold, 100.0, steady.horizon_s)
                                                 - price_capacity_eviction(1.0, 0.0, cold, 100.0, steady.horizon_s))

@@ -106,8 +106,8 @@ def test_layer_drop_gives_both_buddies_the_weights_as_kv_and_slows_them():
     m = sim.models["llama2-7b-0"]
     before = [i.engine.pool.kv_blocks() for i in (a, b)]
     base = [i.engine.cost for i in (a, b)]
-    offer = next(o for o in sim._layer_offers(a, 0.0) if o.payload[2] is b)
-    assert sim._execute(offer, 0.0)
+    offer = next(o for o in sim.pricer.layer_offers(a, 0.0) if o.payload[2] is b)
+    assert sim.executor.execute(offer, 0.0)
     dropped = sim.profile.weights_per_gpu(m) // 2
     block = m.kv_bytes_per_token * 16
     eff = profile().pipeline.efficiency(2)
@@ -117,12 +117,12 @@ def test_layer_drop_gives_both_buddies_the_weights_as_kv_and_slows_them():
         assert inst.engine.cost.step_s(8, 8000, 100) == pytest.approx(cost.step_s(8, 8000, 100) / eff)
     assert sim.counts["groups"] == 1 and sim.group_of[a.id] is b and sim.group_of[b.id] is a
     # restore: both far below 50%: the weights go back over the host link, then the pipeline ends
-    sim._restore_groups(1.0)
+    sim.executor.restore_groups(1.0)
     assert a.engine.pool.dropped == 0 and b.engine.pool.kv_blocks() == before[1]
     restore_s = sim.moves.layer_restore_s(dropped)
     (t, _, kind, ids, _) = min(e for e in sim.heap if e[2] == 7)
     assert t == pytest.approx(1.0 + restore_s)
-    sim._restored(ids, t)
+    sim.executor.restored(ids, t)
     assert a.engine.cost == base[0] and not sim.group_of
 
 
@@ -132,18 +132,18 @@ def test_migration_pays_the_precopy_stall():
     reqs = _decoding(sim, a, 3, prompt=1500, output=400)
     for r in reqs:
         sim.served_by[r.order] = a.id
-    offers = sim._migrate_offers(a, 0.0)
+    offers = sim.pricer.migrate_offers(a, 0.0)
     assert len(offers) == 1
     req, dst, plan = offers[0].payload[2]
     assert dst is b and plan.ok
     w = a.engine
     assert plan == sim.moves.kv_precopy(req.ctx0 + w.step - req.start_step, w.bs, w.pool.block_bytes, w.step_s())
     assert offers[0].price == price_migration(plan.stall_s) == plan.stall_s
-    assert sim._execute(offers[0], 0.0)
+    assert sim.executor.execute(offers[0], 0.0)
     assert b.engine.used == plan.blocks and b.outstanding == 1
-    sim._move_event("handover", a, plan.precopy_s)
-    assert sim.migration_stall_s == plan.stall_s
-    sim._move_event("landed", a, plan.precopy_s + plan.stall_s)
+    sim.executor.move_event("handover", a, plan.precopy_s)
+    assert sim.executor.migration_stall_s == plan.stall_s
+    sim.executor.move_event("landed", a, plan.precopy_s + plan.stall_s)
     assert sim.counts["migrations"] == 1 and req.worker == b.engine.worker_id and sim.served_by[req.order] == b.id
     assert sim.purchases[-1].price_request_s == plan.stall_s
 
@@ -152,7 +152,7 @@ def test_a_model_without_a_forecast_is_priced_needed_as_live():
     # issue 32: no forecast meant chance 0 here and 1 live; one default now (memory_market.NO_FORECAST_CHANCE)
     from shared.policy.memory_market import NO_FORECAST_CHANCE
     sim = _hand_sim("arbiter")
-    assert NO_FORECAST_CHANCE == 1.0 and sim._chance_needed("llama2-13b") == NO_FORECAST_CHANCE
+    assert NO_FORECAST_CHANCE == 1.0 and sim.pricer.chance_needed("llama2-13b") == NO_FORECAST_CHANCE
 
 
 def test_arbiter_releases_an_unwanted_prewarm_before_dropping_layers():
@@ -167,12 +167,12 @@ def test_arbiter_releases_an_unwanted_prewarm_before_dropping_layers():
     a.kv_lent_blocks = math.ceil(r.bytes_per_gpu / a.engine.pool.block_bytes)
     a.engine.pool.lent_blocks = a.kv_lent_blocks
     need = Need(f"worker:i{a.id}", 2 * 2**30, 10.0, 5, 0.0)
-    purchase = buy(need, sim._offers(a, 0.0, need))
+    purchase = buy(need, sim.arbiter.offers(a, 0.0, need))
     assert [o.source for o in purchase.bought] == ["prewarm"]
     layers = next(o for o in purchase.offers if o.source == "layers")
     assert layers.price > 0 and layers.price == pytest.approx(price_layer_drop(
         1 / profile().pipeline.efficiency(2) - 1, 40, 10.0, sim.moves.layer_restore_s(a.engine.pool.weights // 2)))
-    assert sim._execute(purchase.bought[0], 0.0)
+    assert sim.executor.execute(purchase.bought[0], 0.0)
     assert r not in sim.replicas and a.engine.pool.lent_blocks == 0
 
 
@@ -183,9 +183,9 @@ def test_the_same_action_costs_the_same_in_fixed_order_and_arbiter():
         a, b = sim.instances["llama2-7b-0"]
         _decoding(sim, a, 12, prompt=1800)
         _decoding(sim, b, 4)
-        layer = sim._layer_offers(a, 0.0)[0]
-        move = sim._migrate_offers(a, 0.0)[0]
-        assert sim._execute(layer, 0.0)
+        layer = sim.pricer.layer_offers(a, 0.0)[0]
+        move = sim.pricer.migrate_offers(a, 0.0)[0]
+        assert sim.executor.execute(layer, 0.0)
         prices[arm] = [(p.source, p.bytes, p.price_request_s) for p in sim.purchases] + \
             [(move.source, move.bytes, move.price)]
     assert prices["fixed-order"] == prices["arbiter"]
@@ -213,6 +213,6 @@ def test_a_waiting_prompt_that_fits_only_whole_makes_the_need_all_or_nothing():
     w.waiting.append(r)
     w.queued_tokens += r.to_prefill
     w.blocked_on = "memory"
-    need = sim._need(a, 0.0)
+    need = sim.arbiter.need(a, 0.0)
     free = 2 * w.pool.block_bytes
     assert need is not None and need.min_bytes == need.bytes == 40 * w.bs * m.kv_bytes_per_token - free
