@@ -57,11 +57,13 @@ class MigrationCluster:
 def migration_cluster(directory: Path, workers: tuple[str, ...], *, max_context: int, step_token_budget: int,
                       worker_env: Mapping[str, Mapping[str, str]] | None = None,
                       device: str = "cpu", dead_after: str = "1s",
-                      services: tuple[str, ...] = ()) -> Iterator[MigrationCluster]:
+                      services: tuple[str, ...] = (), max_position: int = 2048) -> Iterator[MigrationCluster]:
     """`worker_env`: extra environment for some workers (fault injection), by worker id; `device`:
     every worker's (tests/gpu run these workers on CUDA); `dead_after`: the registry's; `services`:
-    more services to run (e.g. the dispatcher), each one process named after itself."""
-    model = make_model(directory / "tiny", arch="llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3)
+    more services to run (e.g. the dispatcher), each one process named after itself; `max_position`:
+    the generated model's position limit (max_context cannot exceed it)."""
+    model = make_model(directory / "tiny", arch="llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3,
+                       max_position=max_position)
     adapter = make_lora(directory / "tiny-lora", model, rank=4, targets=["q", "v"], seed=9)
     config = directory / "cluster.toml"
     text = CONFIG.replace('dead_after = "1s"', f'dead_after = "{dead_after}"')

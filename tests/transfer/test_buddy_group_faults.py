@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from migrate_cluster import PROMPT, MigrationCluster, Stream, migration_cluster
+from migrate_cluster import PROMPT, MigrationCluster, migration_cluster
 from service_procs import wait_ready
 from services.gpu_worker.engine.engine import LLMEngine
 from shared.bus import Bus

@@ -59,12 +59,12 @@ class Stats:
             await asyncio.sleep(0.02)
 
 
-async def start(bus: Bus, rid: str, prompt: list[int], adapter: str | None) -> Stream:
+async def start(bus: Bus, rid: str, prompt: list[int], adapter: str | None, max_tokens: int = MAX_TOKENS) -> Stream:
     stream = Stream()
     await bus.subscribe(request_out(rid), TokenChunk | StreamError, stream.on)
     a = Assignment(idempotency_key=f"{rid}:0", request_id=rid, instance_id="w0-tiny", model="tiny", adapter=adapter,
                    prompt_token_ids=prompt, arrival_ts=time.time(),
-                   sampling=SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+                   sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
     reply = await bus.request(worker_assign("w0"), a, AssignReply)
     assert isinstance(reply, AssignAccepted), reply
     return stream
@@ -76,18 +76,19 @@ async def migrate_out(bus: Bus, rid: str, destination: str) -> CtlReply:
         destination_instance=f"{destination}-tiny", mode="kv"), CtlReply, timeout=60)
 
 
-async def finished(stream: Stream, reference: LLMEngine, prompt: list[int], adapter: str | None) -> list[TokenChunk]:
+async def finished(stream: Stream, reference: LLMEngine, prompt: list[int], adapter: str | None,
+                   max_tokens: int = MAX_TOKENS) -> list[TokenChunk]:
     """The stream's chunks once it ended: consecutive seqs, the unmigrated run's tokens, full usage."""
     await asyncio.wait_for(stream.done.wait(), 120)
     await asyncio.sleep(0.2)  # a duplicate or late chunk would show up now
     chunks = sorted(stream.chunks, key=lambda c: c.seq)
     assert not stream.errors
     assert [c.seq for c in chunks] == list(range(len(chunks)))  # consecutive: no gap, no duplicate
-    params = engine_params(SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+    params = engine_params(SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
     assert [t for c in chunks for t in c.token_ids] == reference.generate([prompt], params, adapters=[adapter])[0].token_ids
     final = chunks[-1]
     assert final.finish_reason == "length" and final.usage is not None
-    assert final.usage.completion_tokens == MAX_TOKENS and final.usage.prompt_tokens == len(prompt)
+    assert final.usage.completion_tokens == max_tokens and final.usage.prompt_tokens == len(prompt)
     return chunks
 
 

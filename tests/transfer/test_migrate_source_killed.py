@@ -17,22 +17,27 @@ from collections.abc import Iterator
 
 import pytest
 
-from migrate_cluster import PROMPT, MigrationCluster, Stream, migration_cluster
+from migrate_cluster import PROMPT, MigrationCluster, migration_cluster
 from services.gpu_worker.engine.engine import LLMEngine
 from shared.bus import Bus, Delivery
 from shared.events import AssignAccepted, AssignReply, Assignment, SamplingParams, WorkerStats
 from shared.events.ctl import CtlDone, CtlReply, MigrateIn, MigrateKvStage, MigrateOut, MigrateRequest
 from shared.subjects import worker_assign, worker_ctl, worker_migrate, worker_stats
 from shared.wire import DeadlineExceeded, NoResponders
-from test_migrate_kv import MAX_TOKENS, Stats, finished, start
+from test_migrate_kv import Stats, finished, start
 
 pytestmark = pytest.mark.timeout(180)
+# The request must still be generating when the source is killed at its first pre-copy stage: ~300
+# tokens pass between the MigrateOut and that stage on a quiet box, and under `make test` on a loaded
+# one the source once streamed all of test_migrate_kv's 1000 first (the re-dispatch then had nothing
+# left to generate). 6000 tokens (~6 s here) on a model whose positions allow them.
+MAX_TOKENS = 6000
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MigrationCluster]:
-    with migration_cluster(tmp_path_factory.mktemp("migrate-src-killed"), ("w0", "w1"), max_context=2048,
-                           step_token_budget=32) as running:
+    with migration_cluster(tmp_path_factory.mktemp("migrate-src-killed"), ("w0", "w1"), max_context=8192,
+                           step_token_budget=32, max_position=8192) as running:
         yield running
 
 
@@ -52,7 +57,7 @@ async def test_source_killed_mid_precopy_then_redispatched_to_the_destination(
             os.killpg(source.pid, signal.SIGKILL)
 
     await bus.subscribe(worker_migrate("w1"), MigrateRequest, kill)
-    stream = await start(bus, rid, prompt, None)
+    stream = await start(bus, rid, prompt, None, MAX_TOKENS)
     while len(stream.chunks) < 3:
         await asyncio.sleep(0.002)
     out = asyncio.ensure_future(bus.request(worker_ctl("w0"), MigrateOut(
@@ -60,6 +65,7 @@ async def test_source_killed_mid_precopy_then_redispatched_to_the_destination(
         mode="kv"), CtlReply, timeout=5))
     assert source.proc is not None and await asyncio.to_thread(source.proc.wait, 10) == -signal.SIGKILL
     await asyncio.sleep(0.2)  # the source's last chunks, if any, are in (well inside dead_after)
+    assert not stream.done.is_set(), "the request ended on the source before its pre-copy began: nothing to re-dispatch"
     chunks = sorted(stream.chunks, key=lambda c: c.seq)
     redispatch = Assignment(  # what the dispatcher sends once the source is lost
         idempotency_key=f"{rid}:1", request_id=rid, instance_id="w1-tiny", model="tiny", prompt_token_ids=prompt,
@@ -69,7 +75,7 @@ async def test_source_killed_mid_precopy_then_redispatched_to_the_destination(
     assert isinstance(reply, AssignAccepted), reply  # not kv_unavailable after a wait on the dead transfer
     with pytest.raises((DeadlineExceeded, NoResponders)):  # nobody will ever answer the MigrateOut
         await out
-    done = await finished(stream, reference, prompt, None)
+    done = await finished(stream, reference, prompt, None, MAX_TOKENS)
     assert done[-1].worker_id == "w1"
     for _ in range(200):  # the orphan's reservation goes too: its source is lost
         if await stats.kv_used("w1", after=time.time()) == 0:
