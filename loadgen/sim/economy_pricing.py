@@ -36,7 +36,8 @@ from loadgen.sim.fleet_state import FleetSystem, GpuState, Instance, Replica
 from loadgen.sim.request import SimRequest
 from shared.policy.forecast_outlook import chance_above
 from shared.policy.memory_market import (
-    NO_FORECAST_CHANCE, Offer, drop_duration_s, drop_slowdown, price_adapter_eviction, price_layer_drop, price_migration, price_prewarm_eviction, price_scale_out,
+    NO_FORECAST_CHANCE, Offer, drop_duration_s, drop_slowdown, price_adapter_eviction, price_layer_drop,
+    price_migration, price_prewarm_eviction, price_scale_out,
 )
 from shared.policy.movement import MovementCosts
 from shared.policy.warmserve_predictor import LoadForecast
