@@ -280,6 +280,11 @@ class WorkerSpec(Section, kw_only=True):
     # chunk per request per flush (vLLM's stream_interval, in time): fewer messages per token on
     # every hop (docs/benchmarks.md "## gateway"). 0: one chunk per request per engine step.
     stream_interval: Duration = 0.02
+    # Each engine step lasts at least this long ("10ms", a GPU decode step's order): a CPU worker's tiny
+    # model steps in ~0.2 ms, so its requests end before a planner interval sees them; with a floor the
+    # elastic mechanisms (migrations, drains, re-dispatch) act on running requests in tests and demos,
+    # as they would at a device's pace. 0: as fast as the device runs.
+    min_step_time: Duration = 0.0
     # WarmServe: an evicted instance's weights stay in the pool as prewarmed (kind prewarm) this long,
     # so a LoadModel of the model meanwhile starts on them; 0: freed at once. Any catalog model may be
     # loaded at run time: `models` above is the initial placement, not a limit (docs/warmserve.md).

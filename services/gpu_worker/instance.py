@@ -52,8 +52,9 @@ STALLED_WAIT_S = 0.002  # a step that scheduled nothing (waiting for KV another 
 
 class ModelInstance:
     def __init__(self, instance_id: str, model: str, engine: LLMEngine, worker_id: str, *,
-                 stream_interval_s: float = 0.0) -> None:
+                 stream_interval_s: float = 0.0, min_step_s: float = 0.0) -> None:
         self.instance_id = instance_id
+        self.min_step_s = min_step_s  # `[[workers]] min_step_time`: a step's floor (0: none)
         self.model = model
         self.engine = engine
         self.encoder = StreamEncoder(worker_id, stream_interval_s)  # coalesces each request's tokens
@@ -215,7 +216,8 @@ class ModelInstance:
 
     def _step(self) -> list[RequestOutput] | None:
         """One step: the buddy group's if this instance is a member (services/gpu_worker/group/),
-        else the engine's; None when there is nothing to step."""
+        else the engine's; None when there is nothing to step. It lasts at least `min_step_s`."""
+        started = time.monotonic()
         if self.group is not None:
             outputs = self.group.step()
             if self.group is not None:  # (a collapse may have ended the group in the step)
@@ -224,6 +226,8 @@ class ModelInstance:
             outputs = self.engine.step()
         else:
             return None
+        if self.min_step_s > 0:  # the rest of the floor; commands queued meanwhile apply before the next step
+            time.sleep(max(0.0, started + self.min_step_s - time.monotonic()))
         self._steps += 1
         return outputs
 

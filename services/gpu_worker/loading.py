@@ -124,7 +124,8 @@ def load_instance(cfg: ClusterConfig, worker: WorkerSpec, name: str, pool: Memor
         engine.cold.start_helpers(wait=True)  # CPU LoRA helpers (assist on, loads beside the steps); else on first use
     if engine.runner.loading is not None:
         engine.runner.loading.start()  # the layers not preloaded arrive while it serves
-    inst = ModelInstance(tenant, name, engine, worker.id, stream_interval_s=float(worker.stream_interval))
+    inst = ModelInstance(tenant, name, engine, worker.id, stream_interval_s=float(worker.stream_interval),
+                         min_step_s=float(worker.min_step_time))
     log.info("model instance loaded", instance=inst.instance_id, model=name, pool_bytes=pool_bytes,
              pool_free=pool.free_bytes, kv_blocks=engine.blocks.num_blocks, adapters=sorted(inst.adapters),
              threads=threads, preloaded_layers=len(preloaded.layers) if preloaded is not None else 0,

@@ -35,6 +35,8 @@ CLUSTER_SPEC = ClusterSpec(
                # least-load spreads, MELL packs; the moves are what is tested, not MELL's compute gate (its own tests):
                # a relative TPOT SLO's base from a quiet moment held every move on a loaded box (CI)
                '[slo]\ntpot = "60s"\n',
+    # the tiny model steps in ~0.2 ms: 700 tokens would end before a planner interval saw them
+    worker_toml='min_step_time = "10ms"\n',
 )
 LONG, SHORT = 700, 40
 
