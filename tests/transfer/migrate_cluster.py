@@ -43,7 +43,11 @@ device = "{device}"
 memory = "64MiB"
 models = ["tiny"]
 adapters = ["tiny-lora"]
+min_step_time = "{min_step_time}"
 """
+# The tiny model steps in ~0.2 ms on this CPU (~1 ms when these tests were written): a 200-token request
+# would end within the ctl round trips a test makes while it runs. Every step lasts at least this long.
+MIN_STEP_TIME = "2ms"
 
 
 @dataclass
@@ -57,11 +61,13 @@ class MigrationCluster:
 def migration_cluster(directory: Path, workers: tuple[str, ...], *, max_context: int, step_token_budget: int,
                       worker_env: Mapping[str, Mapping[str, str]] | None = None,
                       device: str = "cpu", dead_after: str = "1s",
-                      services: tuple[str, ...] = (), max_position: int = 2048) -> Iterator[MigrationCluster]:
+                      services: tuple[str, ...] = (), max_position: int = 2048,
+                      min_step_time: str = MIN_STEP_TIME) -> Iterator[MigrationCluster]:
     """`worker_env`: extra environment for some workers (fault injection), by worker id; `device`:
     every worker's (tests/gpu run these workers on CUDA); `dead_after`: the registry's; `services`:
     more services to run (e.g. the dispatcher), each one process named after itself; `max_position`:
-    the generated model's position limit (max_context cannot exceed it)."""
+    the generated model's position limit (max_context cannot exceed it); `min_step_time`: the workers'
+    floor on a step's duration."""
     model = make_model(directory / "tiny", arch="llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3,
                        max_position=max_position)
     adapter = make_lora(directory / "tiny-lora", model, rank=4, targets=["q", "v"], seed=9)
@@ -69,7 +75,7 @@ def migration_cluster(directory: Path, workers: tuple[str, ...], *, max_context:
     text = CONFIG.replace('dead_after = "1s"', f'dead_after = "{dead_after}"')
     config.write_text(text.format(model=model, adapter=adapter, max_context=max_context,
                                   step_token_budget=step_token_budget,
-                                  workers="".join(WORKER.format(id=w, device=device) for w in workers)))
+                                  workers="".join(WORKER.format(id=w, device=device, min_step_time=min_step_time) for w in workers)))
     with local_cluster(directory) as local:
         cluster = MigrationCluster(local.url, config)
         cluster.procs["registry"] = local.start("registry", config, f"registry-{directory.name}")

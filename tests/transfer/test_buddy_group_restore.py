@@ -53,8 +53,10 @@ async def form(bus: Bus, group: str, ms: list[GroupMember]) -> None:
 
 
 async def decoding(streams: dict[str, Stream], n: int = 3) -> None:
-    for s in streams.values():
+    """Until every stream has `n` chunks; one that ended with fewer fails the test (it would wait forever)."""
+    for rid, s in streams.items():
         while len(s.chunks) < n:
+            assert not s.done.is_set(), f"{rid} ended after {len(s.chunks)} chunks, before the step this test needs"
             await asyncio.sleep(0.002)
 
 
@@ -109,10 +111,15 @@ async def test_failed_kv_exchange_falls_back_to_reprefill(bus: Bus, reference: L
     await form(bus, "gf", ms)
     for rid, (w, p, s) in reqs.items():
         assert await tokens(streams[rid]) == expected(reference, p, s), rid
-    await asyncio.sleep(0.3)  # the finished requests' frees reach the other member
-    for m in ms:  # nothing of the failed exchange is left behind: both leave
-        left = await ctl(bus, m.worker_id, LeaveGroup(idempotency_key=f"leave-gf-{m.instance_id}", group_id="gf",
-                                                      instance_id=m.instance_id))
+    # nothing of the failed exchange is left behind: both leave, once the finished requests' frees and the
+    # last resend's outcome have reached the other member (`busy` until then: a fixed wait raced them)
+    for m in ms:
+        for attempt in range(600):
+            left = await ctl(bus, m.worker_id, LeaveGroup(idempotency_key=f"leave-gf-{m.instance_id}-{attempt}",
+                                                          group_id="gf", instance_id=m.instance_id))
+            if not (isinstance(left, CtlRefused) and left.code == "busy"):
+                break
+            await asyncio.sleep(0.05)
         assert isinstance(left, CtlDone), left
 
 
