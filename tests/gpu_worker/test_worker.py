@@ -94,7 +94,7 @@ async def test_assignment_streams_the_in_process_greedy_tokens(bus: Bus, referen
 
 
 async def test_chunks_coalesce_under_load_with_the_first_token_alone(bus: Bus, reference: LLMEngine) -> None:
-    """stream_interval = 20ms (worker_harness): steps of the tiny model take ~1 ms, so later chunks
+    """stream_interval = 20ms (worker_harness): steps take ~2 ms (the harness's floor), so later chunks
     carry several tokens; the first one is never held back; tokens, text and seqs stay exact."""
     prompts = [[1, 60 + i, 61 + i, 62 + i] for i in range(8)]
     streams = {}

@@ -54,6 +54,7 @@ device = "cpu"
 memory = "16MiB"
 models = []
 stream_interval = "20ms"
+min_step_time = "2ms"  # (the tiny model steps in ~0.2 ms: a 200-token request would end before an evict lands)
 grace_period = "{grace}"
 
 [policies]

@@ -38,6 +38,8 @@ memory = "64MiB"
 models = ["tiny"]
 adapters = ["tiny-lora"]
 stream_interval = "20ms"
+# the tiny model steps in ~0.2 ms: a 480-token request would end between two stats (or before a ctl lands)
+min_step_time = "2ms"
 
 [policies]
 max_batch_size = 16
