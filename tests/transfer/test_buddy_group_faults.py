@@ -127,6 +127,11 @@ async def test_member_killed_and_restarted_is_a_new_incarnation(bus: Bus, refere
             break
         await asyncio.sleep(0.05)
     assert ("gr", 1, 2) in groups, groups[-3:]
+    for _ in range(100):  # the killed process's incarnation heard first (a heartbeat every 200 ms; all the above
+        if incarnations:  # can take less than that)
+            break
+        await asyncio.sleep(0.05)
+    assert len(incarnations) == 1, incarnations
     cluster.procs["w1"].stop(signal.SIGKILL)
     cluster.procs["w1"].start()  # as `tidal up` does
     for rid, (w, p, s) in {**reqs, **late}.items():
