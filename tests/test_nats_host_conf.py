@@ -39,8 +39,11 @@ def start_nodes(out: Path) -> tuple[str, list[subprocess.Popen[bytes]]]:
     for i in range(3):
         nats_config(out, "--url", url, "--node", f"n{i}", "--routes", table, "--listen",
                     f"127.0.0.1:{clients[i]}", "--cluster-listen", f"127.0.0.1:{routes[i]}")
-    procs = [subprocess.Popen([nats_server_binary(), "-c", str(out / f"nats-n{i}.conf")],
-                              stdout=(out / f"n{i}.log").open("wb"), stderr=subprocess.STDOUT) for i in range(3)]
+    procs = []
+    for i in range(3):
+        with (out / f"n{i}.log").open("wb") as log:  # (the node keeps its own descriptor)
+            procs.append(subprocess.Popen([nats_server_binary(), "-c", str(out / f"nats-n{i}.conf")],
+                                          stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + 30
     waiting = set(range(3))
     while waiting:
